@@ -1,0 +1,40 @@
+# The two set-up commands (see README):  make bench   |   make test
+# Each creates or reuses a local virtualenv, installs what fastbert needs, builds the
+# C++ extension and runs. Torch is installed first, explicitly: a CPU build where there
+# is no GPU (override with TORCH_SPEC / TORCH_PIP_ARGS).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(HAS_GPU),1)
+TORCH_SPEC ?= torch
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.fastbert-installed
+SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
+
+.PHONY: test bench bench-full install fuzz clean
+
+install: $(STAMP)
+
+$(STAMP): $(SOURCES)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip "setuptools>=64" wheel "pybind11>=2.12"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-build-isolation -e ".[test,bench]"
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q
+
+bench: $(STAMP)
+	$(PY) -m fastbert bench --quick
+
+bench-full: $(STAMP)
+	$(PY) -m fastbert bench
+
+clean:
+	rm -rf build *.egg-info fastbert/_C*.so

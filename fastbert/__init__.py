@@ -1,0 +1,39 @@
+"""fastbert: fast BERT-family encoders for PyTorch.
+
+A C++ WordPiece tokenizer, fused Triton kernels and drop-in Hugging Face-compatible modules.
+Public names are imported lazily so `import fastbert` stays cheap.
+"""
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "BertTokenizer": "fastbert.tokenizer",
+    "BatchEncoding": "fastbert.tokenizer",
+    "AutoTokenizer": "fastbert.auto",
+    "AutoModel": "fastbert.auto",
+    "AutoModelForMaskedLM": "fastbert.auto",
+    "AutoModelForSequenceClassification": "fastbert.auto",
+    "AutoModelForTokenClassification": "fastbert.auto",
+    "AutoModelForQuestionAnswering": "fastbert.auto",
+    "AutoModelForMultipleChoice": "fastbert.auto",
+    "Encoder": "fastbert.encoder",
+    "optimize": "fastbert.optimize",
+    "ops": "fastbert.ops",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        models = importlib.import_module("fastbert.models")
+        if name in getattr(models, "__all__", ()):
+            return getattr(models, name)
+        raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
+    mod = importlib.import_module(module)
+    return mod if name == "ops" else getattr(mod, name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,2 @@
+"""Encoder families with Hugging Face parameter names."""
+__all__ = []

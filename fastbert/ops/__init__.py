@@ -1,0 +1,10 @@
+"""Torch-facing ops: each dispatches between a Triton kernel and a pure-torch reference."""
+from fastbert.ops.add_layer_norm import add_layer_norm, add_layer_norm_ref
+from fastbert.ops.attention import attention, attention_ref, varlen_attention, varlen_attention_ref
+from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_ref
+
+__all__ = [
+    "add_layer_norm", "add_layer_norm_ref",
+    "attention", "attention_ref", "varlen_attention", "varlen_attention_ref",
+    "bias_gelu", "bias_gelu_ref",
+]

@@ -1,0 +1,44 @@
+"""Choose between the Triton kernel and the torch reference for one op call.
+
+backend="auto"   -> Triton for CUDA tensors (when triton imports), torch otherwise.
+backend="triton" -> the kernel; on CPU only under TRITON_INTERPRET=1, else a clear error.
+backend="torch"  -> the pure-torch reference.
+"""
+import functools
+import os
+
+import torch
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(backend: str, *tensors: torch.Tensor) -> bool:
+    """True when this call should run the Triton kernel."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    on_cuda = all(t.is_cuda for t in tensors)
+    if backend == "auto":
+        return on_cuda and triton_available()
+    if not triton_available():
+        raise RuntimeError("backend='triton' needs the `triton` package (pip install triton)")
+    if not on_cuda and not interpreting():
+        devices = sorted({str(t.device) for t in tensors})
+        raise RuntimeError(
+            f"backend='triton' needs CUDA tensors, got tensors on {devices}; on CPU set "
+            "TRITON_INTERPRET=1 before triton is imported to run the kernel in Triton's interpreter")
+    return True
