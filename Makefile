@@ -16,7 +16,7 @@ TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.fastbert-installed
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 
-.PHONY: test bench bench-full install fuzz clean
+.PHONY: test bench bench-full bench-pytest bench-kernels install fuzz clean
 
 install: $(STAMP)
 
@@ -35,6 +35,14 @@ bench: $(STAMP)
 
 bench-full: $(STAMP)
 	$(PY) -m fastbert bench
+
+# The pytest-benchmark suites in bench/ (GPU-only pieces skip with a reason on CPU).
+bench-pytest: $(STAMP)
+	$(PY) -m pytest bench/ --benchmark-only -q
+
+# Triton kernels vs torch on a CUDA GPU; writes CSV/JSON to bench/results/.
+bench-kernels: $(STAMP)
+	$(PY) bench/bench_kernels.py
 
 clean:
 	rm -rf build *.egg-info fastbert/_C*.so

