@@ -1,0 +1,58 @@
+"""fastbert.AutoTokenizer: the C++ WordPiece tokenizer where it applies, HF's fast tokenizer elsewhere.
+
+WordPiece vocabularies (BERT, DistilBERT, ELECTRA, MiniLM, bge, e5) get `fastbert.BertTokenizer`;
+BPE (RoBERTa) and SentencePiece/Unigram (XLM-R, CamemBERT, ALBERT) get `transformers.AutoTokenizer`,
+which reads the same files. The choice is made from the files in the checkpoint directory:
+  tokenizer.json present  -> its "model.type" decides (WordPiece -> fastbert)
+  only vocab.txt present  -> fastbert (a WordPiece vocabulary)
+  anything else           -> transformers.AutoTokenizer
+"""
+import json
+import os
+from pathlib import Path
+
+
+def tokenizer_kind(directory) -> str:
+    """"wordpiece" when fastbert.BertTokenizer can serve `directory`, "hf" otherwise."""
+    directory = Path(directory)
+    tokenizer_json = directory / "tokenizer.json"
+    if tokenizer_json.is_file():
+        try:
+            with open(tokenizer_json, encoding="utf-8") as f:
+                model = json.load(f).get("model") or {}
+        except (OSError, ValueError) as e:
+            raise OSError(f"cannot read tokenizer file {tokenizer_json}: {e}") from e
+        return "wordpiece" if model.get("type") == "WordPiece" else "hf"
+    if (directory / "vocab.txt").is_file():
+        return "wordpiece"
+    return "hf"
+
+
+def _local_dir(path) -> Path:
+    """The local checkpoint directory for a path or a hub id (from the HF cache, offline)."""
+    if os.path.isdir(path):
+        return Path(path)
+    if os.path.exists(path):
+        raise OSError(f"{path} is a file; expected a checkpoint directory with tokenizer files")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(str(path), local_files_only=True))
+    except Exception as e:  # not a hub id, or not in the local HF cache
+        raise OSError(f"no tokenizer found at {path}: not a local directory and not in the "
+                      f"Hugging Face cache ({type(e).__name__})") from e
+
+
+class AutoTokenizer:
+    """Picks the tokenizer class for a checkpoint; not instantiable itself (as transformers')."""
+
+    def __init__(self):
+        raise TypeError("use fastbert.AutoTokenizer.from_pretrained(path)")
+
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        directory = _local_dir(path)
+        if tokenizer_kind(directory) == "wordpiece":
+            from fastbert.tokenizer import BertTokenizer
+            return BertTokenizer.from_pretrained(str(directory), **kwargs)
+        import transformers
+        return transformers.AutoTokenizer.from_pretrained(str(directory), use_fast=True, **kwargs)
