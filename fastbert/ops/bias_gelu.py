@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from fastbert.ops._dispatch import use_triton
 
 APPROXIMATE = ("none", "tanh")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _check(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
@@ -13,6 +14,8 @@ def _check(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
     if bias.dim() != 1 or x.dim() < 1 or bias.shape[0] != x.shape[-1]:
         raise ValueError(f"bias must have shape ({x.shape[-1] if x.dim() else '?'},) to match x's last dim; "
                          f"got x {tuple(x.shape)} and bias {tuple(bias.shape)}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x has dtype {x.dtype}; expected one of {DTYPES}")
     if x.dtype != bias.dtype:
         raise ValueError(f"x and bias must share a dtype, got {x.dtype} and {bias.dtype}")
     if x.device != bias.device:
@@ -26,11 +29,33 @@ def bias_gelu_ref(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
     return y.to(x.dtype)
 
 
+class _BiasGelu(torch.autograd.Function):
+    """Triton forward and backward; saves x and bias and recomputes x + bias in the backward."""
+
+    @staticmethod
+    def forward(ctx, x, bias, approx_tanh):
+        from fastbert.kernels.bias_gelu import bias_gelu_fwd
+        ctx.save_for_backward(x, bias)
+        ctx.approx_tanh = approx_tanh
+        return bias_gelu_fwd(x, bias, approx_tanh)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from fastbert.kernels.bias_gelu import bias_gelu_bwd
+        x, bias = ctx.saved_tensors
+        dx, dbias = bias_gelu_bwd(dy, x, bias, ctx.approx_tanh)
+        return dx, dbias, None
+
+
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, approximate: str = "none",
               backend: str = "auto") -> torch.Tensor:
     """gelu(x + bias) over x's last dim; exact erf GELU by default, "tanh" for gelu_new."""
     _check(x, bias, approximate)
+    if x.dtype == torch.float64:
+        if backend == "triton":
+            raise ValueError("backend='triton' computes in fp32 and takes float16/bfloat16/float32, "
+                             "got float64; use backend='torch'")
+        backend = "torch"
     if use_triton(backend, x, bias):
-        from fastbert.ops._bias_gelu_triton import bias_gelu_triton
-        return bias_gelu_triton(x, bias, approximate)
+        return _BiasGelu.apply(x, bias, approximate == "tanh")
     return bias_gelu_ref(x, bias, approximate)
