@@ -1,0 +1,396 @@
+"""fastbert.ops.attention / varlen_attention: the Triton kernel (interpreter on CPU) vs fp64 references.
+
+Tolerance (flash-attention's rule): the kernel's error against an fp64 reference is at most twice the
+error of plain torch computing in the same dtype, plus a small absolute floor."""
+import math
+
+import pytest
+import torch
+
+import fastbert.kernels.attention as kernel
+from fastbert.ops import attention, attention_ref, varlen_attention, varlen_attention_ref
+
+FLOOR = {torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3}
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+
+
+def _qkv(b, s, h, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, s, h, d, generator=g).to(DEVICE, dtype) for _ in range(3)]
+
+
+def _mask(b, s, seed=0):
+    """Random key mask: row 0 all real, row 1 fully padded, others random with one real token."""
+    g = torch.Generator().manual_seed(seed + 1)
+    m = (torch.rand(b, s, generator=g) > 0.4).long()
+    m[0] = 1
+    m[1] = 0
+    m[2:, 0] = 1
+    return m.to(DEVICE)
+
+
+def _plain(q, k, v, mask, scale=None):
+    """Attention computed entirely in the inputs' dtype (the error baseline)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if mask is not None:
+        s = s.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("bhij,bjhd->bihd", p, v)
+
+
+def _assert_rule(name, got, ref64, plain):
+    err = (got.double() - ref64).abs().max().item()
+    base = (plain.double() - ref64).abs().max().item()
+    bound = 2 * base + FLOOR[got.dtype]
+    assert err <= bound, f"{name}: error {err:.3g} > 2 x torch {got.dtype} error {base:.3g} + floor"
+
+
+def _grads(fn, tensors, dout):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    out.backward(dout)
+    return out, [t.grad for t in leaves]
+
+
+class _LaunchSpy:
+    """Counts real launches of one Triton kernel (wraps kernel[grid](...))."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls += 1
+            return self.fn[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    spies = {}
+    for name in ("_attention_fwd_kernel", "_attention_bwd_preprocess_kernel",
+                 "_attention_bwd_dkdv_kernel", "_attention_bwd_dq_kernel"):
+        spies[name] = _LaunchSpy(getattr(kernel, name))
+        monkeypatch.setattr(kernel, name, spies[name])
+    return spies
+
+
+# ------------------------------------------------------------------------------------------------
+# forward and backward against fp64
+
+FWD_CASES = [(torch.float32, 1, 16), (torch.float32, 37, 48), (torch.float32, 130, 64),
+             (torch.float32, 7, 128), (torch.float16, 7, 32), (torch.float16, 37, 80),
+             (torch.float16, 130, 96), (torch.float16, 1, 64)]
+
+
+@pytest.mark.parametrize("dtype,seq,head_dim", FWD_CASES)
+def test_forward_matches_fp64(dtype, seq, head_dim, launches):
+    q, k, v = _qkv(3, seq, 2, head_dim, dtype, seed=seq + head_dim)
+    mask = _mask(3, seq, seed=seq)
+    out = attention(q, k, v, mask, backend="triton")
+    assert launches["_attention_fwd_kernel"].calls == 1
+    assert out.dtype == dtype and out.shape == q.shape
+    ref = attention_ref(*(t.double() for t in (q, k, v)), mask)
+    _assert_rule("out", out, ref, _plain(q, k, v, mask))
+    assert torch.all(out[1] == 0), "a fully padded sequence must give zeros"
+
+
+BWD_CASES = [(torch.float32, 37, 48), (torch.float32, 130, 64), (torch.float32, 7, 96),
+             (torch.float16, 37, 80), (torch.float16, 7, 128), (torch.float16, 1, 16)]
+
+
+@pytest.mark.parametrize("dtype,seq,head_dim", BWD_CASES)
+def test_backward_matches_fp64(dtype, seq, head_dim, launches):
+    q, k, v = _qkv(3, seq, 2, head_dim, dtype, seed=7 * seq + head_dim)
+    mask = _mask(3, seq, seed=seq + 3)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    _, got = _grads(lambda *t: attention(*t, mask, backend="triton"), (q, k, v), dout)
+    assert launches["_attention_bwd_dkdv_kernel"].calls == 1
+    assert launches["_attention_bwd_dq_kernel"].calls == 1
+    _, ref = _grads(lambda *t: attention_ref(*t, mask), [t.double() for t in (q, k, v)], dout.double())
+    _, plain = _grads(lambda *t: _plain(*t, mask), (q, k, v), dout)
+    for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, plain):
+        assert g.dtype == dtype and torch.isfinite(g).all()
+        _assert_rule(name, g, r, p)
+        assert torch.all(g[1] == 0), f"{name} of a fully padded sequence must be zero"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq,head_dim", [(37, 64), (130, 80)])
+def test_bfloat16_forward_backward(seq, head_dim):
+    if not GPU:
+        pytest.skip("bf16 tl.dot is wrong under Triton's interpreter; runs on a CUDA GPU only")
+    q, k, v = _qkv(3, seq, 2, head_dim, torch.bfloat16, seed=seq)
+    mask = _mask(3, seq)
+    dout = torch.randn_like(q)
+    out, got = _grads(lambda *t: attention(*t, mask, backend="triton"), (q, k, v), dout)
+    ref_out, ref = _grads(lambda *t: attention_ref(*t, mask), [t.double() for t in (q, k, v)], dout.double())
+    plain_out, plain = _grads(lambda *t: _plain(*t, mask), (q, k, v), dout)
+    _assert_rule("out", out, ref_out, plain_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, plain):
+        _assert_rule(name, g, r, p)
+
+
+def test_fused_qkv_views_and_strided_grad():
+    """q, k, v as views into one (batch, seq, 3, heads, dim) tensor, the way the models call it."""
+    b, s, h, d = 2, 37, 3, 32
+    qkv = torch.randn(b, s, 3, h, d, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    mask = _mask(b, s)
+    dout = torch.randn(b, h, s, d).to(DEVICE).transpose(1, 2)        # non-contiguous dO too
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    out, got = _grads(lambda *t: attention(*t, mask, backend="triton"), (q, k, v), dout)
+    ref_out, ref = _grads(lambda *t: attention_ref(*t, mask), [t.double() for t in (q, k, v)], dout.double())
+    plain_out, plain = _grads(lambda *t: _plain(*t, mask), (q, k, v), dout)
+    _assert_rule("out", out, ref_out, plain_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, plain):
+        _assert_rule(name, g, r, p)
+
+
+def _pack(lengths, h, d, dtype, seed=0):
+    """Packed q, k, v (a fused (total, 3, heads, dim) buffer) and cu_seqlens for given lengths."""
+    total = sum(lengths)
+    qkv = torch.randn(total, 3, h, d, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    return qkv.unbind(1), cu
+
+
+def _repad(t, lengths, max_len):
+    """Packed (total, ...) -> right-padded (batch, max_len, ...) plus its mask."""
+    out = t.new_zeros((len(lengths), max_len) + tuple(t.shape[1:]))
+    mask = torch.zeros(len(lengths), max_len, dtype=torch.long, device=t.device)
+    start = 0
+    for i, n in enumerate(lengths):
+        out[i, :n] = t[start:start + n]
+        mask[i, :n] = 1
+        start += n
+    return out, mask
+
+
+def _plain_varlen(q, k, v, lengths, max_len):
+    padded = [_repad(t, lengths, max_len)[0] for t in (q, k, v)]
+    out = _plain(*padded, _repad(q, lengths, max_len)[1])
+    return torch.cat([out[i, :n] for i, n in enumerate(lengths)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_varlen_matches_fp64_and_padded(dtype, launches):
+    lengths, h, d = [5, 0, 37, 1, 12], 2, 48
+    (q, k, v), cu = _pack(lengths, h, d, dtype, seed=11)
+    max_len = max(lengths)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    out, got = _grads(lambda *t: varlen_attention(*t, cu, max_len, backend="triton"), (q, k, v), dout)
+    assert launches["_attention_fwd_kernel"].calls == 1
+    ref_out, ref = _grads(lambda *t: varlen_attention_ref(*t, cu, max_len),
+                          [t.double() for t in (q, k, v)], dout.double())
+    plain_out, plain = _grads(lambda *t: _plain_varlen(*t, lengths, max_len), (q, k, v), dout)
+    _assert_rule("out", out, ref_out, plain_out)
+    for name, g, r, pl in zip(("dq", "dk", "dv"), got, ref, plain):
+        assert torch.isfinite(g).all()
+        _assert_rule(name, g, r, pl)
+    padded = [_repad(t, lengths, max_len)[0] for t in (q, k, v)]
+    mask = _repad(q, lengths, max_len)[1]
+    # the padded entry point over the same tokens agrees with the packed one
+    dpad = _repad(dout, lengths, max_len)[0]
+    pout, pgot = _grads(lambda *t: attention(*t, mask, backend="triton"), padded, dpad)
+    tol = dict(atol=1e-6, rtol=0) if dtype == torch.float32 else dict(atol=2e-3, rtol=0)
+    real = mask.bool()
+    torch.testing.assert_close(pout[real], out, **tol)
+    for g_pad, g in zip(pgot, got):
+        torch.testing.assert_close(g_pad[real], g, **tol)
+
+
+def test_fully_padded_sequence_is_zero_on_both_backends():
+    q, k, v = _qkv(2, 9, 2, 16, torch.float32)
+    mask = torch.zeros(2, 9, dtype=torch.long, device=DEVICE)
+    mask[0, :4] = 1
+    for backend in ("triton", "torch"):
+        out, grads = _grads(lambda *t: attention(*t, mask, backend=backend), (q, k, v), torch.ones_like(q))
+        assert torch.isfinite(out).all() and torch.all(out[1] == 0), backend
+        for g in grads:
+            assert torch.isfinite(g).all() and torch.all(g[1] == 0), backend
+
+
+# ------------------------------------------------------------------------------------------------
+# the torch references: autograd (the models' CPU path) and an independent per-sequence oracle
+
+def test_references_match_per_sequence_loop_and_gradcheck():
+    q, k, v = (t.double() for t in _qkv(3, 5, 2, 4, torch.float32, seed=4))
+    mask = _mask(3, 5, seed=2)
+    scale = 0.3
+    expected = torch.zeros_like(q)
+    for i in range(3):
+        real = mask[i].bool()  # row 1 is fully padded and stays zero
+        if real.any():
+            s = torch.einsum("qhd,khd->hqk", q[i], k[i][real]) * scale
+            expected[i] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[i][real])
+    torch.testing.assert_close(attention_ref(q, k, v, mask, scale), expected, atol=1e-12, rtol=0)
+    lengths = [3, 0, 5, 2]
+    (pq, pk, pv), cu = _pack(lengths, 2, 4, torch.float64, seed=6)
+    packed = varlen_attention_ref(pq, pk, pv, cu, 5, scale)
+    start = 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        s = torch.einsum("qhd,khd->hqk", pq[sl], pk[sl]) * scale
+        torch.testing.assert_close(packed[sl], torch.einsum("hqk,khd->qhd", s.softmax(-1), pv[sl]),
+                                   atol=1e-12, rtol=0)
+        start += n
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda *t: attention_ref(*t, mask), leaves)
+    leaves = [t.clone().requires_grad_() for t in (pq, pk, pv)]
+    assert torch.autograd.gradcheck(lambda *t: varlen_attention_ref(*t, cu, 5), leaves)
+
+
+def test_auto_backend_on_cpu_runs_torch(launches):
+    if GPU:
+        pytest.skip("on a GPU 'auto' runs the kernel")
+    q, k, v = _qkv(2, 5, 2, 16, torch.float32)
+    torch.testing.assert_close(attention(q, k, v), attention_ref(q, k, v))
+    assert launches["_attention_fwd_kernel"].calls == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# dropout
+
+def _one_hot_v(b, s, h, d):
+    """v with v[:, j, :, j] = 1: the output row i then equals the (dropped) probability row i."""
+    v = torch.zeros(b, s, h, d, device=DEVICE)
+    idx = torch.arange(s, device=DEVICE)
+    v[:, idx, :, idx] = 1.0
+    return v
+
+
+def _recover_keep(out, s):
+    """(batch, heads, s, s) keep mask read back from an output computed with _one_hot_v."""
+    return (out[..., :s] != 0).permute(0, 2, 1, 3)
+
+
+def test_dropout_zero_is_exact():
+    q, k, v = _qkv(2, 7, 2, 16, torch.float32)
+    mask = _mask(2, 7)
+    for backend in ("triton", "torch"):
+        base = attention(q, k, v, mask, backend=backend)
+        assert torch.equal(attention(q, k, v, mask, backend=backend, dropout_p=0.0), base)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_dropout_keep_rate_and_scaling(backend):
+    b, s, h, d, p = 2, 37, 2, 48, 0.3
+    q, k, _ = _qkv(b, s, h, d, torch.float32, seed=9)
+    v = _one_hot_v(b, s, h, d)
+    out = attention(q, k, v, backend=backend, dropout_p=p, generator=torch.Generator().manual_seed(1))
+    probs = attention_ref(q, k, v)                                    # undropped probabilities
+    keep = out[..., :s] != 0
+    n = keep.numel()
+    rate = keep.float().mean().item()
+    assert abs(rate - (1 - p)) < 4 * math.sqrt(p * (1 - p) / n), f"keep rate {rate} for p={p}"
+    # kept entries are scaled by exactly 1/(1-p); dropped ones are 0
+    torch.testing.assert_close(out[..., :s] * keep * (1 - p), probs[..., :s] * keep, atol=1e-6, rtol=1e-5)
+
+
+def test_dropout_expectation_over_seeds():
+    b, s, h, d, p, n = 1, 20, 2, 16, 0.4, 60
+    q, k, v = _qkv(b, s, h, d, torch.float32, seed=12)
+    samples = torch.stack([attention(q, k, v, backend="triton", dropout_p=p,
+                                     generator=torch.Generator().manual_seed(i)) for i in range(n)])
+    mean, se = samples.mean(0), samples.std(0) / math.sqrt(n)
+    z = (mean - attention_ref(q, k, v)) / (se + 1e-6)
+    assert z.abs().max().item() < 6.0, "E[dropout output] differs from the no-dropout output"
+    assert 0.5 < (z ** 2).mean().item() < 1.5, "spread of the mean is not that of independent masks"
+
+
+def test_dropout_seed_reproduces():
+    q, k, v = _qkv(2, 13, 2, 32, torch.float32, seed=1)
+    mask = _mask(2, 13)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        return attention(q, k, v, mask, backend="triton", dropout_p=0.2)
+    assert torch.equal(run(5), run(5))
+    assert not torch.equal(run(5), run(6))
+    gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    a = attention(q, k, v, mask, backend="triton", dropout_p=0.2, generator=gen())
+    assert torch.equal(a, attention(q, k, v, mask, backend="triton", dropout_p=0.2, generator=gen()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dropout_backward_uses_forward_mask(dtype):
+    """Recover the kernel's mask for a seed, replay it in the fp64 reference, compare gradients."""
+    b, s, h, d, p = 3, 19, 2, 32, 0.25
+    mask = _mask(b, s, seed=4)
+    q0, k0, _ = _qkv(b, s, h, d, torch.float32, seed=8)
+    seeded = lambda: torch.Generator().manual_seed(77)  # noqa: E731
+    probe = attention(q0, k0, _one_hot_v(b, s, h, d), backend="triton", dropout_p=p, generator=seeded())
+    keep = _recover_keep(probe, s)                                   # no key mask: every P > 0
+    q, k, v = _qkv(b, s, h, d, dtype, seed=21)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
+    out, got = _grads(lambda *t: attention(*t, mask, backend="triton", dropout_p=p, generator=seeded()),
+                      (q, k, v), dout)
+    ref_out, ref = _grads(lambda *t: attention_ref(*t, mask, dropout_p=p, _drop_keep=keep),
+                          [t.double() for t in (q, k, v)], dout.double())
+    atol = 1e-5 if dtype == torch.float32 else 3e-3
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=0)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.double(), r, atol=atol, rtol=0)
+
+
+def test_dropout_padded_and_varlen_draw_the_same_mask():
+    lengths, h, d = [6, 17, 3], 2, 16
+    (q, k, v), cu = _pack(lengths, h, d, torch.float32, seed=5)
+    packed = varlen_attention(q, k, v, cu, 17, backend="triton", dropout_p=0.5,
+                              generator=torch.Generator().manual_seed(9))
+    padded = [_repad(t, lengths, 17)[0] for t in (q, k, v)]
+    mask = _repad(q, lengths, 17)[1]
+    out = attention(*padded, mask, backend="triton", dropout_p=0.5, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(out[mask.bool()], packed, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# autotuning keys, dispatch and validation
+
+def test_autotune_key_uses_bucketed_length():
+    assert [kernel.seq_bucket(n) for n in (1, 16, 17, 100, 128, 129, 513)] == [16, 16, 32, 128, 128, 256, 1024]
+    assert kernel.seq_bucket(100_000) == kernel.SEQ_BUCKET_CAP
+    for tuned in (kernel._attention_fwd_kernel, kernel._attention_bwd_dkdv_kernel, kernel._attention_bwd_dq_kernel):
+        assert "SEQ_BUCKET" in tuned.keys and "max_seqlen" not in tuned.keys
+        if not GPU:
+            assert len(tuned.configs) == 1, "the interpreter cannot autotune over several configs"
+
+
+def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (t.cpu() for t in _qkv(1, 4, 1, 16, torch.float32))
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        attention(q, k, v, backend="triton")
+
+
+def _bad_calls():
+    q, k, v = _qkv(2, 5, 2, 16, torch.float32)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    p3 = [t.reshape(10, 2, 16) for t in (q, k, v)]
+    big = torch.zeros(2, 5, 2, 129)
+    return [
+        (lambda: attention(q[0], k, v), "4-D"),
+        (lambda: attention(q, k[:, :4], v), "shapes differ"),
+        (lambda: attention(q, k.half(), v), "dtypes differ"),
+        (lambda: attention(q.int(), k, v), "dtype torch.int32"),
+        (lambda: attention(big, big, big), "head_dim 129 exceeds 128"),
+        (lambda: attention(q, k, v, torch.ones(2, 4)), r"\(batch, seq\) = \(2, 5\)"),
+        (lambda: attention(q, k, v, backend="cuda"), "backend must be one of"),
+        (lambda: attention(q, k, v, dropout_p=1.0), r"dropout_p must be in \[0, 1\), got 1.0"),
+        (lambda: attention(q.double(), k.double(), v.double(), backend="triton"), "float64"),
+        (lambda: varlen_attention(*p3, cu.long(), 3), "int32, got torch.int64"),
+        (lambda: varlen_attention(*p3, torch.tensor([0, 6, 5, 10], dtype=torch.int32), 6), "decreases at index 2"),
+        (lambda: varlen_attention(*p3, torch.tensor([0, 2, 9], dtype=torch.int32), 7), "total_tokens=10"),
+        (lambda: varlen_attention(*p3, torch.tensor([0, 2, 10], dtype=torch.int32), 5), "max_seqlen=5"),
+        (lambda: varlen_attention(q, k, v, cu, 3), "3-D"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(14))
+def test_validation_names_the_problem(case):
+    call, message = _bad_calls()[case]
+    with pytest.raises(ValueError, match=message):
+        call()
