@@ -7,10 +7,13 @@ import torch.nn.functional as F
 from fastbert.ops._dispatch import use_triton
 
 MAX_HIDDEN = 8192
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check(x, residual, weight, bias, eps) -> None:
+def _check(x, residual, weight, bias, eps, dropout_p=0.0) -> None:
     n = x.shape[-1] if x.dim() else 0
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x has dtype {x.dtype}; expected one of {DTYPES}")
     if x.dim() < 1 or n == 0:
         raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
     if n > MAX_HIDDEN:
@@ -25,8 +28,13 @@ def _check(x, residual, weight, bias, eps) -> None:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
     if residual is not None and residual.dtype != x.dtype:
         raise ValueError(f"x and residual must share a dtype, got {x.dtype} and {residual.dtype}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.dtype not in DTYPES:
+            raise ValueError(f"{name} has dtype {p.dtype}; expected one of {DTYPES}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
 def add_layer_norm_ref(x, residual, weight, bias, eps: float = 1e-12, return_sum: bool = False):
@@ -39,13 +47,54 @@ def add_layer_norm_ref(x, residual, weight, bias, eps: float = 1e-12, return_sum
     return (y, s.to(x.dtype)) if return_sum else y
 
 
+class _AddLayerNorm(torch.autograd.Function):
+    """Triton forward/backward. Saves s = dropout(x) + residual (x itself when there is neither), the
+    fp32 mean and rstd; the dropout mask is regenerated from the seed, never stored."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, return_sum, dropout_p, seed):
+        from fastbert.kernels.add_layer_norm import add_layer_norm_fwd
+        training = any(ctx.needs_input_grad[:4])
+        store = return_sum or (training and (residual is not None or dropout_p > 0))
+        y, s, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, store, dropout_p, seed)
+        ctx.save_for_backward(x if s is None else s, weight, mean, rstd)
+        ctx.args = (residual is not None, None if bias is None else bias.dtype, dropout_p, seed, return_sum)
+        return (y, s) if return_sum else y
+
+    @staticmethod
+    def backward(ctx, dy, dsum=None):
+        from fastbert.kernels.add_layer_norm import add_layer_norm_bwd
+        s, weight, mean, rstd = ctx.saved_tensors
+        has_residual, bias_dtype, dropout_p, seed, return_sum = ctx.args
+        dx, dres, dw, db = add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum if return_sum else None,
+                                              dropout_p, seed)
+        dw = dw.to(weight.dtype) if weight is not None else None
+        db = db.to(bias_dtype) if bias_dtype is not None else None
+        return dx, (dres if has_residual else None), dw, db, None, None, None, None
+
+
 def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], eps: float = 1e-12, *, return_sum: bool = False,
+                   dropout_p: float = 0.0, seed: Optional[int] = None,
                    backend: str = "auto") -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """layer_norm(x + residual) over the last dim; with return_sum=True also returns x + residual."""
-    _check(x, residual, weight, bias, eps)
+    """layer_norm(dropout(x) + residual) over the last dim; with return_sum=True also returns the sum.
+
+    dropout_p > 0 is HF's hidden dropout (training mode); the Triton path draws its mask from a
+    counter-based generator keyed by `seed` (default: drawn from torch's CPU generator, so
+    torch.manual_seed makes it reproducible). dropout_p = 0 is exact."""
+    _check(x, residual, weight, bias, eps, dropout_p)
+    if x.dtype == torch.float64:
+        if backend == "triton":
+            raise ValueError("backend='triton' computes in fp32 and takes float16/bfloat16/float32, "
+                             "got float64; use backend='torch'")
+        backend = "torch"
     tensors = [t for t in (x, residual, weight, bias) if t is not None]
     if use_triton(backend, *tensors):
-        from fastbert.ops._add_layer_norm_triton import add_layer_norm_triton
-        return add_layer_norm_triton(x, residual, weight, bias, eps, return_sum)
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0 else 0
+        return _AddLayerNorm.apply(x, residual, weight, bias, eps, return_sum, float(dropout_p), seed)
+    if dropout_p > 0:
+        gen = None if seed is None else torch.Generator(device=x.device).manual_seed(seed)
+        keep = torch.empty_like(x).bernoulli_(1.0 - dropout_p, generator=gen)
+        x = x * keep / (1.0 - dropout_p)
     return add_layer_norm_ref(x, residual, weight, bias, eps, return_sum)

@@ -1,0 +1,223 @@
+# Fused residual add + LayerNorm over the last dim, forward and backward (BERT's post-LN block).
+#
+#   forward:  s = dropout(x) + r              (r optional; dropout only when DROPOUT)
+#             mean = sum(s) / N,  rstd = 1 / sqrt(sum((s - mean)^2) / N + eps)
+#             y = (s - mean) * rstd * w + b    (mean and rstd saved in fp32 for the backward)
+#   backward: xhat = (s - mean) * rstd,  g = dy * w
+#             ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ the grad of s when s was returned)
+#             dr = ds,  dx = ds * keep / (1 - p),  dw = sum_rows(dy * xhat),  db = sum_rows(dy)
+# Limits: rows of N <= 8192 elements (one row lives in registers; any N, not only powers of two),
+# unit column stride; fp32 / fp16 / bf16 in, the same dtype out; statistics and math in fp32.
+# dw and db are deterministic: each backward program sums its rows into its own row of an
+# (n_programs, N) fp32 buffer and the launcher adds those rows in a fixed order (no atomics).
+# Dropout draws keep = rand(seed, row * N + col) >= p from Triton's counter-based Philox generator,
+# so the backward regenerates the same mask from the seed instead of storing it.
+# Reference: Ba, Kiros & Hinton, "Layer Normalization" (arXiv:1607.06450); Triton tutorial 05.
+import collections
+
+import torch
+import triton
+import triton.language as tl
+
+from fastbert.kernels._autotune import gpu_autotune
+
+MAX_N = 8192
+# kernel launches by name, so tests can prove the Triton path really ran
+launch_count = collections.Counter()
+
+
+@triton.jit
+def _add_layer_norm_fwd_kernel(
+    y_ptr,        # (n_rows, N) output, row stride stride_y
+    s_ptr,        # (n_rows, N) output dropout(x) + r, written when STORE_SUM, row stride stride_s
+    mean_ptr,     # (n_rows,) fp32 output mean of s
+    rstd_ptr,     # (n_rows,) fp32 output 1 / std of s
+    x_ptr,        # (n_rows, N) input, row stride stride_x
+    r_ptr,        # (n_rows, N) residual, read when HAS_RESIDUAL, row stride stride_r
+    w_ptr,        # (N,) weight
+    b_ptr,        # (N,) bias
+    n_rows, N, stride_y, stride_s, stride_x, stride_r,
+    eps,          # added to the variance
+    p, seed,      # dropout probability and Philox seed, used when DROPOUT
+    HAS_RESIDUAL: tl.constexpr, STORE_SUM: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows[:, None] < n_rows) & col_ok[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    s = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if DROPOUT:
+        keep = tl.rand(seed, rows[:, None] * N + cols[None, :]) >= p
+        s = tl.where(keep, s / (1.0 - p), 0.0)
+    if HAS_RESIDUAL:
+        s += tl.load(r_ptr + rows64 * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if STORE_SUM:
+        tl.store(s_ptr + rows64 * stride_s + cols[None, :], s.to(s_ptr.dtype.element_ty), mask=mask)
+    mean = tl.sum(s, axis=1) / N
+    diff = tl.where(mask, s - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = diff * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + rows64 * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
+def _add_layer_norm_bwd_kernel(
+    dx_ptr,       # (n_rows, N) output grad of x (of s when not DROPOUT), row stride stride_dx
+    dr_ptr,       # (n_rows, N) output grad of r = grad of s, written when DROPOUT, row stride stride_dr
+    dwp_ptr,      # (n_programs, N) fp32 output: this program's partial sum of dy * xhat
+    dbp_ptr,      # (n_programs, N) fp32 output: this program's partial sum of dy
+    dy_ptr,       # (n_rows, N) grad of y, row stride stride_dy
+    dsum_ptr,     # (n_rows, N) grad of the returned s, read when HAS_DSUM, row stride stride_dsum
+    s_ptr,        # (n_rows, N) forward's s = dropout(x) + r, row stride stride_s
+    w_ptr,        # (N,) weight
+    mean_ptr,     # (n_rows,) fp32 mean saved by the forward
+    rstd_ptr,     # (n_rows,) fp32 rstd saved by the forward
+    n_rows, N, stride_dx, stride_dr, stride_dy, stride_dsum, stride_s,
+    rows_per_program,  # rows of this program: [pid * rows_per_program, (pid + 1) * rows_per_program)
+    p, seed,      # dropout probability and Philox seed of the forward, used when DROPOUT
+    HAS_DSUM: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for r in range(row_start, row_end, BLOCK_M):
+        rows = r + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        s = tl.load(s_ptr + rows64 * stride_s + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+        xhat = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
+        g = dy * w[None, :]
+        c1 = tl.sum(g * xhat, axis=1) / N
+        c2 = tl.sum(g, axis=1) / N
+        ds = tl.where(mask, (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None], 0.0)
+        if HAS_DSUM:
+            ds += tl.load(dsum_ptr + rows64 * stride_dsum + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dw += tl.sum(dy * xhat, axis=0)
+        db += tl.sum(dy, axis=0)
+        if DROPOUT:
+            tl.store(dr_ptr + rows64 * stride_dr + cols[None, :], ds.to(dr_ptr.dtype.element_ty), mask=mask)
+            keep = tl.rand(seed, rows[:, None] * N + cols[None, :]) >= p
+            ds = tl.where(keep, ds / (1.0 - p), 0.0)
+        tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dwp_ptr + pid * N + cols, dw, mask=col_ok)
+    tl.store(dbp_ptr + pid * N + cols, db, mask=col_ok)
+
+
+def _configs():
+    return [triton.Config({"BLOCK_M": m}, num_warps=w)
+            for m in (16, 8, 4, 2, 1) for w in (2, 4, 8, 16)]
+
+
+def _prune(max_elems):
+    def prune(configs, nargs, **kwargs):
+        # a tile of BLOCK_M rows x BLOCK_N cols in registers: cap its size, scale warps with it
+        block_n = kwargs["BLOCK_N"] if "BLOCK_N" in kwargs else nargs["BLOCK_N"]
+        keep = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems
+                and 256 <= c.kwargs["BLOCK_M"] * block_n // c.num_warps <= 2048]
+        if not keep:  # tiny rows: fall back to the biggest allowed tile
+            keep = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems]
+        # largest tile per warp first: the interpreter runs the first config only
+        return sorted(keep, key=lambda c: -c.kwargs["BLOCK_M"] * block_n // c.num_warps)
+    return prune
+
+
+_fwd = gpu_autotune(_add_layer_norm_fwd_kernel, _configs(), key=["N", "HAS_RESIDUAL", "STORE_SUM", "DROPOUT"],
+                    prune=_prune(16384))
+_bwd = gpu_autotune(_add_layer_norm_bwd_kernel, _configs(), key=["N", "HAS_DSUM", "DROPOUT"],
+                    prune=_prune(8192))
+
+
+def _as_2d(t: torch.Tensor, n: int) -> torch.Tensor:
+    t2 = t.reshape(-1, n)  # a view when strides allow, else a copy
+    return t2 if n <= 1 or t2.stride(1) == 1 else t2.contiguous()
+
+
+def _check(x, residual, weight, bias) -> None:
+    n = x.shape[-1]
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"add_layer_norm kernel takes float16/bfloat16/float32, got {x.dtype}")
+    if n > MAX_N:
+        raise ValueError(f"hidden size {n} exceeds {MAX_N}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual must be {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
+
+
+def add_layer_norm_fwd(x, residual, weight, bias, eps: float, store_sum: bool = False,
+                       dropout_p: float = 0.0, seed: int = 0):
+    """Returns (y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s is None
+    unless store_sum), mean and rstd fp32 of shape (n_rows,). weight/bias None mean ones/zeros."""
+    _check(x, residual, weight, bias)
+    n = x.shape[-1]
+    x2 = _as_2d(x, n)
+    n_rows = x2.shape[0]
+    r2 = _as_2d(residual, n) if residual is not None else x2
+    w = weight.contiguous() if weight is not None else x.new_ones(n)
+    b = bias.contiguous() if bias is not None else x.new_zeros(n)
+    y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
+    s = torch.empty_like(y) if store_sum else y
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    if n_rows > 0:
+        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
+        _fwd.launch(grid, y, s, mean, rstd, x2, r2, w, b, n_rows, n, y.stride(0), s.stride(0),
+                    x2.stride(0), r2.stride(0), eps, dropout_p, seed,
+                    HAS_RESIDUAL=residual is not None, STORE_SUM=store_sum, DROPOUT=dropout_p > 0,
+                    BLOCK_N=triton.next_power_of_2(n))
+        launch_count["add_layer_norm_fwd"] += 1
+    return y.view(x.shape), (s.view(x.shape) if store_sum else None), mean, rstd
+
+
+def _n_programs(n_rows: int, device: torch.device) -> int:
+    # a few programs per SM on a GPU; few under the interpreter, where each program is slow
+    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(target, triton.cdiv(n_rows, 16)))
+
+
+def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 0.0, seed: int = 0):
+    """Backward of add_layer_norm_fwd. s is the forward's dropout(x) + residual (x itself when there
+    was neither). Returns (dx, dresidual, dweight, dbias); dresidual is dx itself without dropout;
+    dweight/dbias are fp32 sums, cast by the caller."""
+    n = s.shape[-1]
+    if dy.shape != s.shape or dy.dtype != s.dtype:
+        raise ValueError(f"dy must be {tuple(s.shape)} {s.dtype}, got {tuple(dy.shape)} {dy.dtype}")
+    if dsum is not None and (dsum.shape != s.shape or dsum.dtype != s.dtype):
+        raise ValueError(f"dsum must be {tuple(s.shape)} {s.dtype}, got {tuple(dsum.shape)} {dsum.dtype}")
+    s2, dy2 = _as_2d(s, n), _as_2d(dy, n)
+    ds2 = _as_2d(dsum, n) if dsum is not None else dy2
+    n_rows = s2.shape[0]
+    w = weight.contiguous() if weight is not None else s.new_ones(n)
+    dx = torch.empty((n_rows, n), dtype=s.dtype, device=s.device)
+    dr = torch.empty_like(dx) if dropout_p > 0 else dx
+    if n_rows == 0:
+        zeros = torch.zeros(n, dtype=torch.float32, device=s.device)
+        return dx.view(s.shape), dr.view(s.shape), zeros, zeros.clone()
+    n_prog = _n_programs(n_rows, s.device)
+    rows_per_program = triton.cdiv(n_rows, n_prog)
+    n_prog = triton.cdiv(n_rows, rows_per_program)
+    dw_partial = torch.empty((n_prog, n), dtype=torch.float32, device=s.device)
+    db_partial = torch.empty_like(dw_partial)
+    _bwd.launch((n_prog,), dx, dr, dw_partial, db_partial, dy2, ds2, s2, w, mean, rstd, n_rows, n,
+                dx.stride(0), dr.stride(0), dy2.stride(0), ds2.stride(0), s2.stride(0), rows_per_program,
+                dropout_p, seed, HAS_DSUM=dsum is not None, DROPOUT=dropout_p > 0,
+                BLOCK_N=triton.next_power_of_2(n))
+    launch_count["add_layer_norm_bwd"] += 1
+    return dx.view(s.shape), dr.view(s.shape), dw_partial.sum(0), db_partial.sum(0)

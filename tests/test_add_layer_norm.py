@@ -1,0 +1,193 @@
+"""add_layer_norm: the Triton kernel (interpreter on CPU) and the torch path against fp64 autograd."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastbert.ops as ops
+from fastbert.kernels import add_layer_norm as kernel
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+DTYPES = list(TOL)
+
+
+def _close(got, ref, dtype, what):
+    # element-wise tolerance; reduced grads (dweight, dbias) scale with their magnitude
+    tol = TOL[dtype]
+    scale = max(1.0, ref.abs().max().item())
+    torch.testing.assert_close(got.double(), ref, atol=tol * scale, rtol=tol, msg=lambda m: f"{what}: {m}")
+
+
+def _inputs(shape, dtype, residual=True, affine=True, seed=0):
+    torch.manual_seed(seed)
+    n = shape[-1]
+    x = (3 * torch.randn(shape) + 1).to(dtype)
+    r = torch.randn(shape).to(dtype) if residual else None
+    w = (1 + 0.5 * torch.randn(n)).to(dtype) if affine else None
+    b = torch.randn(n).to(dtype) if affine else None
+    return x, r, w, b
+
+
+def _leaves(*ts, double=False):
+    return [None if t is None else (t.detach().double() if double else t.detach()).requires_grad_() for t in ts]
+
+
+def _fp64(x, r, w, b, eps, dy, dsum=None, keep=None, p=0.0):
+    """fp64 autograd reference: (y, s, dx, dr, dw, db), s = x * keep / (1 - p) + r."""
+    xd, rd, wd, bd = _leaves(x, r, w, b, double=True)
+    s = xd if keep is None else xd * keep.double() / (1 - p)
+    s = s if rd is None else s + rd
+    y = F.layer_norm(s, (x.shape[-1],), wd, bd, eps)
+    loss = (y * dy.double()).sum() + (0 if dsum is None else (s * dsum.double()).sum())
+    loss.backward()
+    return y.detach(), s.detach(), *(None if t is None else t.grad for t in (xd, rd, wd, bd))
+
+
+def _triton(x, r, w, b, eps, dy, dsum=None, **kw):
+    xl, rl, wl, bl = _leaves(x, r, w, b)
+    before = kernel.launch_count["add_layer_norm_fwd"], kernel.launch_count["add_layer_norm_bwd"]
+    out = ops.add_layer_norm(xl, rl, wl, bl, eps, return_sum=dsum is not None, backend="triton", **kw)
+    y, s = out if dsum is not None else (out, None)
+    if dsum is None:
+        y.backward(dy)
+    else:
+        torch.autograd.backward([y, s], [dy, dsum])
+    after = kernel.launch_count["add_layer_norm_fwd"], kernel.launch_count["add_layer_norm_bwd"]
+    assert after == (before[0] + 1, before[1] + 1), "the Triton kernels did not run"
+    return y.detach(), (None if s is None else s.detach()), *(None if t is None else t.grad for t in (xl, rl, wl, bl))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 384), (2, 7, 768), (13, 1000), (1023, 64), (3, 3072), (2, 8192)])
+def test_triton_matches_fp64(shape, dtype):
+    x, r, w, b = _inputs(shape, dtype, seed=shape[0])
+    dy = torch.randn(shape).to(dtype)
+    got = _triton(x, r, w, b, 1e-5, dy)
+    ref = _fp64(x, r, w, b, 1e-5, dy)
+    assert got[0].dtype == dtype and got[0].shape == x.shape
+    for name, g, e in zip(("y", "s", "dx", "dresidual", "dweight", "dbias"), got, ref):
+        if g is not None:
+            assert g.dtype == dtype, name
+            _close(g, e, dtype, name)
+
+
+@pytest.mark.parametrize("residual, affine", [(False, True), (True, False), (False, False)])
+def test_optional_residual_weight_bias(residual, affine):
+    x, r, w, b = _inputs((37, 384), torch.float32, residual=residual, affine=affine, seed=4)
+    dy = torch.randn(37, 384)
+    got = _triton(x, r, w, b, 1e-12, dy)
+    ref = _fp64(x, r, w, b, 1e-12, dy)
+    for name, g, e in zip(("y", "dx", "dresidual", "dweight", "dbias"), got[:1] + got[2:], ref[:1] + ref[2:]):
+        assert (g is None) == (e is None), name
+        if g is not None:
+            _close(g, e, torch.float32, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_return_sum_and_its_gradient(dtype):
+    # pre-LN style: the sum is used downstream too, so its gradient joins dx and dresidual
+    x, r, w, b = _inputs((29, 1000), dtype, seed=5)
+    dy, dsum = torch.randn(29, 1000).to(dtype), torch.randn(29, 1000).to(dtype)
+    got = _triton(x, r, w, b, 1e-5, dy, dsum)
+    ref = _fp64(x, r, w, b, 1e-5, dy, dsum)
+    for name, g, e in zip(("y", "sum", "dx", "dresidual", "dweight", "dbias"), got, ref):
+        _close(g, e, dtype, name)
+
+
+def test_eps_reaches_the_kernel():
+    x, r, w, b = _inputs((5, 384), torch.float32, seed=6)
+    dy = torch.randn(5, 384)
+    got = _triton(x, r, w, b, 0.5, dy)
+    ref = _fp64(x, r, w, b, 0.5, dy)
+    _close(got[0], ref[0], torch.float32, "y")
+    _close(got[2], ref[2], torch.float32, "dx")
+
+
+@pytest.mark.parametrize("layout", ["row_slice", "transposed"])
+def test_non_contiguous_inputs_and_grads(layout):
+    torch.manual_seed(7)
+    if layout == "row_slice":  # unit column stride, row stride wider than the row
+        x, r = torch.randn(3, 5, 1000)[..., :768], torch.randn(15, 800)[:, :768].view(3, 5, 768)
+        dy = torch.randn(3, 5, 900)[..., :768]
+    else:                      # last dim not unit-stride: the launcher copies
+        x, r, dy = (torch.randn(768, 11).t() for _ in range(3))
+    assert not x.is_contiguous() and not dy.is_contiguous()
+    w, b = 1 + torch.randn(768) * 0.3, torch.randn(768)
+    got = _triton(x, r, w, b, 1e-12, dy)
+    ref = _fp64(x, r, w, b, 1e-12, dy)
+    for name, g, e in zip(("y", "s", "dx", "dresidual", "dweight", "dbias"), got, ref):
+        if g is not None:
+            _close(g, e, torch.float32, name)
+
+
+def test_weight_grads_are_deterministic():
+    x, r, w, b = _inputs((300, 384), torch.float32, seed=8)
+    dy = torch.randn(300, 384)
+    y, s, mean, rstd = kernel.add_layer_norm_fwd(x, r, w, b, 1e-5, store_sum=True)
+    first = kernel.add_layer_norm_bwd(dy, s, w, mean, rstd)
+    second = kernel.add_layer_norm_bwd(dy, s, w, mean, rstd)
+    assert all(torch.equal(a, c) for a, c in zip(first, second))
+
+
+def test_dropout_zero_is_exact_and_mask_is_reproducible():
+    x, r, w, b = _inputs((64, 384), torch.float32, seed=9)
+    plain = ops.add_layer_norm(x, r, w, b, 1e-5, backend="triton")
+    assert torch.equal(ops.add_layer_norm(x, r, w, b, 1e-5, dropout_p=0.0, seed=3, backend="triton"), plain)
+    one = ops.add_layer_norm(x, r, w, b, 1e-5, dropout_p=0.25, seed=11, backend="triton")
+    again = ops.add_layer_norm(x, r, w, b, 1e-5, dropout_p=0.25, seed=11, backend="triton")
+    other = ops.add_layer_norm(x, r, w, b, 1e-5, dropout_p=0.25, seed=12, backend="triton")
+    assert torch.equal(one, again) and not torch.equal(one, other)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_statistics_and_gradients(p):
+    # keep rate within 5 sigma of 1 - p; forward and backward equal fp64 with the kernel's own mask
+    shape = (96, 768)
+    x, r, w, b = _inputs(shape, torch.float32, seed=10)
+    x = x.abs() + 0.1  # nonzero, so the mask is readable from the returned sum
+    dy, dsum = torch.randn(shape), torch.zeros(shape)
+    got = _triton(x, r, w, b, 1e-5, dy, dsum, dropout_p=p, seed=1234)
+    keep = (got[1] - r).abs() > 1e-3
+    n = keep.numel()
+    rate = keep.double().mean().item()
+    assert abs(rate - (1 - p)) < 5 * ((p * (1 - p) / n) ** 0.5), f"keep rate {rate} for p={p}"
+    dropped = (x * keep / (1 - p)).double()
+    assert abs(dropped.mean().item() / x.double().mean().item() - 1) < 0.05  # expectation preserved
+    ref = _fp64(x, r, w, b, 1e-5, dy, dsum, keep=keep, p=p)
+    for name, g, e in zip(("y", "sum", "dx", "dresidual", "dweight", "dbias"), got, ref):
+        _close(g, e, torch.float32, name)
+
+
+def test_torch_path_autograd_and_dropout():
+    x, r, w, b = (t.double() for t in _inputs((3, 4, 16), torch.float32, seed=11))
+    before = dict(kernel.launch_count)
+    f = lambda *a: ops.add_layer_norm(*a, 1e-5, backend="torch")
+    assert torch.autograd.gradcheck(f, tuple(_leaves(x, r, w, b)))
+    y, s = ops.add_layer_norm(x, r, w, b, 1e-5, return_sum=True)  # auto on CPU = torch
+    assert dict(kernel.launch_count) == before, "auto on CPU must not launch the kernel"
+    torch.testing.assert_close(y, F.layer_norm(x + r, (16,), w, b, 1e-5))
+    torch.testing.assert_close(s, x + r)
+    xs = torch.ones(200, 384)
+    y = ops.add_layer_norm(xs, None, None, None, 1e-5, return_sum=True, dropout_p=0.5, seed=1)[1]
+    assert set(y.unique().tolist()) == {0.0, 2.0} and abs((y == 0).double().mean().item() - 0.5) < 0.02
+
+
+_x = torch.zeros(4, 8)
+_w = torch.ones(8)
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((torch.zeros(2, 8193), None, None, None), {}, "hidden size 8193 exceeds 8192"),
+    ((_x, torch.zeros(4, 9), _w, _w), {}, r"residual shape \(4, 9\) != x shape \(4, 8\)"),
+    ((_x, None, torch.ones(9), _w), {}, r"weight must have shape \(8,\), got \(9,\)"),
+    ((_x, None, _w, torch.ones(2, 4)), {}, r"bias must have shape \(8,\), got \(2, 4\)"),
+    ((_x, _x.half(), _w, _w), {}, "float32 and torch.float16"),
+    ((_x.int(), None, None, None), {}, "int32"),
+    ((_x, torch.zeros(4, 8, device="meta"), _w, _w), {}, "residual is on meta"),
+    ((_x, None, _w, _w, 0.0), {}, "eps must be > 0, got 0.0"),
+    ((_x, None, _w, _w), {"dropout_p": 1.0}, r"dropout_p must be in \[0, 1\), got 1.0"),
+    ((_x.double(), None, None, None), {"backend": "triton"}, "float64"),
+    ((torch.zeros(4, 0), None, None, None), {}, "non-empty last dim"),
+])
+def test_validation(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ops.add_layer_norm(*args, **kwargs)
