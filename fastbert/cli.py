@@ -116,7 +116,12 @@ def cmd_bench(parser, args) -> int:
         console = Console(width=130)
     results, meta, json_path, png_path, title, subtitle = suite.run_suite(cfg, console)
     console.print()
-    console.print(report.render_table(results, f"{title}\n{subtitle}"))
+    console.print(f"[bold]{title}[/]", highlight=False)
+    console.print(subtitle, highlight=False)
+    for table in report.render_tables(results):
+        console.print()
+        console.print(table)
+    console.print()
     for line in report.notes_for(results, json_path, png_path):
         console.print(line, highlight=False, markup=False)
     failed = [r for r in results if r.failed]

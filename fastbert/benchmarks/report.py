@@ -48,55 +48,84 @@ def _fmt_value(value, unit):
 def _fmt_ratio(ratio):
     if ratio is None or not math.isfinite(ratio):
         return "—"
-    return f"{ratio:.2f}x"
+    return f"{ratio:.1f}x" if ratio >= 10 else f"{ratio:.2f}x"
 
 
-def render_table(results, title):
-    """A rich Table: one line per Result, grouped by section."""
+def _cell(value, unit, show_unit):
+    return _fmt_value(value, unit if show_unit else "")
+
+
+def render_tables(results):
+    """One rich Table per section: a line per workload, fastbert first, then each peer's
+    throughput with fastbert's speed-up over it in brackets."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", pad_edge=False)
-    table.add_column("Part", style="bold")
-    table.add_column("Implementation")
-    table.add_column("Workload")
-    table.add_column("Throughput", justify="right")
-    table.add_column("fastbert x", justify="right")
-    table.add_column("Output", justify="center")
-    last_section = None
-    for r in results:
-        if last_section is not None and r.section != last_section:
-            table.add_section()
-        section = r.section if r.section != last_section else ""
-        last_section = r.section
-        name = f"[bold cyan]{r.name}[/]" if r.fastbert else r.name
-        if r.value is not None:
-            value = _fmt_value(r.value, r.unit)
-        else:
-            value = f"[dim]{r.note}[/]"
-        if r.speedup is None:
-            speedup = ""
-        elif r.speedup_fails:
-            speedup = f"[red]{_fmt_ratio(r.speedup)} FAIL[/]"
-        else:
-            color = "green" if r.speedup >= 1.0 else "yellow"
-            speedup = f"[{color}]{_fmt_ratio(r.speedup)}[/]"
-        check = {OK: "[green]ok[/]", FAIL: "[bold red]FAIL[/]",
-                 ERROR: "[bold red]ERROR[/]"}.get(r.check, "[dim]n/a[/]")
-        table.add_row(section, name, r.case, value, speedup, check)
-    return table
+    tables = []
+    sections = list(dict.fromkeys(r.section for r in results))
+    for section in sections:
+        rows = [r for r in results if r.section == section]
+        units = {r.unit for r in rows if r.value is not None}
+        show_unit = len(units) != 1
+        unit_title = "" if show_unit else f" ({units.pop()}, higher is better)"
+        peers = list(dict.fromkeys(r.name for r in rows if not r.fastbert and r.value is not None))
+        fast_names = list(dict.fromkeys(r.name for r in rows if r.fastbert))
+        table = Table(title=f"{section}{unit_title}", title_justify="left", title_style="bold",
+                      pad_edge=False)
+        table.add_column("Workload")
+        table.add_column(" / ".join(fast_names) or "fastbert", justify="right", style="bold cyan")
+        for peer in peers:
+            table.add_column(peer, justify="right")
+        table.add_column("Output", justify="center")
+        for case in dict.fromkeys(r.case for r in rows):
+            in_case = [r for r in rows if r.case == case]
+            fast = next((r for r in in_case if r.fastbert), None)
+            if fast is None or fast.value is None:
+                note = (fast or in_case[0]).note
+                cells = [f"[dim]{note}[/]"] + [""] * len(peers)
+                check = (fast or in_case[0]).check
+            else:
+                cells = [_cell(fast.value, fast.unit, show_unit)]
+                check = fast.check
+                for peer in peers:
+                    r = next((r for r in in_case if r.name == peer), None)
+                    if r is None or r.value is None:
+                        cells.append("[dim]—[/]")
+                        continue
+                    text = _cell(r.value, r.unit, show_unit)
+                    if r.speedup is not None:
+                        color = "red" if r.speedup_fails else "green" if r.speedup >= 1 else "yellow"
+                        text += f" [{color}]({_fmt_ratio(r.speedup)})[/]"
+                    if r.check in (FAIL, ERROR):
+                        text += " [red]wrong[/]"
+                    cells.append(text)
+            verdict = {OK: "[green]ok[/]", FAIL: "[bold red]FAIL[/]",
+                       ERROR: "[bold red]ERROR[/]"}.get(check, "[dim]n/a[/]")
+            table.add_row(case, *cells, verdict)
+        notes = list(dict.fromkeys(f"{r.name}: {r.note}" for r in rows
+                                   if r.value is None and r.note and not r.fastbert))
+        if notes:
+            table.caption = "; ".join(f"{n}" for n in notes)
+            table.caption_justify = "left"
+        tables.append(table)
+    return tables
 
 
 def notes_for(results, json_path, png_path):
     """The lines printed under the table: what the ratios mean, problems, where the files went."""
     lines = [
-        "fastbert x = fastbert's throughput / that row's throughput, same workload, same run",
-        "  (2.00x = fastbert does twice the work per second; green >= 1x, yellow < 1x).",
-        "Output = checked against Hugging Face in this run: tokenizers must give identical ids,",
-        "  models and embeddings must agree within tolerance; a speed-up with a FAIL does not count.",
+        "(2.00x) after a peer's figure = fastbert's throughput / that peer's, same workload, same run:",
+        "  fastbert does twice the work per second (green >= 1x, yellow < 1x).",
+        "Output = fastbert's result checked against Hugging Face's in this run: tokenizers must give",
+        "  identical ids, models and embeddings must agree within tolerance. A FAIL voids the speed-up;",
+        "  a peer marked 'wrong' gave different output from Hugging Face.",
     ]
+    problems = {}
     for r in results:
         if r.note and r.failed:
-            lines.append(f"  {r.check}: {r.section} / {r.name} / {r.case}: {r.note}")
+            problems.setdefault((r.check, r.section, r.name, r.note), []).append(r.case)
+    for (check, section, name, note), cases in problems.items():
+        where = cases[0] if len(cases) == 1 else f"{len(cases)} workloads"
+        lines.append(f"  {check}: {section} / {name} ({where}): {note}")
     lines.append(f"JSON (all rows, machine, versions): {json_path}")
     lines.append(f"Plot: {png_path}")
     return lines
@@ -114,6 +143,7 @@ def write_plot(path: Path, results, title: str, subtitle: str):
     import matplotlib
     matplotlib.use("Agg")  # no display: the plot is only written to a file
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = [r for r in results if r.speedup is not None and math.isfinite(r.speedup) and r.speedup > 0]
     height = max(2.5, 0.42 * len(rows) + 1.8)
@@ -129,10 +159,11 @@ def write_plot(path: Path, results, title: str, subtitle: str):
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xscale("log")
         ax.axvline(1.0, color="black", linewidth=1)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
         lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
         ax.set_xlim(lo / 1.5, hi * 2.0)
         for yi, r in zip(y, rows):
-            label = f"{r.speedup:.2f}x" + ("  FAIL" if r.speedup_fails else "")
+            label = _fmt_ratio(r.speedup) + ("  FAIL" if r.speedup_fails else "")
             ax.text(r.speedup * 1.04, yi, label, va="center", fontsize=7)
         ax.set_xlabel("fastbert throughput / peer throughput (log scale; right of the line = fastbert faster)")
     else:
