@@ -1,0 +1,110 @@
+"""Find and read checkpoints: config.json + model.safetensors (or sharded, with
+model.safetensors.index.json) or pytorch_model.bin (torch.load(weights_only=True) only).
+
+`path_or_hub_id` is a local directory, or a Hugging Face hub id resolved through huggingface_hub:
+the local cache first (works offline), then the hub unless HF_HUB_OFFLINE is set.
+Every error names the file it is about.
+"""
+import json
+import os
+from typing import Dict, List, Tuple
+
+import torch
+
+from fastbert.models.config import load_config
+
+SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+_PATTERNS = ["config.json", "*.safetensors", SAFETENSORS_INDEX, "*.bin", TORCH_BIN_INDEX]
+
+
+class CheckpointFileError(ValueError):
+    """A weights file that cannot be read (truncated, corrupt, or missing a shard)."""
+
+
+def resolve_directory(path_or_hub_id: str) -> str:
+    path = os.path.expanduser(str(path_or_hub_id))
+    if os.path.isdir(path):
+        return path
+    looks_local = os.path.isabs(path) or path.startswith(".") or os.path.exists(path) or path.count("/") > 1
+    if looks_local:
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise FileNotFoundError(f"{path!r} is not a local directory and huggingface_hub is not installed") from e
+    try:  # the cache first: no network needed when the checkpoint is cached
+        return snapshot_download(path, allow_patterns=_PATTERNS, local_files_only=True)
+    except Exception as cached_error:
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+            raise FileNotFoundError(f"{path!r} is not a local directory nor in the Hugging Face cache "
+                                    f"(HF_HUB_OFFLINE is set): {cached_error}") from cached_error
+    try:
+        return snapshot_download(path, allow_patterns=_PATTERNS)
+    except Exception as e:
+        raise FileNotFoundError(f"{path!r} is not a local directory and could not be fetched from the "
+                                f"Hugging Face hub: {e}") from e
+
+
+def _read_index(path: str) -> List[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise CheckpointFileError(f"{path} is not a valid shard index (JSON with a 'weight_map'): {e}") from e
+    return sorted(set(weight_map.values()))
+
+
+def _load_safetensors(path: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises its own error types for truncated / corrupt headers
+        raise CheckpointFileError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+
+
+def _load_torch(path: str) -> Dict[str, torch.Tensor]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointFileError(f"{path} could not be read with torch.load(weights_only=True) "
+                                  f"({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointFileError(f"{path} does not hold a state dict of tensors")
+    return state
+
+
+def weight_files(directory: str) -> Tuple[str, List[str]]:
+    """("safetensors" | "torch", [files]) in the order transformers prefers them."""
+    for kind, single, index in (("safetensors", SAFETENSORS, SAFETENSORS_INDEX), ("torch", TORCH_BIN, TORCH_BIN_INDEX)):
+        if os.path.isfile(os.path.join(directory, single)):
+            return kind, [os.path.join(directory, single)]
+        index_path = os.path.join(directory, index)
+        if os.path.isfile(index_path):
+            return kind, [os.path.join(directory, name) for name in _read_index(index_path)]
+    raise FileNotFoundError(f"no weights in {directory}: expected {SAFETENSORS}, {SAFETENSORS_INDEX}, "
+                            f"{TORCH_BIN} or {TORCH_BIN_INDEX}")
+
+
+def load_state(directory: str) -> Dict[str, torch.Tensor]:
+    kind, files = weight_files(directory)
+    state: Dict[str, torch.Tensor] = {}
+    for path in files:
+        part = _load_safetensors(path) if kind == "safetensors" else _load_torch(path)
+        dup = sorted(set(part) & set(state))
+        if dup:
+            raise CheckpointFileError(f"{path} repeats keys of another shard: {dup[:5]}")
+        state.update(part)
+    return state
+
+
+def load_checkpoint_files(path_or_hub_id: str):
+    """-> (transformers config, state dict on CPU, directory) for a checkpoint."""
+    directory = resolve_directory(path_or_hub_id)
+    config = load_config(os.path.join(directory, "config.json"))
+    return config, load_state(directory), directory

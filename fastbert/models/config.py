@@ -1,0 +1,120 @@
+"""Config handling: transformers' own config classes, checked for what fastbert supports.
+
+A model's `.config` is the `transformers` config object (BertConfig, RobertaConfig, ...), so it
+saves, prints and compares exactly as transformers' does. `resolve()` reads the few numbers the
+fast path needs into one flat `Dims`, whatever the family calls them (DistilBERT says `dim`).
+"""
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+# model_type -> family file that implements it
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "albert")
+# hidden_act -> bias_gelu's `approximate`, or "relu" for a plain torch ReLU
+ACTIVATIONS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh",
+               "gelu_pytorch_tanh": "tanh", "relu": "relu"}
+
+
+class ConfigError(ValueError):
+    """A config.json that fastbert cannot use (unreadable, or a setting it does not support)."""
+
+
+@dataclass(frozen=True)
+class Dims:
+    model_type: str
+    vocab_size: int
+    embedding_size: int          # width of the embedding tables (ELECTRA/ALBERT may differ from hidden)
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    activation: str              # "none" | "tanh" | "relu" (see ACTIVATIONS)
+    layer_norm_eps: float
+    max_position_embeddings: int
+    type_vocab_size: int         # 0: no token type embeddings (DistilBERT)
+    pad_token_id: Optional[int]
+    hidden_dropout: float
+    attention_dropout: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def read_config_dict(path: str) -> dict:
+    """Parse a config.json with errors that name the file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    if "model_type" not in data:
+        raise ConfigError(f"{path} has no 'model_type'; expected one of {MODEL_TYPES}")
+    return data
+
+
+def config_from_dict(data: dict, source: str = "config"):
+    """A transformers config object from a config.json dict (after checking the model type)."""
+    from transformers import AutoConfig
+
+    model_type = data.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"{source}: model_type {model_type!r} is not supported; "
+                          f"fastbert supports {MODEL_TYPES}")
+    fields = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version")}
+    try:
+        config = AutoConfig.for_model(model_type, **fields)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: invalid {model_type} config: {e}") from e
+    check_supported(config, source)
+    return config
+
+
+def load_config(path: str):
+    return config_from_dict(read_config_dict(path), source=path)
+
+
+def check_supported(config, source: str = "config") -> None:
+    """Raise ConfigError naming the first setting the fast path cannot honour."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"{source}: model_type {model_type!r} is not supported; "
+                          f"fastbert supports {MODEL_TYPES}")
+    pos = getattr(config, "position_embedding_type", "absolute")
+    if pos not in (None, "absolute"):
+        raise ConfigError(f"{source}: position_embedding_type={pos!r} is not supported "
+                          "(fastbert implements absolute position embeddings only)")
+    for flag in ("is_decoder", "add_cross_attention"):
+        if getattr(config, flag, False):
+            raise ConfigError(f"{source}: {flag}=True is not supported (fastbert runs bidirectional encoders)")
+    act = config.activation if model_type == "distilbert" else config.hidden_act
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"{source}: hidden activation {act!r} is not supported; "
+                          f"supported: {sorted(ACTIVATIONS)}")
+    if model_type == "albert":
+        groups, layers = config.num_hidden_groups, config.num_hidden_layers
+        if groups < 1 or groups > layers:
+            raise ConfigError(f"{source}: num_hidden_groups={groups} must be in [1, num_hidden_layers={layers}]")
+    d = resolve(config)
+    if d.hidden_size % d.num_heads:
+        raise ConfigError(f"{source}: hidden size {d.hidden_size} is not a multiple of "
+                          f"the number of attention heads {d.num_heads}")
+
+
+def resolve(config) -> Dims:
+    if config.model_type == "distilbert":
+        return Dims(config.model_type, config.vocab_size, config.dim, config.dim, config.n_layers,
+                    config.n_heads, config.hidden_dim, ACTIVATIONS[config.activation], 1e-12,
+                    config.max_position_embeddings, 0, config.pad_token_id, float(config.dropout),
+                    float(config.attention_dropout))
+    emb = getattr(config, "embedding_size", None) or config.hidden_size
+    return Dims(config.model_type, config.vocab_size, emb, config.hidden_size, config.num_hidden_layers,
+                config.num_attention_heads, config.intermediate_size, ACTIVATIONS[config.hidden_act],
+                float(config.layer_norm_eps), config.max_position_embeddings, config.type_vocab_size,
+                config.pad_token_id, float(config.hidden_dropout_prob),
+                float(config.attention_probs_dropout_prob))

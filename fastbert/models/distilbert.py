@@ -1,0 +1,133 @@
+"""DistilBERT: BERT's layer under other names (q_lin/k_lin/v_lin/out_lin, sa_layer_norm, ffn.lin1/lin2,
+output_layer_norm), no token type embeddings, no pooler. Names are transformers', so
+
+    fast = DistilBertModel.from_hf_config(hf.config); fast.load_state_dict(hf.state_dict(), strict=True)
+
+works both ways. forward() takes no token_type_ids (a ValueError if given), as transformers'.
+"""
+from typing import List
+
+import torch
+from torch import nn
+
+from fastbert.models.embeddings import Embeddings
+from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, QuestionAnsweringModel,
+                                   SequenceClassificationModel, TokenClassificationModel, activation)
+from fastbert.models.layers import FastLayer, LayerParts
+from fastbert.models.modeling import EncoderModel
+from fastbert.models.outputs import BaseModelOutput
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.q_lin = nn.Linear(d.hidden_size, d.hidden_size)
+        self.k_lin = nn.Linear(d.hidden_size, d.hidden_size)
+        self.v_lin = nn.Linear(d.hidden_size, d.hidden_size)
+        self.out_lin = nn.Linear(d.hidden_size, d.hidden_size)
+
+
+class FFN(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin1 = nn.Linear(d.hidden_size, d.intermediate_size)
+        self.lin2 = nn.Linear(d.intermediate_size, d.hidden_size)
+
+
+class TransformerBlock(FastLayer):
+    def __init__(self, d):
+        super().__init__()
+        self.attention = MultiHeadSelfAttention(d)
+        self.sa_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
+        self.ffn = FFN(d)
+        self.output_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
+        self.init_fast(d)
+
+    def parts(self) -> LayerParts:
+        a = self.attention
+        return LayerParts(a.q_lin, a.k_lin, a.v_lin, a.out_lin, self.sa_layer_norm,
+                          self.ffn.lin1, self.ffn.lin2, self.output_layer_norm)
+
+
+class Transformer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.layer = nn.ModuleList(TransformerBlock(d) for _ in range(d.num_layers))
+
+
+class DistilBertModel(EncoderModel):
+    base_model_prefix = "distilbert"
+    model_types = ("distilbert",)
+    has_token_types = False
+    output_class = BaseModelOutput
+
+    def __init__(self, config, add_pooling_layer: bool = False):
+        super().__init__(config)
+        self.embeddings = Embeddings(self.dims)
+        self.transformer = Transformer(self.dims)
+
+    def max_sequence_length(self) -> int:
+        return self.embeddings.max_sequence_length()
+
+    def embed(self, packing, input_ids, token_type_ids, position_ids, inputs_embeds):
+        return self.embeddings(packing, input_ids, None, position_ids, inputs_embeds)
+
+    def layers(self) -> List[FastLayer]:
+        return list(self.transformer.layer)
+
+
+class _DistilBertHead:
+    base_class, base_model_prefix, model_types = DistilBertModel, "distilbert", ("distilbert",)
+
+
+class DistilBertForMaskedLM(_DistilBertHead, MaskedLMModel):
+    def build_head(self, config):
+        d = self.dims
+        self.vocab_transform = nn.Linear(d.hidden_size, d.hidden_size)
+        self.vocab_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
+        self.vocab_projector = nn.Linear(d.hidden_size, d.vocab_size)
+
+    def tied_weights(self):
+        return {"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"}
+
+    def mlm_logits(self, h):
+        h = self.vocab_layer_norm(activation(self.dims.activation)(self.vocab_transform(h)))
+        return self.vocab_projector(h)
+
+
+class _PreClassifier:
+    """h[:, 0] -> pre_classifier -> ReLU -> dropout -> classifier."""
+
+    def build_head(self, config):
+        d = self.dims
+        self.pre_classifier = nn.Linear(d.hidden_size, d.hidden_size)
+        self.classifier = nn.Linear(d.hidden_size, self.num_outputs(config))
+        self.dropout = nn.Dropout(config.seq_classif_dropout)
+
+    def num_outputs(self, config):
+        return config.num_labels
+
+    def classify(self, out):
+        h = torch.relu(self.pre_classifier(out.last_hidden_state[:, 0]))
+        return self.classifier(self.dropout(h))
+
+    choice_logits = classify
+
+
+class DistilBertForSequenceClassification(_DistilBertHead, _PreClassifier, SequenceClassificationModel):
+    pass
+
+
+class DistilBertForMultipleChoice(_DistilBertHead, _PreClassifier, MultipleChoiceModel):
+    def num_outputs(self, config):
+        return 1
+
+
+class DistilBertForTokenClassification(_DistilBertHead, TokenClassificationModel):
+    def token_dropout(self, config):
+        return config.dropout
+
+
+class DistilBertForQuestionAnswering(_DistilBertHead, QuestionAnsweringModel):
+    def qa_dropout(self, config):
+        return config.qa_dropout

@@ -1,0 +1,270 @@
+"""Task heads with transformers' layouts and losses, shared by every family.
+
+A concrete class (e.g. BertForSequenceClassification) picks its bare encoder (`base_class`), builds
+its head modules under transformers' names in `build_head`, and maps encoder output to logits.
+The losses are transformers' conventions: MLM / token classification ignore label -100;
+sequence classification follows config.problem_type (regression: MSE, single label: cross
+entropy, multi label: BCE-with-logits), inferred like transformers when unset; question answering
+clamps start/end positions to the sequence length and ignores that index.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastbert.models.modeling import FastPreTrainedModel
+from fastbert.models.outputs import (MaskedLMOutput, MultipleChoiceModelOutput, QuestionAnsweringModelOutput,
+                                     SequenceClassifierOutput, TokenClassifierOutput)
+
+_ACT = {"none": lambda x: F.gelu(x), "tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": torch.relu}
+
+
+def activation(name: str):
+    """Module-free activation by fastbert's resolved name ("none" = exact GELU)."""
+    return _ACT[name]
+
+
+# ---- building blocks under transformers' names ------------------------------------------------------
+class Pooler(nn.Module):
+    """BERT's pooler: tanh(dense(h[:, 0]))."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+
+    def forward(self, h):
+        return torch.tanh(self.dense(h[:, 0]))
+
+
+class PredictionTransform(nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        self.dense = nn.Linear(dims.hidden_size, dims.hidden_size)
+        self.LayerNorm = nn.LayerNorm(dims.hidden_size, eps=dims.layer_norm_eps)
+        self.act = activation(dims.activation)
+
+    def forward(self, h):
+        return self.LayerNorm(self.act(self.dense(h)))
+
+
+class LMPrediction(nn.Module):
+    """BERT's cls.predictions: transform, decoder (tied to the word embeddings), bias."""
+
+    def __init__(self, dims):
+        super().__init__()
+        self.transform = PredictionTransform(dims)
+        self.decoder = nn.Linear(dims.hidden_size, dims.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(dims.vocab_size))
+
+    def forward(self, h):
+        return self.decoder(self.transform(h))
+
+
+class BertMLMHead(nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        self.predictions = LMPrediction(dims)
+
+    def forward(self, h):
+        return self.predictions(h)
+
+
+class RobertaLMHead(nn.Module):
+    """RoBERTa's lm_head: dense, exact GELU, layer_norm, decoder (tied), bias."""
+
+    def __init__(self, dims):
+        super().__init__()
+        self.dense = nn.Linear(dims.hidden_size, dims.hidden_size)
+        self.layer_norm = nn.LayerNorm(dims.hidden_size, eps=dims.layer_norm_eps)
+        self.decoder = nn.Linear(dims.hidden_size, dims.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(dims.vocab_size))
+
+    def forward(self, h):
+        return self.decoder(self.layer_norm(F.gelu(self.dense(h))))
+
+
+class ClassificationHead(nn.Module):
+    """RoBERTa/ELECTRA sequence classifier on h[:, 0]: dropout, dense, act, dropout, out_proj."""
+
+    def __init__(self, config, dims, act):
+        super().__init__()
+        p = config.classifier_dropout if config.classifier_dropout is not None else dims.hidden_dropout
+        self.dense = nn.Linear(dims.hidden_size, dims.hidden_size)
+        self.dropout = nn.Dropout(p)
+        self.out_proj = nn.Linear(dims.hidden_size, config.num_labels)
+        self.act = act
+
+    def forward(self, h):
+        x = self.dropout(h[:, 0])
+        x = self.dropout(self.act(self.dense(x)))
+        return self.out_proj(x)
+
+
+def classifier_dropout(config, dims) -> float:
+    p = getattr(config, "classifier_dropout", None)
+    return dims.hidden_dropout if p is None else p
+
+
+# ---- losses --------------------------------------------------------------------------------------------
+def sequence_classification_loss(config, logits, labels):
+    num_labels = config.num_labels
+    if config.problem_type is None:  # transformers infers it once and stores it on the config
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        if num_labels == 1:
+            return F.mse_loss(logits.squeeze(), labels.squeeze())
+        return F.mse_loss(logits, labels)
+    if config.problem_type == "single_label_classification":
+        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
+    if config.problem_type == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits, labels)
+    raise ValueError(f"config.problem_type {config.problem_type!r} is not one of 'regression', "
+                     "'single_label_classification', 'multi_label_classification'")
+
+
+def qa_loss(start_logits, end_logits, start_positions, end_positions):
+    if start_positions.dim() > 1:
+        start_positions = start_positions.squeeze(-1)
+    if end_positions.dim() > 1:
+        end_positions = end_positions.squeeze(-1)
+    ignored = start_logits.size(1)  # positions outside the sequence are clamped here and ignored
+    start = F.cross_entropy(start_logits, start_positions.clamp(0, ignored), ignore_index=ignored)
+    end = F.cross_entropy(end_logits, end_positions.clamp(0, ignored), ignore_index=ignored)
+    return (start + end) / 2
+
+
+# ---- task models ---------------------------------------------------------------------------------------
+class TaskModel(FastPreTrainedModel):
+    """An encoder (attribute named base_model_prefix) plus a head built by `build_head`."""
+
+    base_class = None
+    uses_pooler = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.add_module(self.base_model_prefix, self.base_class(config, add_pooling_layer=self.uses_pooler))
+        self.build_head(config)
+        self.tie_weights()
+
+    def build_head(self, config) -> None:
+        raise NotImplementedError
+
+    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+               output_attentions, output_hidden_states):
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                               output_hidden_states=output_hidden_states, return_dict=True, **extra)
+
+
+class MaskedLMModel(TaskModel):
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.get_submodule(next(iter(self.tied_weights())).rpartition(".")[0])
+
+    def mlm_logits(self, sequence_output):
+        raise NotImplementedError
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        logits = self.mlm_logits(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))  # -100 ignored
+        return self._finish(MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                           attentions=out.attentions), return_dict)
+
+
+class SequenceClassificationModel(TaskModel):
+    def classify(self, out):
+        raise NotImplementedError
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        logits = self.classify(out)
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
+        return self._finish(SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                     attentions=out.attentions), return_dict)
+
+
+class TokenClassificationModel(TaskModel):
+    def build_head(self, config):
+        self.dropout = nn.Dropout(self.token_dropout(config))
+        self.classifier = nn.Linear(self.dims.hidden_size, config.num_labels)
+
+    def token_dropout(self, config) -> float:
+        return classifier_dropout(config, self.dims)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))  # -100 ignored
+        return self._finish(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                  attentions=out.attentions), return_dict)
+
+
+class QuestionAnsweringModel(TaskModel):
+    def qa_dropout(self, config) -> Optional[float]:
+        return None  # DistilBERT applies dropout before qa_outputs
+
+    def build_head(self, config):
+        if self.qa_dropout(config) is not None:
+            self.dropout = nn.Dropout(self.qa_dropout(config))
+        self.qa_outputs = nn.Linear(self.dims.hidden_size, config.num_labels)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None):
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        h = out.last_hidden_state
+        if hasattr(self, "dropout"):
+            h = self.dropout(h)
+        start_logits, end_logits = self.qa_outputs(h).split(1, dim=-1)
+        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = qa_loss(start_logits, end_logits, start_positions, end_positions)
+        return self._finish(QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=out.hidden_states,
+            attentions=out.attentions), return_dict)
+
+
+class MultipleChoiceModel(TaskModel):
+    def choice_logits(self, out):
+        raise NotImplementedError
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        ref = input_ids if input_ids is not None else inputs_embeds
+        if ref is None or ref.dim() < 3:
+            raise ValueError("multiple choice inputs must be (batch, num_choices, seq), got shape "
+                             f"{None if ref is None else tuple(ref.shape)}")
+        num_choices = ref.shape[1]
+
+        def flat(t, keep=1):
+            return None if t is None else t.reshape(-1, *t.shape[-keep:])
+
+        out = self.encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
+                          flat(inputs_embeds, 2), output_attentions, output_hidden_states)
+        logits = self.choice_logits(out).view(-1, num_choices)
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        return self._finish(MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                      attentions=out.attentions), return_dict)

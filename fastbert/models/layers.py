@@ -1,0 +1,119 @@
+"""The fast path shared by every family: one post-LN transformer layer on packed tokens.
+
+    x (tokens, hidden) ─► fused QKV GEMM ─► varlen attention ─► out GEMM ─► add+LayerNorm
+                       ─► FFN1 GEMM (no bias) ─► bias+GELU ─► FFN2 GEMM ─► add+LayerNorm
+
+Parameters keep transformers' separate query/key/value Linear modules (names, sharing, loading);
+their weights are concatenated at run time. Without autograd the concatenation is cached and
+rebuilt only when a weight changes (data_ptr or in-place `_version` bump, e.g. an optimizer
+step or load_state_dict); with autograd it is a plain torch.cat so gradients reach each Linear.
+
+`output_attentions=True`, and attention dropout in training, use an unfused padded attention
+(softmax probabilities materialised); everything else uses fastbert.ops.varlen_attention.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastbert import ops
+from fastbert.padding import Packing
+
+
+def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    params = (q.weight, k.weight, v.weight, q.bias, k.bias, v.bias)
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return torch.cat(params[:3]), torch.cat(params[3:])
+    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    if cache.get("key") != key:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode
+            cache["weight"], cache["bias"] = torch.cat(params[:3]), torch.cat(params[3:])
+        cache["key"] = key
+    return cache["weight"], cache["bias"]
+
+
+def padded_attention(q, k, v, packing: Packing, dropout_p: float, need_probs: bool):
+    """Unfused attention on a padded copy: (tokens, heads, dim) -> same, plus probs (batch, heads, s, s).
+
+    Padded query rows are computed and dropped; padded keys get the dtype's min score (not -inf,
+    so nothing turns into NaN in forward or backward)."""
+    b, s = packing.batch, packing.seqlen
+    keep = torch.zeros(b * s, dtype=torch.bool, device=q.device)
+    if packing.indices is None:
+        keep[:] = True
+    else:
+        keep[packing.indices] = True
+    bias = torch.zeros(b, 1, 1, s, dtype=q.dtype, device=q.device)
+    bias.masked_fill_(~keep.view(b, 1, 1, s), torch.finfo(q.dtype).min)
+
+    def pad(t):  # (tokens, heads, dim) -> (batch, heads, seq, dim)
+        flat = t.new_zeros((b * s,) + tuple(t.shape[1:]))
+        flat = flat.index_copy(0, packing.indices, t) if packing.indices is not None else t.reshape(flat.shape)
+        return flat.view(b, s, *t.shape[1:]).transpose(1, 2)
+
+    qp, kp, vp = pad(q), pad(k), pad(v)
+    probs = None
+    if need_probs:
+        scores = torch.matmul(qp, kp.transpose(-1, -2)) / math.sqrt(q.shape[-1]) + bias
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(F.dropout(probs, dropout_p, training=dropout_p > 0), vp)
+    else:
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=bias, dropout_p=dropout_p)
+    out = out.transpose(1, 2).reshape(b * s, *q.shape[1:])
+    if packing.indices is not None:
+        out = out.index_select(0, packing.indices)
+    return out, probs
+
+
+class LayerParts:
+    """The modules one layer is made of, under whatever names the family uses."""
+    __slots__ = ("query", "key", "value", "attn_out", "attn_norm", "ffn_in", "ffn_out", "ffn_norm")
+
+    def __init__(self, query, key, value, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm):
+        self.query, self.key, self.value = query, key, value
+        self.attn_out, self.attn_norm = attn_out, attn_norm
+        self.ffn_in, self.ffn_out, self.ffn_norm = ffn_in, ffn_out, ffn_norm
+
+
+class FastLayer(nn.Module):
+    """Mixin for a family's layer module: subclasses set `parts()` and call `init_fast(dims)`."""
+
+    def init_fast(self, dims) -> None:
+        self.num_heads = dims.num_heads
+        self.activation = dims.activation
+        self.hidden_dropout = dims.hidden_dropout
+        self.attention_dropout = dims.attention_dropout
+        self._qkv_cache = {}
+
+    def parts(self) -> LayerParts:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, packing: Packing, output_attentions: bool = False
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        p = self.parts()
+        tokens, hidden = x.shape
+        weight, bias = fused_qkv(p.query, p.key, p.value, self._qkv_cache)
+        qkv = F.linear(x, weight, bias).view(tokens, 3, self.num_heads, hidden // self.num_heads)
+        q, k, v = qkv.unbind(1)                                  # (tokens, heads, head_dim) views
+        attn_p = self.attention_dropout if self.training else 0.0
+        probs = None
+        if output_attentions or attn_p > 0:
+            ctx, probs = padded_attention(q, k, v, packing, attn_p, output_attentions)
+        elif tokens == 0:
+            ctx = q.new_zeros(q.shape)
+        else:
+            ctx = ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen)
+        a = F.linear(ctx.reshape(tokens, hidden), p.attn_out.weight, p.attn_out.bias)
+        a = F.dropout(a, self.hidden_dropout, self.training)
+        x = ops.add_layer_norm(a, x, p.attn_norm.weight, p.attn_norm.bias, p.attn_norm.eps)
+        h = F.linear(x, p.ffn_in.weight)                         # (tokens, intermediate), bias fused below
+        if self.activation == "relu":
+            h = torch.relu(h + p.ffn_in.bias)
+        else:
+            h = ops.bias_gelu(h, p.ffn_in.bias, approximate=self.activation)
+        h = F.linear(h, p.ffn_out.weight, p.ffn_out.bias)
+        h = F.dropout(h, self.hidden_dropout, self.training)
+        x = ops.add_layer_norm(h, x, p.ffn_norm.weight, p.ffn_norm.bias, p.ffn_norm.eps)
+        return x, probs

@@ -1,0 +1,372 @@
+"""What every fastbert model shares: construction from a transformers config, strict checkpoint
+loading, save_pretrained, input checks, and the encoder loop over packed tokens.
+
+Sharing parameters with a transformers model (what fastbert.optimize builds on):
+
+    fast = fastbert.BertModel.from_hf_config(hf_model.config)
+    fast.load_state_dict(hf_model.state_dict(), strict=True)      # same keys, both ways
+
+or, to share the very same tensors instead of copying them, `fast.load_state_dict(sd, strict=True,
+assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
+"""
+import copy
+import logging
+import os
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from fastbert.models.config import check_supported, config_from_dict, resolve
+from fastbert.models.layers import FastLayer
+from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
+from fastbert.padding import Packing, repad, unpad
+
+logger = logging.getLogger("fastbert")
+
+# non-persistent buffers of transformers' embeddings, present in some older checkpoints
+_IGNORED_BUFFERS = re.compile(r"(^|\.)embeddings\.(position_ids|token_type_ids)$")
+_POOLER = re.compile(r"(^|\.)pooler\.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint whose keys or shapes do not fit the model."""
+
+
+def _fmt_shape(t) -> str:
+    return str(tuple(t.shape))
+
+
+class FastPreTrainedModel(nn.Module):
+    """Base of every fastbert model (bare encoders and heads)."""
+
+    base_model_prefix = "bert"
+    model_types: Tuple[str, ...] = ("bert",)
+
+    def __init__(self, config):
+        super().__init__()
+        if isinstance(config, dict):
+            config = config_from_dict(config)
+        check_supported(config, type(self).__name__)
+        if config.model_type not in self.model_types:
+            raise ValueError(f"{type(self).__name__} needs a config with model_type in {self.model_types}, "
+                             f"got {config.model_type!r}")
+        self.config = config
+        self.dims = resolve(config)
+        self.gradient_checkpointing = False
+
+    # ---- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config):
+        """A model with transformers' initialisation, ready for load_state_dict(hf.state_dict())."""
+        model = cls(config)
+        model.init_weights()
+        return model
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, **kwargs):
+        """Load a config.json + weights checkpoint (local dir or HF cache); strict (see load_checkpoint)."""
+        from fastbert.hub import load_checkpoint_files
+
+        if kwargs:
+            raise TypeError(f"from_pretrained got unexpected arguments {sorted(kwargs)}")
+        config, state, source = load_checkpoint_files(path_or_hub_id)
+        return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source)
+
+    @classmethod
+    def from_state_dict(cls, config, state: Dict[str, torch.Tensor], dtype=None, device=None,
+                        source: str = "state_dict"):
+        dtype = _resolve_dtype(dtype, config, state)
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_checkpoint(state, dtype=dtype, device=device or "cpu", source=source)
+        return model.eval()
+
+    # ---- weights --------------------------------------------------------------------------------
+    @property
+    def base_model(self) -> nn.Module:
+        return getattr(self, self.base_model_prefix, self)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def tied_weights(self) -> Dict[str, str]:
+        """{parameter name: name of the parameter it shares} when word embeddings are tied."""
+        return {}
+
+    def tie_weights(self) -> None:
+        if not getattr(self.config, "tie_word_embeddings", True):
+            return
+        for dst, src in self.tied_weights().items():
+            owner, name = self._owner(dst)
+            setattr(owner, name, self.get_parameter(src))
+
+    def _owner(self, key: str) -> Tuple[nn.Module, str]:
+        path, _, name = key.rpartition(".")
+        return self.get_submodule(path), name
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.base_model.embeddings.word_embeddings
+
+    def init_weights(self, modules: Optional[Iterable[nn.Module]] = None) -> None:
+        """transformers' initialisation: normal(0, initializer_range) weights, zero biases, unit norms."""
+        std = getattr(self.config, "initializer_range", 0.02)
+        with torch.no_grad():
+            for m in (self.modules() if modules is None else modules):
+                if isinstance(m, nn.Linear):
+                    m.weight.normal_(0.0, std)
+                    if m.bias is not None:
+                        m.bias.zero_()
+                elif isinstance(m, nn.Embedding):
+                    m.weight.normal_(0.0, std)
+                    if m.padding_idx is not None:
+                        m.weight[m.padding_idx].zero_()
+                elif isinstance(m, nn.LayerNorm):
+                    m.weight.fill_(1.0)
+                    m.bias.zero_()
+                for name, p in m.named_parameters(recurse=False):
+                    if name == "bias" and not isinstance(m, (nn.Linear, nn.LayerNorm)):
+                        p.zero_()  # MLM output bias
+        self.tie_weights()
+
+    def share_parameters_with(self, other: nn.Module) -> "FastPreTrainedModel":
+        """Use `other`'s parameter tensors (same names) in place of ours: no copy, both see updates."""
+        theirs = dict(other.named_parameters(remove_duplicate=False))
+        ours = dict(self.named_parameters(remove_duplicate=False))
+        missing = sorted(set(ours) - set(theirs))
+        if missing:
+            raise CheckpointError(f"{type(other).__name__} lacks parameters {missing[:8]}")
+        for name in ours:
+            owner, attr = self._owner(name)
+            if theirs[name].shape != ours[name].shape:
+                raise CheckpointError(f"{name}: shape {_fmt_shape(theirs[name])} != {_fmt_shape(ours[name])}")
+            setattr(owner, attr, theirs[name])
+        return self
+
+    def load_checkpoint(self, state: Dict[str, torch.Tensor], dtype=None, device="cpu",
+                        source: str = "state_dict") -> None:
+        """Strict, transformers-compatible loading (also works on a model built on the meta device).
+
+        Encoder keys must match exactly (names and shapes) or CheckpointError names them; a "bert."-
+        style prefix is added or stripped as needed; old LayerNorm gamma/beta names are renamed; the
+        position_ids/token_type_ids buffers some checkpoints carry are ignored. Head (and pooler)
+        weights missing from a base checkpoint are initialised as transformers does, with a warning
+        naming them; weights of another head are left unused, with a warning."""
+        state = self._normalize_keys(state)
+        expected = dict(self.named_parameters(remove_duplicate=False))
+        tied = self.tied_weights() if getattr(self.config, "tie_word_embeddings", True) else {}
+        head_prefix = "" if self.base_model is self else self.base_model_prefix + "."
+
+        def is_encoder(key):
+            return key.startswith(head_prefix) and not _POOLER.search(key)
+
+        unexpected = [k for k in state if k not in expected]
+        missing = [k for k in expected if k not in state and k not in tied]
+        bad_unexpected = [k for k in unexpected if is_encoder(k)]
+        bad_missing = [k for k in missing if is_encoder(k)]
+        mismatched = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
+        if bad_unexpected or bad_missing or mismatched:
+            lines = [f"{source} does not fit {type(self).__name__}:"]
+            lines += [f"  missing: {k} {_fmt_shape(expected[k])}" for k in bad_missing]
+            lines += [f"  unexpected: {k} {_fmt_shape(state[k])}" for k in bad_unexpected]
+            lines += [f"  shape mismatch: {k}: checkpoint {_fmt_shape(state[k])}, model {_fmt_shape(expected[k])}"
+                      for k in mismatched]
+            raise CheckpointError("\n".join(lines))
+        unused = [k for k in unexpected if not is_encoder(k)]
+        if unused:
+            logger.warning("%s: weights not used by %s: %s", source, type(self).__name__, ", ".join(unused))
+        if missing:
+            logger.warning("%s: %s weights newly initialised (not in the checkpoint; train them before use): %s",
+                           source, type(self).__name__, ", ".join(missing))
+        for key, param in expected.items():
+            if key in tied or key not in state:
+                continue
+            value = state[key].to(device=device, dtype=dtype if state[key].is_floating_point() else None)
+            owner, name = self._owner(key)
+            setattr(owner, name, nn.Parameter(value, requires_grad=param.requires_grad))
+        fresh = {self._owner(k)[0] for k in missing}
+        for m in fresh:
+            for name, p in list(m.named_parameters(recurse=False)):
+                if p.is_meta:
+                    setattr(m, name, nn.Parameter(torch.empty(p.shape, dtype=dtype or p.dtype, device=device)))
+        if fresh:
+            self.init_weights(fresh)
+        self.tie_weights()
+
+    def _normalize_keys(self, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        out = {}
+        for k, v in state.items():
+            if _IGNORED_BUFFERS.search(k):
+                continue
+            k = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", k)) if "LayerNorm" in k else k
+            out[k] = v
+        prefix = self.base_model_prefix + "."
+        has_prefix = any(k.startswith(prefix) for k in out)
+        if self.base_model is not self and not has_prefix:
+            return {prefix + k: v for k, v in out.items()}        # base checkpoint into a head model
+        if self.base_model is self and has_prefix:
+            return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in out.items()}
+        return out
+
+    def save_pretrained(self, save_directory: str) -> None:
+        """config.json + model.safetensors that transformers' from_pretrained loads."""
+        from safetensors.torch import save_file
+
+        os.makedirs(save_directory, exist_ok=True)
+        tied = set(self.tied_weights()) if getattr(self.config, "tie_word_embeddings", True) else set()
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if k not in tied}
+        config = copy.deepcopy(self.config)
+        config.architectures = [type(self).__name__]
+        config.dtype = self.dtype
+        config.save_pretrained(save_directory)
+        save_file(state, os.path.join(save_directory, "model.safetensors"), metadata={"format": "pt"})
+
+    # ---- training switches --------------------------------------------------------------------
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None) -> None:
+        for m in self.modules():
+            if isinstance(m, FastPreTrainedModel):
+                m.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        for m in self.modules():
+            if isinstance(m, FastPreTrainedModel):
+                m.gradient_checkpointing = False
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.gradient_checkpointing
+
+    def _finish(self, output, return_dict: Optional[bool]):
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
+
+
+def _resolve_dtype(dtype, config, state) -> Optional[torch.dtype]:
+    """None/"auto": the config's dtype entry, else the checkpoint's first floating dtype (as transformers)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in (None, "auto"):
+        if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype must be a torch.dtype, 'auto' or a name like 'float16', got {dtype!r}")
+        return getattr(torch, dtype)
+    named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(named, torch.dtype):
+        return named
+    if isinstance(named, str) and isinstance(getattr(torch, named, None), torch.dtype):
+        return getattr(torch, named)
+    for v in state.values():
+        if v.is_floating_point():
+            return v.dtype
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# bare encoders
+# ---------------------------------------------------------------------------------------------------
+class EncoderModel(FastPreTrainedModel):
+    """A bare encoder: embeddings -> unpad -> layers -> repad -> (pooler).
+
+    Families supply `embed(packing, ...) -> (tokens, hidden)`, `layers()` (in execution order) and
+    `pool(sequence_output)` (None without a pooler). Padding positions of last_hidden_state and of
+    hidden_states are zeros (transformers computes them on padding tokens; nothing should read them)."""
+
+    has_token_types = True
+    output_class = BaseModelOutputWithPooling
+
+    def embed(self, packing: Packing, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
+        raise NotImplementedError
+
+    def layers(self) -> List[FastLayer]:
+        raise NotImplementedError
+
+    def pool(self, sequence_output: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs):
+        if kwargs:
+            raise TypeError(f"{type(self).__name__}.forward got unexpected arguments {sorted(kwargs)}")
+        if output_attentions is None:
+            output_attentions = getattr(self.config, "output_attentions", False)
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        batch, seqlen, device = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
+                                             inputs_embeds)
+        packing = unpad(attention_mask, batch, seqlen, device)
+        x = self.embed(packing, input_ids, token_type_ids, position_ids, inputs_embeds)  # (tokens, hidden)
+        hidden_states = [repad(x, packing)] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for layer in self.layers():
+            if checkpointing:
+                x, probs = checkpoint(layer, x, packing, bool(output_attentions), use_reentrant=False)
+            else:
+                x, probs = layer(x, packing, bool(output_attentions))
+            if output_hidden_states:
+                hidden_states.append(repad(x, packing))
+            if output_attentions:
+                attentions.append(probs)
+        sequence_output = hidden_states[-1] if output_hidden_states else repad(x, packing)
+        out = self.output_class(last_hidden_state=sequence_output,
+                                hidden_states=tuple(hidden_states) if output_hidden_states else None,
+                                attentions=tuple(attentions) if output_attentions else None,
+                                **({"pooler_output": self.pool(sequence_output)}
+                                   if self.output_class is BaseModelOutputWithPooling else {}))
+        return self._finish(out, return_dict)
+
+
+def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds):
+    """Shape and range checks, with one host sync for all value ranges (no device-side asserts)."""
+    d = model.dims
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    if input_ids is not None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be 2-D (batch, seq), got shape {tuple(input_ids.shape)}")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        shape, device = tuple(input_ids.shape), input_ids.device
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != d.embedding_size:
+            raise ValueError(f"inputs_embeds must be (batch, seq, {d.embedding_size}), "
+                             f"got shape {tuple(inputs_embeds.shape)}")
+        shape, device = tuple(inputs_embeds.shape[:2]), inputs_embeds.device
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has shape {shape}")
+    if token_type_ids is not None and not model.has_token_types:
+        raise ValueError(f"{type(model).__name__} has no token type embeddings; pass token_type_ids=None")
+    if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[1] != shape[1]
+                                     or position_ids.shape[0] not in (1, shape[0])):
+        raise ValueError(f"position_ids must have shape (batch, seq) = {shape} or (1, seq), "
+                         f"got {tuple(position_ids.shape)}")
+    limit = model.max_sequence_length()
+    if shape[1] > limit and position_ids is None:
+        raise ValueError(f"sequence length {shape[1]} exceeds the model's limit of {limit} tokens "
+                         f"(max_position_embeddings={d.max_position_embeddings})")
+    checks = []  # (name, tensor, low, high exclusive, what)
+    if input_ids is not None:
+        checks.append(("token id", input_ids, 0, d.vocab_size, "vocab size"))
+    if token_type_ids is not None:
+        checks.append(("token type id", token_type_ids, 0, d.type_vocab_size, "type_vocab_size"))
+    if position_ids is not None:
+        checks.append(("position id", position_ids, 0, d.max_position_embeddings, "max_position_embeddings"))
+    checks = [c for c in checks if c[1].numel()]
+    if checks:
+        stats = torch.stack([s for c in checks for s in (c[1].min(), c[1].max())]).tolist()
+        for i, (name, _, low, high, what) in enumerate(checks):
+            lo, hi = stats[2 * i], stats[2 * i + 1]
+            bad = lo if lo < low else hi if hi >= high else None
+            if bad is not None:
+                raise ValueError(f"{name} {bad} is out of range for {what} {high} (valid: {low}..{high - 1})")
+    return shape[0], shape[1], device
