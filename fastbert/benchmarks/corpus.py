@@ -22,7 +22,7 @@ def total_bytes(texts: list[str]) -> int:
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
-def _take(texts: list[str], max_bytes: int | None) -> list[str]:
+def take(texts: list[str], max_bytes: int | None) -> list[str]:
     """The shortest prefix of ``texts`` holding at least ``max_bytes`` UTF-8 bytes (all if None)."""
     if max_bytes is None:
         return list(texts)
@@ -43,8 +43,14 @@ def _english_paragraphs() -> tuple[str, ...]:
 
 
 def english_texts(max_bytes: int | None = None) -> list[str]:
-    """Paragraphs of CPython's pydoc topics (about 0.47 MB in all), in a fixed order."""
-    return _take(list(_english_paragraphs()), max_bytes)
+    """Paragraphs of CPython's pydoc topics (about 0.46 MB in all) as written, newlines and indents kept."""
+    return take(list(_english_paragraphs()), max_bytes)
+
+
+def english_lines(max_bytes: int | None = None) -> list[str]:
+    """The same paragraphs, each on one line (whitespace runs become one space): sentence-like inputs
+    for the model and embedding benchmarks, and the English text of the tokenizer benchmark."""
+    return take([" ".join(p.split()) for p in _english_paragraphs()], max_bytes)
 
 
 def _po_string(line: str, path: Path, lineno: int) -> str:
@@ -127,4 +133,4 @@ def _multilingual_documents() -> tuple[str, ...]:
 
 def multilingual_texts(max_bytes: int | None = None) -> list[str]:
     """Paragraph-sized documents of Django's translations (~100 languages), interleaved by language."""
-    return _take(list(_multilingual_documents()), max_bytes)
+    return take(list(_multilingual_documents()), max_bytes)

