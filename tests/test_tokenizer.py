@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import BertTokenizerFast
 
 import fastbert
@@ -294,6 +295,29 @@ def test_padding_truncation(toks, kwargs, pairs):
     check_call(fb, hf, first, second, **kwargs, **ALL_FIELDS)
     # One string (not a batch): overflow windows come back as rows of the one sample.
     check_call(fb, hf, first[-1], second[-2] if second else None, **kwargs, **ALL_FIELDS)
+
+
+options = st.fixed_dictionaries({
+    "max_length": st.integers(1, 40), "stride": st.integers(0, 12),
+    "truncation": st.sampled_from([True, "longest_first", "only_first", "only_second"]),
+    "padding": st.sampled_from([False, True, "max_length"]),
+    "padding_side": st.sampled_from(["right", "left"]),
+    "pad_to_multiple_of": st.sampled_from([None, 4]),
+    "return_overflowing_tokens": st.booleans(),
+    "add_special_tokens": st.booleans(),
+})
+
+
+@HYPOTHESIS
+@given(kwargs=options, n_pairs=st.sampled_from([0, 1, 2]), start=st.integers(0, 6))
+def test_hypothesis_truncation_options(vocab_dir, kwargs, n_pairs, start):
+    """Random window sizes, strides, strategies and sides: overflow windows and padding exact."""
+    fb, hf = pair(vocab_dir)
+    if kwargs["pad_to_multiple_of"]:  # else HF refuses most draws (max_length must be a multiple)
+        kwargs["max_length"] = -(-kwargs["max_length"] // 4) * 4
+    first = SHAPE_TEXTS[start:start + 4]
+    second = None if n_pairs == 0 else (SHORT_TEXTS if n_pairs == 1 else SHAPE_TEXTS[::-1])[start:start + 4]
+    check_call(fb, hf, first, second, **kwargs, **ALL_FIELDS)
 
 
 def test_empty_pair_is_no_pair(toks):
