@@ -53,17 +53,34 @@ def json_dir(model_dir, tmp_path_factory):
     return str(d)
 
 
-@pytest.fixture(scope="module")
-def cased_dir(tmp_path_factory):
-    """A cased WordPiece vocab trained on the test corpus (English + every language in it)."""
+def _train_cased(special_tokens):
     from tokenizers import BertWordPieceTokenizer
 
     trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False, clean_text=True,
                                      handle_chinese_chars=True)
     text = corpus.english_texts(300_000) + corpus.multilingual_texts(600_000) + tc.EDGE_STRINGS
-    trainer.train_from_iterator(text, vocab_size=6000, min_frequency=2, limit_alphabet=3000)
+    trainer.train_from_iterator(text, vocab_size=6000, min_frequency=2, limit_alphabet=3000,
+                                special_tokens=special_tokens)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def cased_trained():
+    """A cased WordPiece vocab trained on the test corpus (English + every language in it)."""
+    return _train_cased(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+
+
+@pytest.fixture(scope="module")
+def cased_dir(cased_trained, tmp_path_factory):
     d = tmp_path_factory.mktemp("cased_vocab")
-    trainer.save_model(str(d))
+    cased_trained.save_model(str(d))  # vocab.txt
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def cased_json_dir(cased_trained, tmp_path_factory):
+    d = tmp_path_factory.mktemp("cased_json")
+    cased_trained.save(str(d / "tokenizer.json"))
     return str(d)
 
 
@@ -79,10 +96,10 @@ def pair(path, **kwargs):
     return _PAIRS[key]
 
 
-@pytest.fixture(scope="module", params=["vocab.txt", "tokenizer.json", "cased"])
-def toks(request, vocab_dir, json_dir, cased_dir):
-    if request.param == "cased":
-        return pair(cased_dir, do_lower_case=False)
+@pytest.fixture(scope="module", params=["vocab.txt", "tokenizer.json", "cased", "cased.json"])
+def toks(request, vocab_dir, json_dir, cased_dir, cased_json_dir):
+    if request.param.startswith("cased"):
+        return pair(cased_dir if request.param == "cased" else cased_json_dir, do_lower_case=False)
     return pair(vocab_dir if request.param == "vocab.txt" else json_dir)
 
 
@@ -397,6 +414,21 @@ def test_conversions_and_attributes(toks):
     assert sorted(fb.all_special_tokens) == sorted(hf.all_special_tokens)
     assert sorted(fb.all_special_ids) == sorted(hf.all_special_ids)
     assert fb.get_vocab() == hf.get_vocab()
+
+
+def test_custom_special_tokens(tmp_path):
+    """A vocab whose special tokens have other names and ids, named by from_pretrained overrides."""
+    names = dict(pad_token="<pad>", unk_token="<unk>", cls_token="<s>", sep_token="</s>", mask_token="<mask>")
+    _train_cased(["<unk>", "<s>", "</s>", "<mask>", "<pad>"]).save_model(str(tmp_path))
+    fb, hf = pair(str(tmp_path), do_lower_case=False, **names)
+    texts = ["<s> hello <mask> world </s>", "x<unk>y [UNK] [MASK]"] + tc.EDGE_STRINGS[:20]
+    check_call(fb, hf, texts, texts[::-1], padding=True, **ALL_FIELDS)
+    check_call(fb, hf, texts, truncation=True, max_length=9, stride=2, return_overflowing_tokens=True,
+               padding="max_length", **ALL_FIELDS)
+    for name in names:
+        assert getattr(fb, name) == getattr(hf, name) and getattr(fb, name + "_id") == getattr(hf, name + "_id")
+    ids = hf.encode(texts[0])
+    assert fb.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
 
 
 def test_model_max_length_override(vocab_dir):
