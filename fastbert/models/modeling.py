@@ -160,7 +160,7 @@ class FastPreTrainedModel(nn.Module):
         position_ids/token_type_ids buffers some checkpoints carry are ignored. Head (and pooler)
         weights missing from a base checkpoint are initialised as transformers does, with a warning
         naming them; weights of another head are left unused, with a warning."""
-        state = self._normalize_keys(state)
+        state, foreign = self._normalize_keys(state)
         expected = dict(self.named_parameters(remove_duplicate=False))
         tied = self.tied_weights() if getattr(self.config, "tie_word_embeddings", True) else {}
         head_prefix = "" if self.base_model is self else self.base_model_prefix + "."
@@ -180,7 +180,7 @@ class FastPreTrainedModel(nn.Module):
             lines += [f"  shape mismatch: {k}: checkpoint {_fmt_shape(state[k])}, model {_fmt_shape(expected[k])}"
                       for k in mismatched]
             raise CheckpointError("\n".join(lines))
-        unused = [k for k in unexpected if not is_encoder(k)]
+        unused = foreign + [k for k in unexpected if not is_encoder(k)]
         if unused:
             logger.warning("%s: weights not used by %s: %s", source, type(self).__name__, ", ".join(unused))
         if missing:
@@ -201,7 +201,8 @@ class FastPreTrainedModel(nn.Module):
             self.init_weights(fresh)
         self.tie_weights()
 
-    def _normalize_keys(self, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    def _normalize_keys(self, state: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+        """-> (state under this model's names, keys of a head this bare model does not have)."""
         out = {}
         for k, v in state.items():
             if _IGNORED_BUFFERS.search(k):
@@ -210,11 +211,12 @@ class FastPreTrainedModel(nn.Module):
             out[k] = v
         prefix = self.base_model_prefix + "."
         has_prefix = any(k.startswith(prefix) for k in out)
-        if self.base_model is not self and not has_prefix:
-            return {prefix + k: v for k, v in out.items()}        # base checkpoint into a head model
-        if self.base_model is self and has_prefix:
-            return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in out.items()}
-        return out
+        if self.base_model is not self and not has_prefix:        # base checkpoint into a head model
+            return {prefix + k: v for k, v in out.items()}, []
+        if self.base_model is self and has_prefix:                # head checkpoint into a bare model
+            return ({k[len(prefix):]: v for k, v in out.items() if k.startswith(prefix)},
+                    [k for k in out if not k.startswith(prefix)])
+        return out, []
 
     def save_pretrained(self, save_directory: str) -> None:
         """config.json + model.safetensors that transformers' from_pretrained loads."""
