@@ -314,7 +314,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Adds "vs nanotoken" / "vs BertTokenizerFast": this row's MB/s over the peer's, same case."""
+    """Adds "vs nanotoken" / "vs BertTokenizerFast": this row's MB/s over the peer's, same case;
+    and "vs 1 thread": this row's MB/s over the same tokenizer's serial MB/s (thread scaling)."""
     def key(r):
         return r["text"], r["path"], r["threads"]
 
@@ -323,12 +324,14 @@ def add_ratios(rows: list[dict]) -> None:
         for peer, field in ((BASELINE, "vs nanotoken"), (REFERENCE, "vs BertTokenizerFast")):
             other = by_case.get((key(r), peer))
             r[field] = r["MB/s"] / other if r.get("MB/s") and other else None
+        serial = by_case.get(((r["text"], r["path"], 1), r["name"]))
+        r["vs 1 thread"] = r["MB/s"] / serial if r.get("MB/s") and serial else None
 
 
 def format_table(rows: list[dict]) -> str:
     """Plain-text table of the rows, with the ratios against nanotoken and BertTokenizerFast."""
     head = (f"{'text':<13}{'path':<10}{'thr':>4}  {'tokenizer':<18}{'MB/s':>9}{'Mtok/s':>9}"
-            f"{'ids':>6}{'vs nanotoken':>14}{'vs BertTokFast':>16}")
+            f"{'ids':>6}{'vs nanotoken':>14}{'vs BertTokFast':>16}{'vs 1 thread':>13}")
     lines = [head, "-" * len(head)]
 
     def num(x, fmt, width, suffix=""):
@@ -341,7 +344,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {r['name']:<18}"
                      f"{num(r.get('MB/s'), '.2f', 9)}{num(tok, '.2f', 9)}{ok:>6}"
                      f"{num(r.get('vs nanotoken'), '.2f', 14, 'x')}"
-                     f"{num(r.get('vs BertTokenizerFast'), '.2f', 16, 'x')}")
+                     f"{num(r.get('vs BertTokenizerFast'), '.2f', 16, 'x')}"
+                     f"{num(r.get('vs 1 thread'), '.2f', 13, 'x')}")
         if r.get("error"):
             lines.append(f"{'':<29}{r['error'][:200]}")
     return "\n".join(lines)
