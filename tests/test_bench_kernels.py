@@ -1,0 +1,47 @@
+"""bench/bench_kernels.py works without a GPU: its --cpu-smoke pieces run here at toy shapes."""
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_kernels.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_kernels", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # parses no argv: the module runs nothing at import
+    return module
+
+
+def test_verdict_is_flash_attentions_rule(bench):
+    ref = torch.zeros(4)
+    peer = torch.full((4,), 1e-3)
+    ok, note = bench.verdict("y", torch.full((4,), 2e-3), peer, ref, torch.float16)
+    assert ok and "err 2.00e-03" in note
+    ok, note = bench.verdict("y", torch.full((4,), 5e-3), peer, ref, torch.float16)
+    assert not ok and "bound 4.00e-03" in note
+    assert not bench.verdict("y", torch.full((4,), float("nan")), peer, ref, torch.float16)[0]
+
+
+def test_smoke_run_checks_times_and_writes(bench, tmp_path):
+    plan = bench.Plan(smoke=True)
+    plan.dtypes = (torch.float32,)
+    rows, env = bench.run(plan, skip_e2e=True)
+    sections = {r["section"] for r in rows}
+    assert sections == {"Peaks", "Attention", "bias+GELU", "add+LayerNorm"}
+    mine = [r for r in rows if r["fastbert"]]
+    assert mine and all(r["check"] == "ok" for r in mine), [r["note"] for r in mine if r["check"] != "ok"]
+    assert all(r["ms"] > 0 and r["vs_best_torch"] > 0 for r in mine)
+    assert any(r["impl"] == "SDPA math" and r["ms"] for r in rows)
+    csv_path, json_path = bench.write_results(rows, env, tmp_path)
+    with open(csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and {"gpu", "torch", "triton", "cuda", "date"} <= set(table[0])
+    assert json.loads(json_path.read_text())["meta"]["triton"] == env["triton"]
+    text = bench.table(rows, env)
+    assert "fastbert add_layer_norm" in text and "FAIL" not in text
