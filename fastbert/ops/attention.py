@@ -129,20 +129,23 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
     Repads to (batch, max_seqlen) and runs one batched attention, so the CPU path stays fast."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     batch = cu_seqlens.numel() - 1
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    starts, lengths = cu_seqlens[:-1].long(), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     pos = torch.arange(max_seqlen, device=q.device)
     mask = pos[None, :] < lengths[:, None]                           # (batch, max_seqlen)
-    idx = mask.flatten().nonzero().squeeze(1)                        # padded slots of the real tokens
+    # Gather (not scatter into zeros): padding slots read token 0 (or nothing when there are no
+    # tokens); they are masked as keys and dropped as queries, so they add nothing to the gradients.
+    src = torch.where(mask, starts[:, None] + pos[None, :], 0).flatten()
     compute = _compute_dtype(q.dtype)
 
     def pad(t):
-        out = t.new_zeros((batch * max_seqlen,) + tuple(t.shape[1:]), dtype=compute)
-        out = out.index_copy(0, idx, t.to(compute))                   # differentiable scatter
-        return out.view(batch, max_seqlen, *t.shape[1:]).transpose(1, 2)  # (batch, heads, seq, dim)
+        if t.shape[0] == 0:
+            return t.new_zeros((batch, t.shape[1], max_seqlen, t.shape[2]), dtype=compute)
+        # index_select, not t[src]: advanced indexing is many times slower on CPU
+        return t.index_select(0, src).to(compute).view(batch, max_seqlen, *t.shape[1:]).transpose(1, 2)
 
     out = _attend(pad(q), pad(k), pad(v), mask, scale, dropout_p, generator, _drop_keep)
     out = out.transpose(1, 2).reshape(batch * max_seqlen, *q.shape[1:])
-    return out[idx].to(q.dtype)
+    return out.index_select(0, mask.flatten().nonzero().squeeze(1)).to(q.dtype)
 
 
 class _FlashAttention(torch.autograd.Function):
