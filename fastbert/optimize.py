@@ -102,12 +102,28 @@ def _swap_encoder(base: nn.Module, config, source: str) -> None:
     if leftover:
         raise ConfigError(f"{source}: fastbert's {fast_cls.__name__} buffers {leftover} have no source")
     fast.train(base.training)
+    _follow_order(fast, base)
     signature = inspect.signature(base.forward)
     output_class = _output_class(base.forward, fast)
     for name, child in fast.named_children():          # transformers' own children are replaced
         setattr(base, name, child)
     base.__dict__["_fastbert_encoder"] = fast          # not a registered child: no duplicate keys
     base.forward = _OptimizedForward(base, signature, output_class)
+
+
+def _follow_order(fast: nn.Module, hf: nn.Module) -> None:
+    """Reorder fast's submodules and parameters as transformers registers them, recursively, so
+    that state_dict() lists the same keys in the same order as before optimize()."""
+    for attr in ("_modules", "_parameters"):
+        ours, theirs = getattr(fast, attr), getattr(hf, attr)
+        rank = {name: i for i, name in enumerate(theirs)}
+        ordered = sorted(ours, key=lambda name: rank.get(name, len(rank)))
+        for name in ordered:
+            ours[name] = ours.pop(name)               # re-insert: moves the key to the end
+    for name, child in fast.named_children():
+        other = getattr(hf, name, None)
+        if isinstance(other, nn.Module):
+            _follow_order(child, other)
 
 
 def _output_class(forward, fast):
