@@ -33,14 +33,15 @@ def resolve_directory(path_or_hub_id: str) -> str:
         from huggingface_hub import snapshot_download
     except ImportError as e:
         raise FileNotFoundError(f"{path!r} is not a local directory and huggingface_hub is not installed") from e
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None  # read per call, so a changed environment counts
     try:  # the cache first: no network needed when the checkpoint is cached
-        return snapshot_download(path, allow_patterns=_PATTERNS, local_files_only=True)
+        return snapshot_download(path, allow_patterns=_PATTERNS, local_files_only=True, cache_dir=cache_dir)
     except Exception as cached_error:
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
             raise FileNotFoundError(f"{path!r} is not a local directory nor in the Hugging Face cache "
                                     f"(HF_HUB_OFFLINE is set): {cached_error}") from cached_error
     try:
-        return snapshot_download(path, allow_patterns=_PATTERNS)
+        return snapshot_download(path, allow_patterns=_PATTERNS, cache_dir=cache_dir)
     except Exception as e:
         raise FileNotFoundError(f"{path!r} is not a local directory and could not be fetched from the "
                                 f"Hugging Face hub: {e}") from e
