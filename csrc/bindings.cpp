@@ -1,8 +1,323 @@
 // The only file that includes pybind11: module fastbert._C.
+// Converts Python inputs to UTF-8 views (with the GIL), runs the batch without the GIL, and
+// builds outputs: numpy buffers filled in C++, or lists made from cached Python ints.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tokenizer.h"
 
 namespace py = pybind11;
+using namespace fastbert;
+
+namespace {
+
+// A Python-owned tokenizer: the C++ tokenizer plus cached Python ints for building lists.
+class PyTokenizer {
+ public:
+    PyTokenizer(py::object vocab, bool lowercase, bool strip_accents, bool handle_chinese_chars, bool clean_text,
+                const std::string& unk_token, const std::string& prefix, size_t max_chars,
+                const std::vector<std::tuple<std::string, bool, bool, bool>>& added) {
+        Vocab v;
+        if (py::isinstance<py::str>(vocab)) {
+            try {
+                v = Vocab::from_file(vocab.cast<std::string>());
+            } catch (const std::runtime_error& e) {
+                PyErr_SetFromErrnoWithFilename(PyExc_OSError, vocab.cast<std::string>().c_str());
+                throw py::error_already_set();
+            }
+        } else {
+            v = Vocab(vocab.cast<std::vector<std::string>>());
+        }
+        TokenizerConfig cfg;
+        cfg.normalizer = NormalizerConfig{clean_text, handle_chinese_chars, strip_accents, lowercase};
+        cfg.unk_token = unk_token;
+        cfg.continuing_subword_prefix = prefix;
+        cfg.max_input_chars_per_word = max_chars;
+        std::vector<AddedToken> toks;
+        for (const auto& a : added) {
+            AddedToken t;
+            t.content = std::get<0>(a);
+            t.lstrip = std::get<1>(a);
+            t.rstrip = std::get<2>(a);
+            t.single_word = std::get<3>(a);
+            t.id = v.id(t.content);
+            toks.push_back(t);
+        }
+        base_size_ = v.size();
+        try {
+            tok_.reset(new Tokenizer(std::move(v), cfg, std::move(toks)));
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(e.what());
+        }
+        const size_t n = std::max<size_t>(tok_->vocab().size(), 65536);
+        ints_.reserve(n);
+        for (size_t i = 0; i < n; ++i) ints_.push_back(py::int_(i));
+        zero_pair_ = py::make_tuple(0, 0);
+    }
+
+    py::dict encode_batch(py::sequence texts, py::object pairs, bool split_words, bool add_special_tokens,
+                          int truncation, size_t max_length, size_t stride, bool truncate_left, int padding,
+                          size_t pad_to_multiple_of, bool pad_left, int64_t pad_id, int num_threads,
+                          bool want_type_ids, bool want_attention, bool want_special, bool want_offsets,
+                          bool want_length, bool want_overflow, bool as_numpy) {
+        BatchInput in;
+        std::vector<py::object> keep;  // owns the str objects whose UTF-8 buffers we point into
+        const size_t n = py::len(texts);
+        in.a.reserve(n + 1);
+        in.segs.reserve(n);
+        for (size_t i = 0; i < n; ++i) {
+            add_item(texts[i], i, split_words, in, keep);
+            in.a.push_back(static_cast<uint32_t>(in.segs.size()));
+        }
+        if (!pairs.is_none()) {
+            py::sequence ps = pairs;
+            if (py::len(ps) != n) throw py::value_error("text and text_pair have different lengths");
+            in.b.reserve(n + 1);
+            in.b.push_back(static_cast<uint32_t>(in.segs.size()));
+            for (size_t i = 0; i < n; ++i) {
+                add_item(ps[i], i, split_words, in, keep);
+                in.b.push_back(static_cast<uint32_t>(in.segs.size()));
+            }
+        }
+        PostConfig cfg;
+        cfg.add_special_tokens = add_special_tokens;
+        cfg.cls_id = cls_id_;
+        cfg.sep_id = sep_id_;
+        cfg.truncation = static_cast<Truncation>(truncation);
+        cfg.max_length = max_length;
+        cfg.stride = stride;
+        cfg.truncate_left = truncate_left;
+        cfg.offsets = want_offsets;
+        cfg.overflow = want_overflow;
+
+        std::vector<Rows> rows;
+        {
+            py::gil_scoped_release nogil;
+            try {
+                tok_->encode_batch(in, cfg, num_threads, rows);
+            } catch (const TruncationError& e) {
+                py::gil_scoped_acquire gil;
+                throw py::value_error(e.what());
+            }
+        }
+        // padded width: "longest" looks at the rows HF pads by (main rows), "max_length" is fixed
+        size_t total = 0, longest = 0, shortest = SIZE_MAX;
+        for (const Rows& rs : rows)
+            for (size_t r = 0; r < rs.rows(); ++r) {
+                ++total;
+                if (rs.main[r]) longest = std::max(longest, rs.len(r));
+                shortest = std::min(shortest, rs.len(r));
+            }
+        size_t width = padding == 1 ? longest : padding == 2 ? max_length : 0;
+        if (padding && pad_to_multiple_of && width % pad_to_multiple_of)
+            width += pad_to_multiple_of - width % pad_to_multiple_of;
+        size_t widest = 0;
+        for (const Rows& rs : rows)
+            for (size_t r = 0; r < rs.rows(); ++r) widest = std::max(widest, rs.len(r));
+        const bool rect = padding ? widest <= width : (total == 0 || widest == shortest);
+        if (!padding) width = total ? widest : 0;
+
+        py::dict out;
+        if (as_numpy && rect) {
+            auto mk = [&](bool want, const char* key, bool pairs2 = false) -> int64_t* {
+                if (!want) return nullptr;
+                std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(total), static_cast<py::ssize_t>(width)};
+                if (pairs2) shape.push_back(2);
+                py::array_t<int64_t> a(shape);
+                out[key] = a;
+                return a.mutable_data();
+            };
+            PadOut po;
+            po.ids = mk(true, "input_ids");
+            po.type_ids = mk(want_type_ids, "token_type_ids");
+            po.attention = mk(want_attention, "attention_mask");
+            po.special = mk(want_special, "special_tokens_mask");
+            po.offsets = mk(want_offsets, "offset_mapping", true);
+            PadSpec ps{width, pad_left, static_cast<int32_t>(pad_id)};
+            {
+                py::gil_scoped_release nogil;
+                tok_->fill_padded(rows, ps, po, num_threads);
+            }
+        } else {
+            build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
+                        want_special, want_offsets, out);
+        }
+        if (want_length) {
+            py::list lengths(total);
+            size_t k = 0;
+            for (const Rows& rs : rows)
+                for (size_t r = 0; r < rs.rows(); ++r) lengths[k++] = int_obj(std::max(rs.len(r), padding ? width : 0));
+            out["length"] = lengths;
+        }
+        if (want_overflow) {
+            py::list mapping(total);
+            size_t k = 0;
+            for (const Rows& rs : rows)
+                for (size_t r = 0; r < rs.rows(); ++r) mapping[k++] = int_obj(rs.item[r]);
+            out["overflow_to_sample_mapping"] = mapping;
+        }
+        return out;
+    }
+
+    py::object id_to_token(int64_t id) const {
+        if (id < 0 || static_cast<size_t>(id) >= tok_->vocab().size()) return py::none();
+        return py::str(tok_->vocab().token(static_cast<size_t>(id)));
+    }
+    py::object token_to_id(const std::string& t) const {
+        const int32_t id = tok_->token_id(t);
+        if (id < 0) return py::none();
+        return py::int_(id);
+    }
+    std::vector<std::string> tokens() const { return tok_->vocab().tokens(); }
+    size_t size() const { return tok_->vocab().size(); }
+    size_t base_size() const { return base_size_; }
+    void set_specials(int32_t cls, int32_t sep) {
+        cls_id_ = cls;
+        sep_id_ = sep;
+    }
+
+ private:
+    py::object int_obj(size_t v) const {
+        if (v < ints_.size()) return ints_[v];
+        return py::int_(v);
+    }
+
+    void add_text(py::handle h, size_t index, BatchInput& in, std::vector<py::object>& keep) {
+        if (!PyUnicode_Check(h.ptr()))
+            throw py::type_error("batch item " + std::to_string(index) + " is " +
+                                 std::string(Py_TYPE(h.ptr())->tp_name) + ", not str");
+        Py_ssize_t len = 0;
+        const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &len);
+        if (!p) {
+            PyErr_Clear();
+            const Py_ssize_t n = PyUnicode_GetLength(h.ptr());
+            for (Py_ssize_t j = 0; j < n; ++j) {
+                Py_UCS4 c = PyUnicode_ReadChar(h.ptr(), j);
+                if (c >= 0xD800 && c < 0xE000) {
+                    char buf[16];
+                    snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(c));
+                    throw py::value_error("batch item " + std::to_string(index) + " has a lone surrogate " + buf +
+                                          " at character " + std::to_string(j) + "; it cannot be encoded as UTF-8");
+                }
+            }
+            throw py::value_error("batch item " + std::to_string(index) + " cannot be encoded as UTF-8");
+        }
+        keep.push_back(py::reinterpret_borrow<py::object>(h));
+        in.segs.emplace_back(p, static_cast<size_t>(len));
+    }
+
+    void add_item(py::handle h, size_t index, bool split_words, BatchInput& in, std::vector<py::object>& keep) {
+        if (!split_words) {
+            add_text(h, index, in, keep);
+            return;
+        }
+        if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr()))
+            throw py::type_error("batch item " + std::to_string(index) + " is " +
+                                 std::string(Py_TYPE(h.ptr())->tp_name) +
+                                 ", not a list of words (is_split_into_words=True)");
+        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, index, in, keep);
+    }
+
+    void build_lists(const std::vector<Rows>& rows, size_t total, size_t width, bool pad_left, int64_t pad_id,
+                     bool want_type_ids, bool want_attention, bool want_special, bool want_offsets, py::dict& out) {
+        py::list ids(total), types(want_type_ids ? total : 0), attn(want_attention ? total : 0),
+            special(want_special ? total : 0), offs(want_offsets ? total : 0);
+        PyObject* zero = ints_[0].ptr();
+        PyObject* one = ints_[1].ptr();
+        PyObject* pad = int_obj(static_cast<size_t>(pad_id)).release().ptr();
+        size_t k = 0;
+        for (const Rows& rs : rows) {
+            for (size_t r = 0; r < rs.rows(); ++r, ++k) {
+                const size_t len = rs.len(r), s0 = rs.start[r];
+                const size_t w = std::max(len, width);
+                const size_t lo = pad_left ? w - len : 0;
+                auto fill = [&](PyObject* list, PyObject* padv, auto value) {
+                    for (size_t t = 0; t < w; ++t) {
+                        PyObject* v = (t >= lo && t < lo + len) ? value(s0 + t - lo) : padv;
+                        Py_INCREF(v);
+                        PyList_SET_ITEM(list, t, v);
+                    }
+                };
+                PyObject* l = PyList_New(static_cast<Py_ssize_t>(w));
+                fill(l, pad, [&](size_t i) { return cached(rs.ids[i]); });
+                PyList_SET_ITEM(ids.ptr(), k, l);
+                if (want_type_ids) {
+                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    fill(l, zero, [&](size_t i) { return rs.type_ids[i] ? one : zero; });
+                    PyList_SET_ITEM(types.ptr(), k, l);
+                }
+                if (want_attention) {
+                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    fill(l, zero, [&](size_t) { return one; });
+                    PyList_SET_ITEM(attn.ptr(), k, l);
+                }
+                if (want_special) {
+                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    fill(l, one, [&](size_t i) { return rs.special[i] ? one : zero; });
+                    PyList_SET_ITEM(special.ptr(), k, l);
+                }
+                if (want_offsets) {
+                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    for (size_t t = 0; t < w; ++t) {
+                        PyObject* v;
+                        if (t >= lo && t < lo + len) {
+                            const size_t i = s0 + t - lo;
+                            const uint32_t a = rs.offsets[2 * i], b = rs.offsets[2 * i + 1];
+                            v = (a == 0 && b == 0) ? (Py_INCREF(zero_pair_.ptr()), zero_pair_.ptr())
+                                                   : PyTuple_Pack(2, owned_int(a).ptr(), owned_int(b).ptr());
+                        } else {
+                            v = zero_pair_.ptr();
+                            Py_INCREF(v);
+                        }
+                        PyList_SET_ITEM(l, t, v);
+                    }
+                    PyList_SET_ITEM(offs.ptr(), k, l);
+                }
+            }
+        }
+        Py_DECREF(pad);
+        out["input_ids"] = ids;
+        if (want_type_ids) out["token_type_ids"] = types;
+        if (want_attention) out["attention_mask"] = attn;
+        if (want_special) out["special_tokens_mask"] = special;
+        if (want_offsets) out["offset_mapping"] = offs;
+    }
+
+    PyObject* cached(int32_t id) const { return ints_[static_cast<size_t>(id)].ptr(); }
+    py::object owned_int(uint32_t v) const { return int_obj(v); }
+
+    std::unique_ptr<Tokenizer> tok_;
+    std::vector<py::object> ints_;
+    py::object zero_pair_;
+    int32_t cls_id_ = 0, sep_id_ = 0;
+    size_t base_size_ = 0;
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "fastbert C++ core: WordPiece tokenizer";
+    py::class_<PyTokenizer>(m, "Tokenizer")
+        .def(py::init<py::object, bool, bool, bool, bool, const std::string&, const std::string&, size_t,
+                      const std::vector<std::tuple<std::string, bool, bool, bool>>&>(),
+             py::arg("vocab"), py::arg("lowercase"), py::arg("strip_accents"), py::arg("handle_chinese_chars"),
+             py::arg("clean_text"), py::arg("unk_token"), py::arg("continuing_subword_prefix"),
+             py::arg("max_input_chars_per_word"), py::arg("added_tokens"))
+        .def("encode_batch", &PyTokenizer::encode_batch, py::arg("texts"), py::arg("pairs"), py::arg("split_words"),
+             py::arg("add_special_tokens"), py::arg("truncation"), py::arg("max_length"), py::arg("stride"),
+             py::arg("truncate_left"), py::arg("padding"), py::arg("pad_to_multiple_of"), py::arg("pad_left"),
+             py::arg("pad_id"), py::arg("num_threads"), py::arg("want_type_ids"), py::arg("want_attention"),
+             py::arg("want_special"), py::arg("want_offsets"), py::arg("want_length"), py::arg("want_overflow"),
+             py::arg("as_numpy"))
+        .def("id_to_token", &PyTokenizer::id_to_token)
+        .def("token_to_id", &PyTokenizer::token_to_id)
+        .def("tokens", &PyTokenizer::tokens)
+        .def("set_specials", &PyTokenizer::set_specials)
+        .def("base_size", &PyTokenizer::base_size)
+        .def("__len__", &PyTokenizer::size);
 }

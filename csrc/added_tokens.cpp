@@ -1,0 +1,75 @@
+#include "added_tokens.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "pre_tokenizer.h"
+#include "unicode_tables.h"
+
+namespace fastbert {
+
+AddedTokens::AddedTokens(std::vector<AddedToken> tokens) {
+    for (AddedToken& t : tokens)
+        if (!t.content.empty()) tokens_.push_back(std::move(t));
+    std::stable_sort(tokens_.begin(), tokens_.end(),
+                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    for (const AddedToken& t : tokens_) first_byte_[static_cast<unsigned char>(t.content[0])] = true;
+}
+
+namespace {
+
+// The code point ending at byte i (exclusive) / starting at byte i.
+uint32_t cp_before(const char* s, size_t i) {
+    size_t j = i;
+    while (j > 0 && (static_cast<unsigned char>(s[j - 1]) & 0xC0) == 0x80) --j;
+    if (j > 0) --j;
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(s + j);
+    return decode_utf8(p);
+}
+uint32_t cp_at(const char* s, size_t i) {
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(s + i);
+    return decode_utf8(p);
+}
+bool is_space(uint32_t c) { return unicode::flags(c) & unicode::kWhitespace; }
+bool is_word_char(uint32_t c) {
+    if (c < 128) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const uint8_t f = unicode::flags(c);
+    return !(f & (unicode::kWhitespace | unicode::kPunct | unicode::kControl));
+}
+
+}  // namespace
+
+void AddedTokens::find(const char* s, size_t n, std::vector<Match>& out) const {
+    out.clear();
+    size_t prev_end = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!first_byte_[static_cast<unsigned char>(s[i])]) continue;
+        for (const AddedToken& t : tokens_) {
+            const size_t m = t.content.size();
+            if (m > n - i || std::memcmp(s + i, t.content.data(), m) != 0) continue;
+            size_t begin = i, end = i + m;
+            if (t.single_word) {
+                const bool left_ok = begin == 0 || !is_word_char(cp_before(s, begin));
+                const bool right_ok = end == n || !is_word_char(cp_at(s, end));
+                if (!left_ok || !right_ok) continue;
+            }
+            if (t.lstrip)
+                while (begin > prev_end && is_space(cp_before(s, begin))) {
+                    size_t j = begin - 1;
+                    while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
+                    begin = j;
+                }
+            if (t.rstrip)
+                while (end < n && is_space(cp_at(s, end))) {
+                    ++end;
+                    while (end < n && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) ++end;
+                }
+            out.push_back(Match{begin, end, t.id});
+            prev_end = end;
+            i = end - 1;
+            break;
+        }
+    }
+}
+
+}  // namespace fastbert

@@ -1,0 +1,154 @@
+// BERT pre-tokenizer fused with the normalizer (HF pre_tokenizers/bert.rs): walks UTF-8 text once,
+// normalizes each code point, splits on whitespace, isolates punctuation and CJK ideographs, and
+// hands each word (normalized UTF-8 + where its characters came from) to a callback.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "normalizer.h"
+#include "unicode_tables.h"
+
+namespace fastbert {
+
+struct Word {
+    const char* data;      // normalized UTF-8
+    size_t len;            // bytes
+    size_t nchars;         // code points
+    const uint32_t* orig;  // per normalized code point: its character index in the original text
+                           // (nullptr unless tracking was asked for)
+    uint32_t orig_start;   // character span of the word in the original text
+    uint32_t orig_end;
+};
+
+class PreTokenizer {
+ public:
+    explicit PreTokenizer(const Normalizer& norm);
+    PreTokenizer() = default;
+
+    // Per-call scratch space, one per thread.
+    struct Scratch {
+        std::string word;
+        std::vector<uint32_t> orig;
+    };
+
+    // text[0..len) starts at character index char_base of the original text. Calls emit(const Word&).
+    template <class F>
+    void run(const char* text, size_t len, uint32_t char_base, bool track, Scratch& s, F&& emit) const;
+
+ private:
+    enum : uint8_t { kWordChar = 0, kSpace = 1, kPunctChar = 2, kDrop = 3 };
+    uint8_t ascii_class_[128] = {};
+    char ascii_map_[128] = {};
+    Normalizer norm_;
+};
+
+inline void append_utf8(std::string& s, uint32_t c) {
+    if (c < 0x80) {
+        s.push_back(static_cast<char>(c));
+    } else if (c < 0x800) {
+        s.push_back(static_cast<char>(0xC0 | (c >> 6)));
+        s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    } else if (c < 0x10000) {
+        s.push_back(static_cast<char>(0xE0 | (c >> 12)));
+        s.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+        s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    } else {
+        s.push_back(static_cast<char>(0xF0 | (c >> 18)));
+        s.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+        s.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+        s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    }
+}
+
+// Decodes one code point of valid UTF-8 (Python guarantees it) and advances p.
+inline uint32_t decode_utf8(const unsigned char*& p) {
+    uint32_t c = *p++;
+    if (c < 0xE0) {
+        c = ((c & 0x1F) << 6) | (*p++ & 0x3F);
+    } else if (c < 0xF0) {
+        c = ((c & 0x0F) << 12) | ((p[0] & 0x3F) << 6) | (p[1] & 0x3F);
+        p += 2;
+    } else {
+        c = ((c & 0x07) << 18) | ((p[0] & 0x3F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F);
+        p += 3;
+    }
+    return c;
+}
+
+template <class F>
+void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool track, Scratch& s,
+                       F&& emit) const {
+    std::string& w = s.word;
+    std::vector<uint32_t>& orig = s.orig;
+    w.clear();
+    orig.clear();
+    size_t nchars = 0;
+    uint32_t wstart = 0, wend = 0;
+    auto flush = [&]() {
+        if (nchars) {
+            emit(Word{w.data(), w.size(), nchars, track ? orig.data() : nullptr, wstart, wend});
+            w.clear();
+            orig.clear();
+            nchars = 0;
+        }
+    };
+    auto add = [&](uint32_t cp, uint32_t ci) {
+        if (!nchars) wstart = ci;
+        wend = ci + 1;
+        append_utf8(w, cp);
+        if (track) orig.push_back(ci);
+        ++nchars;
+    };
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(text);
+    const unsigned char* end = p + len;
+    uint32_t ci = char_base;
+    uint32_t out[Normalizer::kMaxOut];
+    while (p < end) {
+        const unsigned char b = *p;
+        if (b < 0x80) {
+            switch (ascii_class_[b]) {
+                case kWordChar:
+                    if (!nchars) wstart = ci;
+                    wend = ci + 1;
+                    w.push_back(ascii_map_[b]);
+                    if (track) orig.push_back(ci);
+                    ++nchars;
+                    break;
+                case kSpace:
+                    flush();
+                    break;
+                case kPunctChar:
+                    flush();
+                    add(static_cast<uint32_t>(ascii_map_[b]), ci);
+                    flush();
+                    break;
+                default:
+                    break;
+            }
+            ++p;
+            ++ci;
+            continue;
+        }
+        const uint32_t cp = decode_utf8(p);
+        Normalizer::Result r = norm_.normalize(cp, out);
+        if (r.isolate) flush();
+        for (int i = 0; i < r.n; ++i) {
+            const uint8_t f = unicode::flags(out[i]);
+            if (f & unicode::kWhitespace) {
+                flush();
+            } else if (f & unicode::kPunct) {
+                flush();
+                add(out[i], ci);
+                flush();
+            } else {
+                add(out[i], ci);
+            }
+        }
+        if (r.isolate) flush();
+        ++ci;
+    }
+    flush();
+}
+
+}  // namespace fastbert

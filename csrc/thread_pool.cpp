@@ -1,0 +1,75 @@
+#include "thread_pool.h"
+
+namespace fastbert {
+
+ThreadPool::ThreadPool(int num_threads) {
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::drain() {
+    // Takes tasks until none is left; counts the ones this thread finished.
+    size_t mine = 0;
+    for (;;) {
+        const size_t i = next_.fetch_add(1);
+        if (i >= n_tasks_) break;
+        try {
+            (*fn_)(i);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!error_) error_ = std::current_exception();
+        }
+        ++mine;
+    }
+    if (mine) {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_ += mine;
+        if (finished_ == n_tasks_) done_.notify_all();
+    }
+}
+
+void ThreadPool::worker_loop() {
+    size_t seen = 0;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+            if (stop_) return;
+            seen = generation_;
+        }
+        drain();
+    }
+}
+
+void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn) {
+    if (n_tasks == 0) return;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        fn_ = &fn;
+        n_tasks_ = n_tasks;
+        next_.store(0);
+        finished_ = 0;
+        error_ = nullptr;
+        ++generation_;
+    }
+    wake_.notify_all();
+    drain();
+    std::exception_ptr err;
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        done_.wait(lock, [&] { return finished_ == n_tasks_; });
+        err = error_;
+        fn_ = nullptr;
+    }
+    if (err) std::rethrow_exception(err);
+}
+
+}  // namespace fastbert

@@ -1,0 +1,164 @@
+#include "tokenizer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fastbert {
+
+namespace {
+
+size_t count_chars(const char* s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; ++i) c += (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80;
+    return c;
+}
+
+}  // namespace
+
+static int32_t require_unk(const Vocab& vocab, const std::string& unk) {
+    const int32_t id = vocab.id(unk);
+    if (id < 0) throw std::invalid_argument("the vocabulary has no unknown token " + unk);
+    return id;
+}
+
+Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedToken> added)
+    : vocab_(std::move(vocab)),
+      pre_(Normalizer(cfg.normalizer)),
+      wordpiece_(vocab_, require_unk(vocab_, cfg.unk_token), cfg.continuing_subword_prefix,
+                 cfg.max_input_chars_per_word) {
+    for (AddedToken& t : added)
+        if (t.id < 0) t.id = vocab_.add(t.content);
+    added_ = AddedTokens(std::move(added));
+}
+
+void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out) const {
+    for (size_t k = 0; k < nseg; ++k) {
+        const char* text = segs[k].data();
+        const size_t len = segs[k].size();
+        auto piece = [&](size_t begin, size_t end, uint32_t char_base) {
+            pre_.run(text + begin, end - begin, char_base, offsets, s.pre, [&](const Word& w) {
+                const size_t first = out.ids.size();
+                if (!offsets) {
+                    wordpiece_.tokenize(w, out.ids, nullptr);
+                    return;
+                }
+                s.spans.clear();
+                wordpiece_.tokenize(w, out.ids, &s.spans);
+                for (size_t t = first; t < out.ids.size(); ++t) {
+                    const uint32_t b = s.spans[2 * (t - first)], e = s.spans[2 * (t - first) + 1];
+                    out.offsets.push_back(w.orig[b]);
+                    out.offsets.push_back(w.orig[e - 1] + 1);
+                }
+            });
+        };
+        if (added_.empty()) {
+            piece(0, len, 0);
+            continue;
+        }
+        added_.find(text, len, s.matches);
+        size_t pos = 0;
+        uint32_t chars = 0;
+        for (const AddedTokens::Match& m : s.matches) {
+            piece(pos, m.begin, chars);
+            chars += static_cast<uint32_t>(count_chars(text + pos, m.begin - pos));
+            const uint32_t mchars = static_cast<uint32_t>(count_chars(text + m.begin, m.end - m.begin));
+            out.ids.push_back(m.id);
+            if (offsets) {
+                out.offsets.push_back(chars);
+                out.offsets.push_back(chars + mchars);
+            }
+            chars += mchars;
+            pos = m.end;
+        }
+        piece(pos, len, chars);
+    }
+}
+
+void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn) {
+    if (num_threads <= 1 || n <= 1) {
+        for (size_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    std::unique_lock<std::mutex> lock(pool_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {  // another thread is using the pool: same results, on this thread
+        for (size_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    const long pid = static_cast<long>(getpid());
+    if (pool_ && pool_pid_ != pid) {
+        // Forked child: the parent's workers do not exist here, so joining them would hang.
+        (void)pool_.release();
+    }
+    if (!pool_ || pool_->size() != num_threads) {
+        pool_.reset(new ThreadPool(num_threads));
+        pool_pid_ = pid;
+    }
+    pool_->run(n, fn);
+}
+
+void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out) {
+    const size_t n = in.size();
+    const bool pair = !in.b.empty();
+    size_t chunks = 1;
+    if (num_threads > 1 && n > 1) chunks = std::min(n, static_cast<size_t>(num_threads) * 8);
+    out.assign(chunks, Rows());
+    parallel(chunks, num_threads, [&](size_t c) {
+        const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+        Scratch s;
+        Rows& rows = out[c];
+        for (size_t i = begin; i < end; ++i) {
+            s.a.clear();
+            encode(in.segs.data() + in.a[i], in.a[i + 1] - in.a[i], cfg.offsets, s, s.a);
+            if (pair) {
+                s.b.clear();
+                encode(in.segs.data() + in.b[i], in.b[i + 1] - in.b[i], cfg.offsets, s, s.b);
+            }
+            post_process(s.a, pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
+        }
+    });
+}
+
+void Tokenizer::fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, const PadOut& out, int num_threads) {
+    std::vector<size_t> first_row(rows.size() + 1, 0);
+    for (size_t c = 0; c < rows.size(); ++c) first_row[c + 1] = first_row[c] + rows[c].rows();
+    const size_t W = pad.width;
+    parallel(rows.size(), num_threads, [&](size_t c) {
+        const Rows& rs = rows[c];
+        for (size_t r = 0; r < rs.rows(); ++r) {
+            const size_t row = first_row[c] + r;
+            const size_t len = rs.len(r), s0 = rs.start[r];
+            const size_t pad_n = W - len;
+            const size_t lo = pad.left ? pad_n : 0;  // first real position
+            const size_t base = row * W;
+            if (out.ids) {
+                int64_t* d = out.ids + base;
+                std::fill(d, d + W, static_cast<int64_t>(pad.pad_id));
+                for (size_t t = 0; t < len; ++t) d[lo + t] = rs.ids[s0 + t];
+            }
+            if (out.type_ids) {
+                int64_t* d = out.type_ids + base;
+                std::fill(d, d + W, 0);
+                for (size_t t = 0; t < len; ++t) d[lo + t] = rs.type_ids[s0 + t];
+            }
+            if (out.attention) {
+                int64_t* d = out.attention + base;
+                std::fill(d, d + W, 0);
+                std::fill(d + lo, d + lo + len, 1);
+            }
+            if (out.special) {
+                int64_t* d = out.special + base;
+                std::fill(d, d + W, 1);
+                for (size_t t = 0; t < len; ++t) d[lo + t] = rs.special[s0 + t];
+            }
+            if (out.offsets) {
+                int64_t* d = out.offsets + 2 * base;
+                std::fill(d, d + 2 * W, 0);
+                for (size_t t = 0; t < 2 * len; ++t) d[2 * lo + t] = rs.offsets[2 * s0 + t];
+            }
+        }
+    });
+}
+
+}  // namespace fastbert

@@ -1,0 +1,88 @@
+// The whole BERT tokenizer: added tokens -> normalizer + pre-tokenizer -> WordPiece ->
+// post-processor, for one text or a batch (on a thread pool), plus padding into flat buffers.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "added_tokens.h"
+#include "normalizer.h"
+#include "post_processor.h"
+#include "pre_tokenizer.h"
+#include "thread_pool.h"
+#include "vocab.h"
+#include "wordpiece.h"
+
+namespace fastbert {
+
+struct TokenizerConfig {
+    NormalizerConfig normalizer;
+    std::string unk_token = "[UNK]";
+    std::string continuing_subword_prefix = "##";
+    size_t max_input_chars_per_word = 100;
+};
+
+// A batch of inputs: item i's first sequence is segs[a[i] .. a[i+1]) (one segment for a str,
+// one per word for pre-split input), its pair (when b is not empty) segs[b[i] .. b[i+1]).
+struct BatchInput {
+    std::vector<std::string_view> segs;
+    std::vector<uint32_t> a{0};
+    std::vector<uint32_t> b;
+    size_t size() const { return a.size() - 1; }
+};
+
+struct PadSpec {
+    size_t width = 0;
+    bool left = false;
+    int32_t pad_id = 0;
+};
+
+// Output buffers (row-major, rows x width; offsets rows x width x 2); any may be null.
+struct PadOut {
+    int64_t* ids = nullptr;
+    int64_t* type_ids = nullptr;
+    int64_t* attention = nullptr;
+    int64_t* special = nullptr;
+    int64_t* offsets = nullptr;
+};
+
+class Tokenizer {
+ public:
+    // added: tokens never split (specials included); those missing from vocab get new ids.
+    Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedToken> added);
+
+    struct Scratch {
+        PreTokenizer::Scratch pre;
+        std::vector<AddedTokens::Match> matches;
+        std::vector<uint32_t> spans;
+        Encoded a, b;
+    };
+    // Appends the tokens of the segments (no special tokens) to out.
+    void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out) const;
+
+    // Encodes and post-processes a batch; one Rows per chunk, in input order.
+    // num_threads <= 1 runs on the calling thread.
+    void encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out);
+    // Writes all rows, padded (or, when a row is longer, not at all: check first) into out.
+    void fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, const PadOut& out, int num_threads);
+
+    const Vocab& vocab() const { return vocab_; }
+    int32_t token_id(std::string_view t) const { return vocab_.id(t); }
+
+ private:
+    void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);
+
+    Vocab vocab_;
+    AddedTokens added_;
+    PreTokenizer pre_;
+    WordPiece wordpiece_;
+    // The pool is made on first parallel use, and made again in a forked child (its threads
+    // do not exist there); busy_ lets concurrent callers fall back to their own thread.
+    std::unique_ptr<ThreadPool> pool_;
+    long pool_pid_ = 0;
+    std::mutex pool_mu_;
+};
+
+}  // namespace fastbert

@@ -1,0 +1,76 @@
+#include "wordpiece.h"
+
+namespace fastbert {
+
+WordPiece::WordPiece(const Vocab& vocab, int32_t unk_id, const std::string& prefix, size_t max_chars)
+    : unk_id_(unk_id), max_chars_(max_chars) {
+    first_.reserve(vocab.size());
+    cont_.reserve(vocab.size() / 4 + 16);
+    for (size_t i = 0; i < vocab.size(); ++i) {
+        const std::string& t = vocab.token(i);
+        const int32_t id = vocab.id(t);  // a repeated line: the id the vocab settled on
+        first_.insert(t, id, false);
+        if (!prefix.empty() && t.size() >= prefix.size() && t.compare(0, prefix.size(), prefix) == 0)
+            cont_.insert(std::string_view(t).substr(prefix.size()), id, false);
+    }
+}
+
+static inline bool is_cont_byte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans) const {
+    const char* s = word.data;
+    const size_t n = word.len;
+    if (word.nchars > max_chars_) {
+        ids.push_back(unk_id_);
+        if (spans) {
+            spans->push_back(0);
+            spans->push_back(static_cast<uint32_t>(word.nchars));
+        }
+        return;
+    }
+    const size_t mark = ids.size();
+    const size_t span_mark = spans ? spans->size() : 0;
+    const bool ascii = word.nchars == n;
+    size_t start = 0;
+    uint32_t start_char = 0;
+    while (start < n) {
+        const StrMap& map = start ? cont_ : first_;
+        size_t end = n;
+        if (end - start > map.max_len()) {
+            end = start + map.max_len();
+            while (end > start && is_cont_byte(s[end])) --end;
+        }
+        int32_t id = -1;
+        while (end > start) {
+            id = map.find(s + start, end - start);
+            if (id >= 0) break;
+            --end;
+            while (end > start && is_cont_byte(s[end])) --end;
+        }
+        if (id < 0) {
+            ids.resize(mark);
+            ids.push_back(unk_id_);
+            if (spans) {
+                spans->resize(span_mark);
+                spans->push_back(0);
+                spans->push_back(static_cast<uint32_t>(word.nchars));
+            }
+            return;
+        }
+        ids.push_back(id);
+        uint32_t end_char = start_char;
+        if (ascii) {
+            end_char = static_cast<uint32_t>(end);
+        } else {
+            for (size_t i = start; i < end; ++i) end_char += !is_cont_byte(s[i]);
+        }
+        if (spans) {
+            spans->push_back(start_char);
+            spans->push_back(end_char);
+        }
+        start = end;
+        start_char = end_char;
+    }
+}
+
+}  // namespace fastbert

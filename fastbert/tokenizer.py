@@ -1,0 +1,570 @@
+"""HF-compatible BERT tokenizer over the C++ WordPiece core (fastbert._C).
+
+`BertTokenizer` behaves like `transformers.BertTokenizerFast` (same ids, type ids, masks, offsets,
+overflow windows, padding), with the batch work done in C++ on a thread pool without the GIL.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from typing import Any, Iterable
+
+import numpy as np
+
+from fastbert import _C
+
+logger = logging.getLogger(__name__)
+
+VERY_LARGE_INTEGER = int(1e30)  # transformers' "no maximum length"
+LARGE_INTEGER = int(1e20)
+SPECIAL_ATTRS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+DEFAULT_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                    "cls_token": "[CLS]", "mask_token": "[MASK]"}
+_TRUNCATION = {"longest_first": 1, "only_first": 2, "only_second": 3, "do_not_truncate": 0}
+_PADDING = {"longest": 1, "max_length": 2, "do_not_pad": 0}
+_UNSET = object()
+
+
+def _cleanup(text: str) -> str:
+    # transformers' clean_up_tokenization and the WordPiece decoder's cleanup (same replacements)
+    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                 (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(a, b)
+    return text
+
+
+def _decoder_cleanup(token: str) -> str:
+    return _cleanup(token).replace(" do not", " don't")
+
+
+def _enum_value(v):
+    return getattr(v, "value", v)
+
+
+def _token_str(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return v.get("content")
+    return str(v)
+
+
+class BatchEncoding(dict):
+    """Model inputs as a dict with attribute access, like transformers.BatchEncoding."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getstate__(self):
+        return {"data": dict(self)}
+
+    def __setstate__(self, state):
+        self.update(state["data"])
+
+    def to(self, device, non_blocking: bool = False) -> "BatchEncoding":
+        for k, v in self.items():
+            if hasattr(v, "to"):
+                self[k] = v.to(device=device, non_blocking=non_blocking)
+        return self
+
+    def convert_to_tensors(self, tensor_type=None) -> "BatchEncoding":
+        for k, v in list(self.items()):
+            self[k] = _as_tensor(k, v, tensor_type)
+        return self
+
+
+def _as_tensor(key, value, kind):
+    kind = _enum_value(kind)
+    if kind is None:
+        return value
+    if kind not in ("np", "pt"):
+        raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {kind!r}")
+    if not isinstance(value, np.ndarray):
+        if value and isinstance(value[0], list) and len({len(r) for r in value}) > 1:
+            raise ValueError(
+                "Unable to create tensor, you should probably activate truncation and/or padding with "
+                "'padding=True' 'truncation=True' to have batched tensors with the same length. "
+                f"Perhaps your features (`{key}` in this case) have excessive nesting (inputs type `list` where "
+                "type `int` is expected).")
+        value = np.asarray(value, dtype=np.int64)
+    if kind == "np":
+        return value
+    import torch
+    return torch.from_numpy(value)
+
+
+def _read_json(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class BertTokenizer:
+    """A WordPiece BERT tokenizer with `transformers.BertTokenizerFast`'s behaviour and API."""
+
+    vocab_files_names = {"vocab_file": "vocab.txt"}
+    model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    is_fast = True
+    pad_token_type_id = 0
+
+    def __init__(self, vocab_file: str | None = None, do_lower_case: bool = True, unk_token="[UNK]",
+                 sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+                 tokenize_chinese_chars: bool = True, strip_accents: bool | None = None, *,
+                 vocab: list[str] | dict[str, int] | None = None, model_max_length: int | None = None,
+                 padding_side: str = "right", truncation_side: str = "right",
+                 clean_up_tokenization_spaces: bool = False, added_tokens: Iterable[dict] | None = None,
+                 additional_special_tokens: Iterable | None = None, num_threads: int | None = None,
+                 name_or_path: str = "", **kwargs):
+        if vocab is None:
+            if vocab_file is None:
+                raise ValueError("BertTokenizer needs a vocab_file (vocab.txt) or a vocab")
+            vocab_file = os.fspath(vocab_file)
+            if not os.path.isfile(vocab_file):
+                raise OSError(f"vocabulary file not found: {vocab_file}")
+            source: Any = vocab_file
+        elif isinstance(vocab, dict):
+            source = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        else:
+            source = list(vocab)
+        self.do_lower_case = bool(do_lower_case)
+        self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        self.strip_accents = strip_accents
+        self.model_max_length = VERY_LARGE_INTEGER if model_max_length is None else int(model_max_length)
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        self.padding_side = padding_side
+        self.truncation_side = truncation_side
+        self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
+        self.name_or_path = name_or_path
+        self.init_kwargs = dict(kwargs)
+        specials = {"unk_token": unk_token, "sep_token": sep_token, "pad_token": pad_token,
+                    "cls_token": cls_token, "mask_token": mask_token}
+        self._special = {k: _token_str(v) for k, v in specials.items()}
+        self.additional_special_tokens = [_token_str(t) for t in (additional_special_tokens or [])]
+
+        # Added tokens: never split. Flags come from the files (added_tokens_decoder / tokenizer.json)
+        # or the special token values; specials not in the vocab get new ids, as in HF.
+        entries: dict[str, dict] = {}
+        for a in sorted(added_tokens or [], key=lambda a: a.get("id", 0)):
+            entries[a["content"]] = a
+        for v in list(specials.values()) + list(additional_special_tokens or []):
+            content = _token_str(v)
+            if content is None or content in entries:
+                continue
+            flags = v if isinstance(v, dict) else {}
+            entries[content] = {"content": content, "special": True, "lstrip": flags.get("lstrip", False),
+                                "rstrip": flags.get("rstrip", False),
+                                "single_word": flags.get("single_word", False), "normalized": False}
+        self._added = list(entries.values())
+        self._special_contents = {a["content"] for a in self._added if a.get("special", False)}
+        self._num_threads = self._resolve_threads(num_threads)
+        resolved_strip = self.do_lower_case if strip_accents is None else bool(strip_accents)
+        self._core = _C.Tokenizer(
+            source, self.do_lower_case, resolved_strip, self.tokenize_chinese_chars, True,
+            _token_str(unk_token) or "[UNK]", "##", 100,
+            [(a["content"], bool(a.get("lstrip", False)), bool(a.get("rstrip", False)),
+              bool(a.get("single_word", False))) for a in self._added])
+        self._base_size = self._core.base_size()
+        self._core.set_specials(self._id_or(self.cls_token, 0), self._id_or(self.sep_token, 0))
+        self._warned_long = False
+
+    # ----------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, path, **overrides) -> "BertTokenizer":
+        """Loads vocab.txt / tokenizer.json, tokenizer_config.json and special_tokens_map.json
+        from a local directory (or a vocab.txt / tokenizer.json file). Keyword arguments override
+        the files (do_lower_case, strip_accents, tokenize_chinese_chars, model_max_length, special
+        tokens, num_threads, ...)."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            directory, file = path, None
+        elif os.path.isfile(path):
+            directory, file = os.path.dirname(path) or ".", path
+        else:
+            raise OSError(f"tokenizer path not found: {path} (expected a directory with vocab.txt or "
+                          "tokenizer.json, or one of those files)")
+        config = _read_json(os.path.join(directory, "tokenizer_config.json")) or {}
+        special_map = _read_json(os.path.join(directory, "special_tokens_map.json")) or {}
+        kwargs: dict[str, Any] = {}
+        for k in ("do_lower_case", "tokenize_chinese_chars", "strip_accents", "model_max_length",
+                  "padding_side", "truncation_side", "clean_up_tokenization_spaces"):
+            if k in config and config[k] is not None:
+                kwargs[k] = config[k]
+        if "strip_accents" in config:
+            kwargs["strip_accents"] = config["strip_accents"]
+        for k in SPECIAL_ATTRS:
+            v = special_map.get(k, config.get(k))
+            if v is not None:
+                kwargs[k] = v
+        extra = special_map.get("additional_special_tokens", config.get("additional_special_tokens"))
+        if extra:
+            kwargs["additional_special_tokens"] = extra
+        added: dict[int, dict] = {}
+        tok_json_path = file if file and file.endswith(".json") else os.path.join(directory, "tokenizer.json")
+        vocab_path = file if file and not file.endswith(".json") else os.path.join(directory, "vocab.txt")
+        tj = _read_json(tok_json_path) if (file is None or file == tok_json_path) else None
+        if tj is not None:
+            model = tj.get("model") or {}
+            if model.get("type", "WordPiece") != "WordPiece" or "vocab" not in model:
+                raise ValueError(f"{tok_json_path}: not a WordPiece tokenizer (model type {model.get('type')!r})")
+            vocab = model["vocab"]
+            kwargs["vocab"] = vocab if isinstance(vocab, dict) else [v[0] if isinstance(v, list) else v for v in vocab]
+            for a in tj.get("added_tokens") or []:
+                added[int(a["id"])] = dict(a)
+        elif os.path.isfile(vocab_path):
+            kwargs["vocab_file"] = vocab_path
+        else:
+            raise OSError(f"no vocab.txt or tokenizer.json in {directory}")
+        for id_str, a in (config.get("added_tokens_decoder") or {}).items():
+            added[int(id_str)] = dict(a, id=int(id_str))
+        kwargs["added_tokens"] = [dict(a, id=i) for i, a in sorted(added.items())]
+        kwargs["name_or_path"] = path
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @staticmethod
+    def _resolve_threads(n):
+        if n is None:
+            try:
+                return max(1, len(os.sched_getaffinity(0)))
+            except AttributeError:
+                return max(1, os.cpu_count() or 1)
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"num_threads must be >= 1, got {n}")
+        return n
+
+    def _id_or(self, token, default):
+        if token is None:
+            return default
+        i = self._core.token_to_id(token)
+        return default if i is None else i
+
+    # ------------------------------------------------------------------------------ attributes
+    @property
+    def num_threads(self) -> int:
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, n):
+        self._num_threads = self._resolve_threads(n)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the base vocabulary (without added tokens), like HF."""
+        return self._base_size
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def get_vocab(self) -> dict[str, int]:
+        vocab = {}
+        for i, t in enumerate(self._core.tokens()):
+            vocab.setdefault(t, i)
+        return vocab
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self.get_vocab()
+
+    @property
+    def added_tokens_encoder(self) -> dict[str, int]:
+        return {a["content"]: self._core.token_to_id(a["content"]) for a in self._added}
+
+    def _special_token(name):  # noqa: N805  (property factory)
+        def get(self):
+            return self._special.get(name)
+
+        def set_(self, value):
+            self._special[name] = _token_str(value)
+        return property(get, set_)
+
+    unk_token = _special_token("unk_token")
+    sep_token = _special_token("sep_token")
+    pad_token = _special_token("pad_token")
+    cls_token = _special_token("cls_token")
+    mask_token = _special_token("mask_token")
+    bos_token = property(lambda self: None)
+    eos_token = property(lambda self: None)
+
+    def _special_id(name):  # noqa: N805
+        return property(lambda self: None if self._special.get(name) is None
+                        else self.convert_tokens_to_ids(self._special[name]))
+
+    unk_token_id = _special_id("unk_token")
+    sep_token_id = _special_id("sep_token")
+    pad_token_id = _special_id("pad_token")
+    cls_token_id = _special_id("cls_token")
+    mask_token_id = _special_id("mask_token")
+    bos_token_id = property(lambda self: None)
+    eos_token_id = property(lambda self: None)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        out = {k: v for k, v in self._special.items() if v is not None}
+        if self.additional_special_tokens:
+            out["additional_special_tokens"] = list(self.additional_special_tokens)
+        return out
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        seen = []
+        for t in list(self._special.values()) + list(self.additional_special_tokens):
+            if t is not None and t not in seen:
+                seen.append(t)
+        return seen
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self.convert_tokens_to_ids(t) for t in self.all_special_tokens]
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return 3 if pair else 2
+
+    def __repr__(self) -> str:
+        return (f"fastbert.BertTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
+                f"model_max_length={self.model_max_length}, do_lower_case={self.do_lower_case}, "
+                f"num_threads={self.num_threads})")
+
+    # ---------------------------------------------------------------------------- conversions
+    def convert_tokens_to_ids(self, tokens):
+        if tokens is None:
+            return None
+        if isinstance(tokens, str):
+            i = self._core.token_to_id(tokens)
+            return self._core.token_to_id(self.unk_token) if i is None else i
+        return [self.convert_tokens_to_ids(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
+        if isinstance(ids, (int, np.integer)):
+            return self._core.id_to_token(int(ids))
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        skip = set(self.all_special_ids) if skip_special_tokens else set()
+        return [self._core.id_to_token(int(i)) for i in ids if int(i) not in skip]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return self._decode_tokens(tokens)
+
+    @staticmethod
+    def _decode_tokens(tokens) -> str:
+        # HF's WordPiece decoder: "##" pieces glue to the previous token, others get a space;
+        # its cleanup runs on each piece
+        parts = []
+        for i, t in enumerate(tokens):
+            if i:
+                t = t[2:] if t.startswith("##") else " " + t
+            parts.append(_decoder_cleanup(t))
+        return "".join(parts)
+
+    def decode(self, token_ids, skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None, **kwargs) -> str:
+        if isinstance(token_ids, dict):
+            token_ids = token_ids["input_ids"]
+        if hasattr(token_ids, "tolist"):
+            token_ids = token_ids.tolist()
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        skip = {self._core.token_to_id(t) for t in self._special_contents} if skip_special_tokens else set()
+        tokens = []
+        for i in token_ids:
+            i = int(i)
+            if i in skip:
+                continue
+            t = self._core.id_to_token(i)
+            if t is not None:
+                tokens.append(t)
+        text = self._decode_tokens(tokens)
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = self.clean_up_tokenization_spaces
+        return _cleanup(text) if clean_up_tokenization_spaces else text
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None, **kwargs) -> list[str]:
+        if hasattr(sequences, "tolist"):
+            sequences = sequences.tolist()
+        return [self.decode(s, skip_special_tokens, clean_up_tokenization_spaces) for s in sequences]
+
+    # -------------------------------------------------------------------------------- encoding
+    def tokenize(self, text: str, pair: str | None = None, add_special_tokens: bool = False, **kwargs) -> list[str]:
+        enc = self(text, pair, add_special_tokens=add_special_tokens, **kwargs)
+        return [self._core.id_to_token(i) for i in enc["input_ids"]]
+
+    def encode(self, text, text_pair=None, add_special_tokens: bool = True, padding=False, truncation=None,
+               max_length: int | None = None, stride: int = 0, return_tensors=None, **kwargs):
+        enc = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding,
+                   truncation=truncation, max_length=max_length, stride=stride,
+                   return_tensors=return_tensors, **kwargs)
+        return enc["input_ids"]
+
+    def _strategies(self, padding, truncation, max_length, pad_to_multiple_of):
+        padding, truncation = _enum_value(padding), _enum_value(truncation)
+        if max_length is not None and padding is False and truncation is None:
+            truncation = "longest_first"
+        if padding is True:
+            if max_length is not None and truncation in (None, False, "do_not_truncate"):
+                warnings.warn("`max_length` is ignored when `padding`=`True` and there is no truncation "
+                              "strategy. To pad to max length, use `padding='max_length'`.")
+            pad = "longest"
+        elif padding is False or padding is None:
+            pad = "do_not_pad"
+        elif padding in _PADDING:
+            pad = padding
+        else:
+            raise ValueError(f"{padding!r} is not a valid PaddingStrategy, please select one of "
+                             f"{list(_PADDING)}")
+        if truncation is True:
+            trunc = "longest_first"
+        elif truncation is False or truncation is None:
+            trunc = "do_not_truncate"
+        elif truncation in _TRUNCATION:
+            trunc = truncation
+        else:
+            raise ValueError(f"{truncation!r} is not a valid TruncationStrategy, please select one of "
+                             f"{list(_TRUNCATION)}")
+        if max_length is None:
+            if pad == "max_length":
+                if self.model_max_length > LARGE_INTEGER:
+                    logger.warning("Asking to pad to max_length but no maximum length is provided and the model "
+                                   "has no predefined maximum length. Default to no padding.")
+                    pad = "do_not_pad"
+                else:
+                    max_length = self.model_max_length
+            if trunc != "do_not_truncate":
+                if self.model_max_length > LARGE_INTEGER:
+                    logger.warning("Asking to truncate to max_length but no maximum length is provided and the "
+                                   "model has no predefined maximum length. Default to no truncation.")
+                    trunc = "do_not_truncate"
+                else:
+                    max_length = self.model_max_length
+        if pad != "do_not_pad" and (self.pad_token is None or self.pad_token_id is None):
+            raise ValueError("Asking to pad but the tokenizer does not have a padding token. Please select a "
+                             "token to use as `pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` "
+                             "or add a new pad token via `tokenizer.add_special_tokens({'pad_token': '[PAD]'})`.")
+        if (trunc != "do_not_truncate" and pad != "do_not_pad" and pad_to_multiple_of is not None
+                and max_length is not None and max_length % pad_to_multiple_of != 0):
+            raise ValueError("Truncation and padding are both activated but truncation length "
+                             f"({max_length}) is not a multiple of pad_to_multiple_of ({pad_to_multiple_of}).")
+        return pad, trunc, max_length
+
+    def __call__(self, text=None, text_pair=None, add_special_tokens: bool = True, padding=False,
+                 truncation=None, max_length: int | None = None, stride: int = 0,
+                 is_split_into_words: bool = False, pad_to_multiple_of: int | None = None,
+                 padding_side: str | None = None, return_tensors=None, return_token_type_ids=None,
+                 return_attention_mask=None, return_overflowing_tokens: bool = False,
+                 return_special_tokens_mask: bool = False, return_offsets_mapping: bool = False,
+                 return_length: bool = False, verbose: bool = True, **kwargs) -> BatchEncoding:
+        if text is None:
+            raise ValueError("You need to specify `text`.")
+        pad, trunc, max_length = self._strategies(padding, truncation, max_length, pad_to_multiple_of)
+        if is_split_into_words:
+            batched = isinstance(text, (list, tuple)) and bool(text) and isinstance(text[0], (list, tuple))
+        else:
+            batched = isinstance(text, (list, tuple))
+            if not batched and not isinstance(text, str):
+                raise TypeError(f"text must be a str or a list of str, got {type(text).__name__}")
+        if batched:
+            if isinstance(text_pair, str):
+                raise TypeError("when tokenizing batches of text, `text_pair` must be a list or tuple with the "
+                                "same length as `text`.")
+            if text_pair is not None and len(text) != len(text_pair):
+                raise ValueError(f"batch length of `text`: {len(text)} does not match batch length of "
+                                 f"`text_pair`: {len(text_pair)}.")
+            texts, pairs = text, text_pair
+        else:
+            texts = [text]
+            pairs = [text_pair] if text_pair else None
+        side = padding_side if padding_side is not None else self.padding_side
+        if side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
+        kind = _enum_value(return_tensors)
+        if kind not in (None, "np", "pt"):
+            raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {kind!r}")
+        has_pair = pairs is not None
+        if trunc != "do_not_truncate":
+            n_special = self.num_special_tokens_to_add(has_pair) if add_special_tokens else 0
+            if max_length < n_special:
+                raise ValueError(f"max_length={max_length} is smaller than the {n_special} special tokens added "
+                                 "to each sequence")
+            if stride >= max_length - n_special:
+                raise ValueError(f"tokenizer stride set to {stride}, which is greater than or equal to its "
+                                 f"effective max length of {max_length - n_special} (= {max_length} original max "
+                                 f"length - {n_special} added special tokens), ")
+            if trunc == "only_second" and not has_pair:
+                raise ValueError("Truncation error: Second sequence not provided")
+        want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
+            else bool(return_token_type_ids)
+        want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
+            else bool(return_attention_mask)
+        out = self._core.encode_batch(
+            texts, pairs, bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc],
+            int(max_length or 0), int(stride), self.truncation_side == "left", _PADDING[pad],
+            int(pad_to_multiple_of or 0), side == "left", int(self.pad_token_id or 0), self._num_threads,
+            want_types, want_attn, bool(return_special_tokens_mask), bool(return_offsets_mapping),
+            bool(return_length), bool(return_overflowing_tokens), kind is not None)
+        if max_length is None and verbose and not self._warned_long:
+            self._check_too_long(out["input_ids"])
+        enc = BatchEncoding(out)
+        if kind is not None:
+            if "offset_mapping" in enc and not isinstance(enc["offset_mapping"], np.ndarray):
+                enc["offset_mapping"] = [[list(p) for p in row] for row in enc["offset_mapping"]]
+            enc.convert_to_tensors(kind)
+            return enc
+        numpy_keys = [k for k, v in enc.items() if isinstance(v, np.ndarray)]
+        for k in numpy_keys:  # padded numpy rows -> lists (only when the C++ side made arrays)
+            enc[k] = enc[k].tolist()
+        if not batched and not return_overflowing_tokens:
+            enc = BatchEncoding({k: (v[0] if v and isinstance(v[0], list) else v) for k, v in enc.items()})
+        return enc
+
+    def _check_too_long(self, ids):
+        if self.model_max_length > LARGE_INTEGER:
+            return
+        longest = ids.shape[1] if isinstance(ids, np.ndarray) else max((len(r) for r in ids), default=0)
+        if longest > self.model_max_length:
+            logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
+                           f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
+                           "the model will result in indexing errors")
+            self._warned_long = True
+
+    # ---------------------------------------------------------------------------------- saving
+    def save_pretrained(self, save_directory, **kwargs) -> tuple[str, ...]:
+        """Writes vocab.txt, tokenizer_config.json and special_tokens_map.json (loadable by fastbert
+        and by transformers)."""
+        save_directory = os.fspath(save_directory)
+        if os.path.isfile(save_directory):
+            raise OSError(f"save_pretrained needs a directory, {save_directory} is a file")
+        os.makedirs(save_directory, exist_ok=True)
+        tokens = self._core.tokens()
+        vocab_path = os.path.join(save_directory, "vocab.txt")
+        with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
+            for t in tokens[:self._base_size]:
+                f.write(t + "\n")
+        decoder = {}
+        for a in self._added:
+            i = self._core.token_to_id(a["content"])
+            decoder[str(i)] = {"content": a["content"], "lstrip": bool(a.get("lstrip", False)),
+                               "normalized": bool(a.get("normalized", False)),
+                               "rstrip": bool(a.get("rstrip", False)),
+                               "single_word": bool(a.get("single_word", False)),
+                               "special": bool(a.get("special", False))}
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
+                  "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.tokenize_chinese_chars,
+                  "model_max_length": self.model_max_length, "padding_side": self.padding_side,
+                  "truncation_side": self.truncation_side,
+                  "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
+                  "added_tokens_decoder": dict(sorted(decoder.items(), key=lambda kv: int(kv[0])))}
+        config.update(self.special_tokens_map)
+        config_path = os.path.join(save_directory, "tokenizer_config.json")
+        with open(config_path, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, ensure_ascii=False)
+        map_path = os.path.join(save_directory, "special_tokens_map.json")
+        with open(map_path, "w", encoding="utf-8") as f:
+            json.dump(self.special_tokens_map, f, indent=2, ensure_ascii=False)
+        return vocab_path, config_path, map_path
