@@ -27,6 +27,7 @@ class Result:
     check: str = SKIPPED         # OK | FAIL | ERROR | SKIPPED: this row's outputs vs HF's
     note: str = ""               # why a row has no figure, or what the check measured
     speedup_fails: bool = False  # fastbert's own row for this case failed its output check
+    detail: str = ""             # the measured agreement, e.g. "min cosine 0.999999"
 
     @property
     def failed(self) -> bool:
@@ -58,6 +59,7 @@ def _cell(value, unit, show_unit):
 def render_tables(results):
     """One rich Table per section: a line per workload, fastbert first, then each peer's
     throughput with fastbert's speed-up over it in brackets."""
+    from rich.markup import escape
     from rich.table import Table
 
     tables = []
@@ -67,7 +69,7 @@ def render_tables(results):
         units = {r.unit for r in rows if r.value is not None}
         show_unit = len(units) != 1
         unit_title = "" if show_unit else f" ({units.pop()}, higher is better)"
-        peers = list(dict.fromkeys(r.name for r in rows if not r.fastbert and r.value is not None))
+        peers = list(dict.fromkeys(r.name for r in rows if not r.fastbert))
         fast_names = list(dict.fromkeys(r.name for r in rows if r.fastbert))
         table = Table(title=f"{section}{unit_title}", title_justify="left", title_style="bold",
                       pad_edge=False)
@@ -75,36 +77,37 @@ def render_tables(results):
         table.add_column(" / ".join(fast_names) or "fastbert", justify="right", style="bold cyan")
         for peer in peers:
             table.add_column(peer, justify="right")
-        table.add_column("Output", justify="center")
+        table.add_column("Output vs HF")
         for case in dict.fromkeys(r.case for r in rows):
             in_case = [r for r in rows if r.case == case]
             fast = next((r for r in in_case if r.fastbert), None)
-            if fast is None or fast.value is None:
-                note = (fast or in_case[0]).note
-                cells = [f"[dim]{note}[/]"] + [""] * len(peers)
-                check = (fast or in_case[0]).check
-            else:
+            if fast is not None and fast.value is not None:
                 cells = [_cell(fast.value, fast.unit, show_unit)]
-                check = fast.check
-                for peer in peers:
-                    r = next((r for r in in_case if r.name == peer), None)
-                    if r is None or r.value is None:
-                        cells.append("[dim]—[/]")
-                        continue
-                    text = _cell(r.value, r.unit, show_unit)
-                    if r.speedup is not None:
-                        color = "red" if r.speedup_fails else "green" if r.speedup >= 1 else "yellow"
-                        text += f" [{color}]({_fmt_ratio(r.speedup)})[/]"
-                    if r.check in (FAIL, ERROR):
-                        text += " [red]wrong[/]"
-                    cells.append(text)
+            else:
+                short = (fast.note.split(":")[0] if fast is not None and fast.note else "not measured")
+                cells = [f"[dim]{short}[/]"]
+            for peer in peers:
+                r = next((r for r in in_case if r.name == peer), None)
+                if r is None or r.value is None:
+                    cells.append("[dim]—[/]")
+                    continue
+                text = _cell(r.value, r.unit, show_unit)
+                if r.speedup is not None:
+                    color = "red" if r.speedup_fails else "green" if r.speedup >= 1 else "yellow"
+                    text += f" [{color}]({_fmt_ratio(r.speedup)})[/]"
+                if r.check in (FAIL, ERROR):
+                    text += " [red]wrong[/]"
+                cells.append(text)
+            check = fast.check if fast is not None else SKIPPED
             verdict = {OK: "[green]ok[/]", FAIL: "[bold red]FAIL[/]",
                        ERROR: "[bold red]ERROR[/]"}.get(check, "[dim]n/a[/]")
+            if fast is not None and fast.detail:
+                verdict += f" [dim]{fast.detail}[/]"
             table.add_row(case, *cells, verdict)
         notes = list(dict.fromkeys(f"{r.name}: {r.note}" for r in rows
-                                   if r.value is None and r.note and not r.fastbert))
+                                   if r.note and (r.value is None or not r.fastbert)))
         if notes:
-            table.caption = "; ".join(f"{n}" for n in notes)
+            table.caption = escape("\n".join(notes))
             table.caption_justify = "left"
         tables.append(table)
     return tables

@@ -12,6 +12,7 @@ import inspect
 import os
 import platform
 import traceback
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -147,10 +148,44 @@ def _generic_results(section, rows):
         unit = next((k for k in ("tokens/s", "MB/s", "lines/s", "sentences/s") if k in row), "")
         name = str(row.get("name", "?"))
         flag = row.get("ok", row.get("match", row.get("ids_match")))
-        out.append(Result(section, name, str(row.get("case", row.get("path", ""))), value, unit,
-                          fastbert=name.startswith("fastbert"), check=_check(flag),
-                          note=str(row.get("note", row.get("error", "")))))
+        is_fast = name.startswith("fastbert")
+        note = str(row.get("error") or ("" if is_fast and value is not None else row.get("note") or ""))
+        check = _check(flag)
+        if value is None and row.get("error") and is_fast:
+            check = ERROR
+        out.append(Result(section, _DISPLAY_NAMES.get(name, name),
+                          str(row.get("case", row.get("path", ""))), value, unit,
+                          fastbert=is_fast, check=check, note=note, detail=_agreement(row)))
     return out
+
+
+_DISPLAY_NAMES = {"fastbert Encoder.encode": "fastbert.Encoder.encode",
+                  "sentence-transformers encode": "sentence-transformers",
+                  "transformers AutoModel (sdpa)": "HF transformers (sdpa)",
+                  "torch.compile(transformers)": "torch.compile(HF)"}
+
+
+def _model_results(section, rows):
+    """fastbert.benchmarks.models rows: one per implementation, real tokens/s on one padded batch."""
+    out = _generic_results(section, rows)
+    for result, row in zip(out, rows):
+        note = str(row.get("note") or "")
+        if "No module named 'onnxruntime'" in (note + str(row.get("error") or "")):
+            result.note = 'not installed (pip install "fastbert[onnx]")'
+        elif not result.fastbert and note:
+            result.note = note  # compile time, ORT optimizer level: shown under the table
+    return out
+
+
+def _agreement(row) -> str:
+    """The measured agreement with HF, as a short text for the Output column."""
+    cosine = _num(row, "min_cosine", "min_cos")
+    if cosine is not None:
+        return f"min cosine {cosine:.6f}"
+    diff = _num(row, "max_abs_diff", "max_diff")
+    if diff is not None:
+        return f"max diff {diff:.1e}"
+    return ""
 
 
 _TOKENIZER_NAMES = {"fastbert": "fastbert", "nanotoken": "nanotoken", "tokenizers": "HF tokenizers",
@@ -175,8 +210,8 @@ def _tokenizer_results(section, rows):
             check = ERROR if is_fast and not missing else SKIPPED
             error = f"not available: {error}" if missing else error
         out.append(Result(section, _TOKENIZER_NAMES.get(row.get("name"), str(row.get("name"))), case,
-                          value, "MB/s", fastbert=is_fast, check=check,
-                          note=error))
+                          value, "MB/s", fastbert=is_fast, check=check, note=error,
+                          detail="same ids" if check == OK else ""))
     return out
 
 
@@ -203,8 +238,8 @@ class Section:
 
 SECTIONS = (
     Section("tokenizer", "Tokenizer", _tokenizer_results, shared_texts=False),
-    Section("models", "Model forward", _generic_results),
-    Section("encoder", "Embeddings", _generic_results),
+    Section("models", "Model forward", _model_results),
+    Section("encoder", "Text to embeddings", _generic_results, shared_texts=False),
 )
 
 
@@ -227,17 +262,25 @@ def _load_texts(cfg: BenchConfig):
     return [line.strip() for text in corpus.english_texts() for line in text.split("\n") if line.strip()]
 
 
+def _quiet_peers():
+    """The peers' own chatter (weight-loading bars, long-input notices) would break up the progress
+    bars; their warnings are kept in the JSON instead (see run_suite)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 def run_suite(cfg: BenchConfig, console=None):
     """Run every section; returns (results, meta, raw rows, json path, png path)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     console = console or Console()
-    try:  # the peers' own warnings (e.g. long inputs in an untruncated ids benchmark) are noise here
-        from transformers.utils import logging as hf_logging
-        hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
+    _quiet_peers()
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     meta = environment(cfg)
     results, raw = [], {}
@@ -257,8 +300,13 @@ def run_suite(cfg: BenchConfig, console=None):
 
             try:
                 module = importlib.import_module(f"fastbert.benchmarks.{section.key}")
-                rows = _call(module.run, **_section_kwargs(section, cfg, texts, progress))
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    rows = _call(module.run, **_section_kwargs(section, cfg, texts, progress))
                 raw[section.key] = rows
+                if caught:
+                    raw[f"{section.key} warnings"] = sorted({f"{w.category.__name__}: {w.message}"
+                                                             for w in caught})
                 results.extend(section.adapt(section.title, rows))
                 bars.update(task, total=1, completed=1, description="done")
             except ModuleNotFoundError as exc:
