@@ -7,7 +7,8 @@
 #             ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ the grad of s when s was returned)
 #             dr = ds,  dx = ds * keep / (1 - p),  dw = sum_rows(dy * xhat),  db = sum_rows(dy)
 # Limits: rows of N <= 8192 elements (one row lives in registers; any N, not only powers of two),
-# unit column stride; fp32 / fp16 / bf16 in, the same dtype out; statistics and math in fp32.
+# unit column stride; fp32 / fp16 / bf16 in; y and s in torch's promoted dtype of x and r (as x + r
+# would be, e.g. fp32 for an fp16 x and an fp32 residual stream under autocast); math in fp32.
 # dw and db are deterministic: each backward program sums its rows into its own row of an
 # (n_programs, N) fp32 buffer and the launcher adds those rows in a fixed order (no atomics).
 # Dropout draws keep = rand(seed, row * N + col) >= p from Triton's counter-based Philox generator,
@@ -69,7 +70,7 @@ def _add_layer_norm_fwd_kernel(
 @triton.jit
 def _add_layer_norm_bwd_kernel(
     dx_ptr,       # (n_rows, N) output grad of x (of s when not DROPOUT), row stride stride_dx
-    dr_ptr,       # (n_rows, N) output grad of r = grad of s, written when DROPOUT, row stride stride_dr
+    dr_ptr,       # (n_rows, N) output grad of r = grad of s, written when STORE_DR, row stride stride_dr
     dwp_ptr,      # (n_programs, N) fp32 output: this program's partial sum of dy * xhat
     dbp_ptr,      # (n_programs, N) fp32 output: this program's partial sum of dy
     dy_ptr,       # (n_rows, N) grad of y, row stride stride_dy
@@ -82,6 +83,7 @@ def _add_layer_norm_bwd_kernel(
     rows_per_program,  # rows of this program: [pid * rows_per_program, (pid + 1) * rows_per_program)
     p, seed,      # dropout probability and Philox seed of the forward, used when DROPOUT
     HAS_DSUM: tl.constexpr, DROPOUT: tl.constexpr,
+    STORE_DR: tl.constexpr,  # dr differs from dx: dropout, or r has another dtype than x
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -110,8 +112,9 @@ def _add_layer_norm_bwd_kernel(
             ds += tl.load(dsum_ptr + rows64 * stride_dsum + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dw += tl.sum(dy * xhat, axis=0)
         db += tl.sum(dy, axis=0)
-        if DROPOUT:
+        if STORE_DR:
             tl.store(dr_ptr + rows64 * stride_dr + cols[None, :], ds.to(dr_ptr.dtype.element_ty), mask=mask)
+        if DROPOUT:
             keep = tl.rand(seed, rows[:, None] * N + cols[None, :]) >= p
             ds = tl.where(keep, ds / (1.0 - p), 0.0)
         tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -121,7 +124,7 @@ def _add_layer_norm_bwd_kernel(
 
 def _configs():
     return [triton.Config({"BLOCK_M": m}, num_warps=w)
-            for m in (16, 8, 4, 2, 1) for w in (2, 4, 8, 16)]
+            for m in (64, 16, 4, 1) for w in (4, 8)]  # few configs: each one compiles on the first call
 
 
 def _prune(max_elems):
@@ -139,7 +142,7 @@ def _prune(max_elems):
 
 _fwd = gpu_autotune(_add_layer_norm_fwd_kernel, _configs(), key=["N", "HAS_RESIDUAL", "STORE_SUM", "DROPOUT"],
                     prune=_prune(16384))
-_bwd = gpu_autotune(_add_layer_norm_bwd_kernel, _configs(), key=["N", "HAS_DSUM", "DROPOUT"],
+_bwd = gpu_autotune(_add_layer_norm_bwd_kernel, _configs(), key=["N", "HAS_DSUM", "DROPOUT", "STORE_DR"],
                     prune=_prune(8192))
 
 
@@ -154,17 +157,20 @@ def _check(x, residual, weight, bias) -> None:
         raise ValueError(f"add_layer_norm kernel takes float16/bfloat16/float32, got {x.dtype}")
     if n > MAX_N:
         raise ValueError(f"hidden size {n} exceeds {MAX_N}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"residual must be {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.shape != (n,):
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    for name, t in (("residual", residual), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
+        if t is not None and name != "residual" and t.shape != (n,):
             raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
 
 
 def add_layer_norm_fwd(x, residual, weight, bias, eps: float, store_sum: bool = False,
                        dropout_p: float = 0.0, seed: int = 0):
-    """Returns (y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s is None
-    unless store_sum), mean and rstd fp32 of shape (n_rows,). weight/bias None mean ones/zeros."""
+    """Returns (y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and the promoted dtype
+    of x and residual (s is None unless store_sum), mean and rstd fp32 of shape (n_rows,).
+    weight/bias None mean ones/zeros."""
     _check(x, residual, weight, bias)
     n = x.shape[-1]
     x2 = _as_2d(x, n)
@@ -172,7 +178,8 @@ def add_layer_norm_fwd(x, residual, weight, bias, eps: float, store_sum: bool = 
     r2 = _as_2d(residual, n) if residual is not None else x2
     w = weight.contiguous() if weight is not None else x.new_ones(n)
     b = bias.contiguous() if bias is not None else x.new_zeros(n)
-    y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
+    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y = torch.empty((n_rows, n), dtype=out_dtype, device=x.device)
     s = torch.empty_like(y) if store_sum else y
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
@@ -192,9 +199,11 @@ def _n_programs(n_rows: int, device: torch.device) -> int:
     return max(1, min(target, triton.cdiv(n_rows, 16)))
 
 
-def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 0.0, seed: int = 0):
+def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 0.0, seed: int = 0,
+                       x_dtype=None, residual_dtype=None):
     """Backward of add_layer_norm_fwd. s is the forward's dropout(x) + residual (x itself when there
-    was neither). Returns (dx, dresidual, dweight, dbias); dresidual is dx itself without dropout;
+    was neither). Returns (dx, dresidual, dweight, dbias): dx in x_dtype, dresidual in residual_dtype
+    (both default to s's dtype; dresidual is dx itself when they agree and there is no dropout);
     dweight/dbias are fp32 sums, cast by the caller."""
     n = s.shape[-1]
     if dy.shape != s.shape or dy.dtype != s.dtype:
@@ -205,8 +214,10 @@ def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 
     ds2 = _as_2d(dsum, n) if dsum is not None else dy2
     n_rows = s2.shape[0]
     w = weight.contiguous() if weight is not None else s.new_ones(n)
-    dx = torch.empty((n_rows, n), dtype=s.dtype, device=s.device)
-    dr = torch.empty_like(dx) if dropout_p > 0 else dx
+    x_dtype, residual_dtype = x_dtype or s.dtype, residual_dtype or s.dtype
+    dx = torch.empty((n_rows, n), dtype=x_dtype, device=s.device)
+    store_dr = dropout_p > 0 or residual_dtype != x_dtype
+    dr = torch.empty((n_rows, n), dtype=residual_dtype, device=s.device) if store_dr else dx
     if n_rows == 0:
         zeros = torch.zeros(n, dtype=torch.float32, device=s.device)
         return dx.view(s.shape), dr.view(s.shape), zeros, zeros.clone()
@@ -217,7 +228,7 @@ def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 
     db_partial = torch.empty_like(dw_partial)
     _bwd.launch((n_prog,), dx, dr, dw_partial, db_partial, dy2, ds2, s2, w, mean, rstd, n_rows, n,
                 dx.stride(0), dr.stride(0), dy2.stride(0), ds2.stride(0), s2.stride(0), rows_per_program,
-                dropout_p, seed, HAS_DSUM=dsum is not None, DROPOUT=dropout_p > 0,
+                dropout_p, seed, HAS_DSUM=dsum is not None, DROPOUT=dropout_p > 0, STORE_DR=store_dr,
                 BLOCK_N=triton.next_power_of_2(n))
     launch_count["add_layer_norm_bwd"] += 1
     return dx.view(s.shape), dr.view(s.shape), dw_partial.sum(0), db_partial.sum(0)

@@ -93,6 +93,20 @@ def test_return_sum_and_its_gradient(dtype):
         _close(g, e, dtype, name)
 
 
+def test_fp16_branch_on_fp32_residual_stream():
+    # autocast's case: an fp16 GEMM output added to an fp32 residual with fp32 LayerNorm parameters;
+    # the sum and the output are fp32 (torch's promotion), each gradient comes back in its input's dtype
+    x, _, _, _ = _inputs((41, 768), torch.float16, seed=12)
+    _, r, w, b = _inputs((41, 768), torch.float32, seed=13)
+    dy = torch.randn(41, 768)
+    got = _triton(x, r, w, b, 1e-12, dy)
+    ref = _fp64(x, r, w, b, 1e-12, dy)
+    assert [t.dtype for t in got[:1] + got[2:]] == [torch.float32, torch.float16] + [torch.float32] * 3
+    for name, g, e in zip(("y", "dx", "dresidual", "dweight", "dbias"), got[:1] + got[2:], ref[:1] + ref[2:]):
+        _close(g, e, torch.float16 if name == "dx" else torch.float32, name)
+    torch.testing.assert_close(got[0], ops.add_layer_norm(x, r, w, b, 1e-12, backend="torch"))
+
+
 def test_eps_reaches_the_kernel():
     x, r, w, b = _inputs((5, 384), torch.float32, seed=6)
     dy = torch.randn(5, 384)
@@ -158,13 +172,13 @@ def test_dropout_statistics_and_gradients(p):
 
 
 def test_torch_path_autograd_and_dropout():
-    x, r, w, b = (t.double() for t in _inputs((3, 4, 16), torch.float32, seed=11))
+    x, r, w, b = (t.double() for t in _inputs((2, 3, 8), torch.float32, seed=11))
     before = dict(kernel.launch_count)
     f = lambda *a: ops.add_layer_norm(*a, 1e-5, backend="torch")
     assert torch.autograd.gradcheck(f, tuple(_leaves(x, r, w, b)))
     y, s = ops.add_layer_norm(x, r, w, b, 1e-5, return_sum=True)  # auto on CPU = torch
     assert dict(kernel.launch_count) == before, "auto on CPU must not launch the kernel"
-    torch.testing.assert_close(y, F.layer_norm(x + r, (16,), w, b, 1e-5))
+    torch.testing.assert_close(y, F.layer_norm(x + r, (8,), w, b, 1e-5))
     torch.testing.assert_close(s, x + r)
     xs = torch.ones(200, 384)
     y = ops.add_layer_norm(xs, None, None, None, 1e-5, return_sum=True, dropout_p=0.5, seed=1)[1]
@@ -180,7 +194,8 @@ _w = torch.ones(8)
     ((_x, torch.zeros(4, 9), _w, _w), {}, r"residual shape \(4, 9\) != x shape \(4, 8\)"),
     ((_x, None, torch.ones(9), _w), {}, r"weight must have shape \(8,\), got \(9,\)"),
     ((_x, None, _w, torch.ones(2, 4)), {}, r"bias must have shape \(8,\), got \(2, 4\)"),
-    ((_x, _x.half(), _w, _w), {}, "float32 and torch.float16"),
+    ((_x, _x.long(), _w, _w), {}, "residual has dtype torch.int64"),
+    ((_x, None, _w.int(), _w), {}, "weight has dtype torch.int32"),
     ((_x.int(), None, None, None), {}, "int32"),
     ((_x, torch.zeros(4, 8, device="meta"), _w, _w), {}, "residual is on meta"),
     ((_x, None, _w, _w, 0.0), {}, "eps must be > 0, got 0.0"),

@@ -80,6 +80,19 @@ def test_non_contiguous_inputs_and_grads(layout):
     _close(dbias, db_ref, torch.float32, "dbias")
 
 
+def test_fp32_bias_on_fp16_activations():
+    # autocast's case: the GEMM output is fp16, the bias parameter stays fp32
+    torch.manual_seed(4)
+    x, bias, dy = torch.randn(33, 768).half(), torch.randn(768), torch.randn(33, 768).half()
+    y, dx, dbias = _run(x, bias, dy, "tanh")
+    assert (y.dtype, dx.dtype, dbias.dtype) == (torch.float16, torch.float16, torch.float32)
+    y_ref, dx_ref, db_ref = _fp64_grads(x, bias, dy, "tanh")
+    _close(y, y_ref, torch.float16, "y")
+    _close(dx, dx_ref, torch.float16, "dx")
+    _close(dbias, db_ref, torch.float32, "dbias")
+    torch.testing.assert_close(y, ops.bias_gelu(x, bias, approximate="tanh", backend="torch"), atol=1e-3, rtol=1e-3)
+
+
 def test_dbias_is_deterministic():
     torch.manual_seed(2)
     x, bias, dy = torch.randn(200, 384), torch.randn(384), torch.randn(200, 384)
@@ -105,7 +118,7 @@ def test_torch_path_autograd(approximate):
     ((torch.zeros(4, 8), torch.zeros(8)), {"approximate": "fast"}, "approximate.*'fast'"),
     ((torch.zeros(4, 8), torch.zeros(7)), {}, r"\(8,\).*\(4, 8\).*\(7,\)"),
     ((torch.zeros(4, 8), torch.zeros(1, 8)), {}, r"\(1, 8\)"),
-    ((torch.zeros(4, 8), torch.zeros(8, dtype=torch.float16)), {}, "float32 and torch.float16"),
+    ((torch.zeros(4, 8), torch.zeros(8, dtype=torch.int64)), {}, "bias has dtype torch.int64"),
     ((torch.zeros(4, 8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)), {}, "int32"),
     ((torch.zeros(4, 8), torch.zeros(8, device="meta")), {}, "cpu and meta"),
     ((torch.zeros(4, 8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)), {"backend": "triton"},

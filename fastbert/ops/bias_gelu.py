@@ -14,10 +14,9 @@ def _check(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
     if bias.dim() != 1 or x.dim() < 1 or bias.shape[0] != x.shape[-1]:
         raise ValueError(f"bias must have shape ({x.shape[-1] if x.dim() else '?'},) to match x's last dim; "
                          f"got x {tuple(x.shape)} and bias {tuple(bias.shape)}")
-    if x.dtype not in DTYPES:
-        raise ValueError(f"x has dtype {x.dtype}; expected one of {DTYPES}")
-    if x.dtype != bias.dtype:
-        raise ValueError(f"x and bias must share a dtype, got {x.dtype} and {bias.dtype}")
+    for name, t in (("x", x), ("bias", bias)):
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; expected one of {DTYPES}")
     if x.device != bias.device:
         raise ValueError(f"x and bias must be on one device, got {x.device} and {bias.device}")
 
@@ -49,9 +48,12 @@ class _BiasGelu(torch.autograd.Function):
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, approximate: str = "none",
               backend: str = "auto") -> torch.Tensor:
-    """gelu(x + bias) over x's last dim; exact erf GELU by default, "tanh" for gelu_new."""
+    """gelu(x + bias) over x's last dim; exact erf GELU by default, "tanh" for gelu_new.
+
+    The output has x's dtype; bias may be another float dtype (an fp32 bias on an fp16 GEMM output
+    under autocast), its gradient comes back in its own dtype; the math is fp32."""
     _check(x, bias, approximate)
-    if x.dtype == torch.float64:
+    if torch.float64 in (x.dtype, bias.dtype):
         if backend == "triton":
             raise ValueError("backend='triton' computes in fp32 and takes float16/bfloat16/float32, "
                              "got float64; use backend='torch'")
