@@ -133,6 +133,15 @@ def test_non_contiguous_inputs_and_grads(layout):
             _close(g, e, torch.float32, name)
 
 
+@pytest.mark.parametrize("n", [1, 64, 384, 1000, 3072, 8192])
+def test_gpu_config_prune_keeps_a_fitting_tile(n):
+    # the GPU autotuner only sees what the prune keeps: never nothing, never a tile over the cap
+    block_n = 1 << (n - 1).bit_length()
+    for cap, prune in ((16384, kernel._prune(16384)), (8192, kernel._prune(8192))):
+        kept = prune(kernel._configs(), {}, BLOCK_N=block_n)
+        assert kept and all(c.kwargs["BLOCK_M"] * block_n <= cap for c in kept)
+
+
 def test_weight_grads_are_deterministic():
     x, r, w, b = _inputs((300, 384), torch.float32, seed=8)
     dy = torch.randn(300, 384)
@@ -201,6 +210,7 @@ _w = torch.ones(8)
     ((_x, None, _w, _w, 0.0), {}, "eps must be > 0, got 0.0"),
     ((_x, None, _w, _w), {"dropout_p": 1.0}, r"dropout_p must be in \[0, 1\), got 1.0"),
     ((_x.double(), None, None, None), {"backend": "triton"}, "float64"),
+    ((_x, None, _w, _w), {"dropout_p": 0.1, "seed": -1}, r"seed must be in \[0, 2\*\*31\), got -1"),
     ((torch.zeros(4, 0), None, None, None), {}, "non-empty last dim"),
 ])
 def test_validation(args, kwargs, match):

@@ -86,6 +86,8 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
     counter-based generator keyed by `seed` (default: drawn from torch's CPU generator, so
     torch.manual_seed makes it reproducible). dropout_p = 0 is exact."""
     _check(x, residual, weight, bias, eps, dropout_p)
+    if seed is not None and not 0 <= seed < 2**31:
+        raise ValueError(f"seed must be in [0, 2**31), got {seed}")
     tensors = [t for t in (x, residual, weight, bias) if t is not None]
     if any(t.dtype == torch.float64 for t in tensors):
         if backend == "triton":
