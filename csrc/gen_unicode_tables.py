@@ -13,8 +13,8 @@ zero differences with tokenizers 0.23:
   point assigned after 8.0 (per the Unicode Age property, package `unicode-age`) has no category
   flag at all, even if it is punctuation today (e.g. U+2E56, U+061D). Six code points changed
   category after 8.0; their 8.0 category is listed in CATEGORY_IN_8_0 (from UnicodeData.txt 8.0).
-* Unassigned code points (Cn) are NOT removed by clean_text; Cc characters that are White_Space
-  (U+000B, U+000C, U+0085) become spaces rather than being removed.
+* Unassigned code points (Cn) are NOT removed by clean_text. Cc characters are removed even when
+  they are White_Space (U+000B, U+000C, U+0085); only TAB, LF and CR become spaces.
 * NFD decompositions (used only for strip_accents) are those of code points assigned by 8.0.
 * Lowercasing is Rust's `char::to_lowercase`, full mappings at Unicode 17.0: Python 3.11's
   `str.lower` (Unicode 14) for code points assigned by 14.0; for the code points Unicode 15-17
@@ -77,7 +77,7 @@ def main():
         f = 0
         if cat in ("Zs", "Zl", "Zp") or 9 <= cp <= 13 or cp == 0x85:
             f |= WS
-        elif cp == 0 or cp == 0xFFFD or (old(cp) and cat8(cp) in ("Cc", "Cf", "Co")):
+        if cp not in (9, 10, 13) and (cp == 0 or cp == 0xFFFD or (old(cp) and cat8(cp) in ("Cc", "Cf", "Co"))):
             f |= CONTROL
         if (33 <= cp < 127 and not ch.isalnum()) or (old(cp) and cat8(cp).startswith("P")):
             f |= PUNCT

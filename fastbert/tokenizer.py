@@ -120,7 +120,7 @@ class BertTokenizer:
                  padding_side: str = "right", truncation_side: str = "right",
                  clean_up_tokenization_spaces: bool = False, added_tokens: Iterable[dict] | None = None,
                  additional_special_tokens: Iterable | None = None, num_threads: int | None = None,
-                 name_or_path: str = "", **kwargs):
+                 clean_text: bool = True, name_or_path: str = "", **kwargs):
         if vocab is None:
             if vocab_file is None:
                 raise ValueError("BertTokenizer needs a vocab_file (vocab.txt) or a vocab")
@@ -134,6 +134,7 @@ class BertTokenizer:
             source = list(vocab)
         self.do_lower_case = bool(do_lower_case)
         self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        self.clean_text = bool(clean_text)
         self.strip_accents = strip_accents
         self.model_max_length = VERY_LARGE_INTEGER if model_max_length is None else int(model_max_length)
         if padding_side not in ("right", "left"):
@@ -166,7 +167,7 @@ class BertTokenizer:
         self._num_threads = self._resolve_threads(num_threads)
         resolved_strip = self.do_lower_case if strip_accents is None else bool(strip_accents)
         self._core = _C.Tokenizer(
-            source, self.do_lower_case, resolved_strip, self.tokenize_chinese_chars, True,
+            source, self.do_lower_case, resolved_strip, self.tokenize_chinese_chars, bool(clean_text),
             _token_str(unk_token) or "[UNK]", "##", 100,
             [(a["content"], bool(a.get("lstrip", False)), bool(a.get("rstrip", False)),
               bool(a.get("single_word", False))) for a in self._added])
