@@ -220,21 +220,42 @@ def first_difference(path: str, out, ref, texts) -> str:
 
 # ---- timing -------------------------------------------------------------------------------------------
 
-def time_call(fn, texts, before=None, min_repeats=3, min_seconds=1.0, max_repeats=20):
-    """Median seconds of ``fn(texts)`` after one warm-up call; returns (median, repeats, last output).
+def time_interleaved(calls, texts, min_repeats=3, min_seconds=1.0, max_repeats=20):
+    """Median seconds of each ``fn(texts)`` in ``calls`` ({name: (fn, before)}), timed in rounds that
+    take every tokenizer in turn, so that load from elsewhere on the machine falls on all of them alike.
 
-    ``before`` runs outside the timed region ahead of each call (cache clearing, thread settings)."""
-    if before:
-        before()
-    fn(texts)  # warm-up: page in, build lazy state
-    times, out = [], None
-    while len(times) < min_repeats or (sum(times) < min_seconds and len(times) < max_repeats):
-        if before:
-            before()
-        start = time.perf_counter()
-        out = fn(texts)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), len(times), out
+    Each gets one untimed warm-up call, then at least ``min_repeats`` timed calls, more (up to
+    ``max_repeats``) until its timed calls add up to ``min_seconds``. ``before`` runs outside the
+    timed region ahead of each call (cache clearing, thread settings). Returns {name: (median,
+    repeats, last output)} or {name: exception} for a tokenizer that raised."""
+    times = {name: [] for name in calls}
+    outs, failed = {}, {}
+    for name, (fn, before) in calls.items():
+        try:
+            if before:
+                before()
+            fn(texts)  # warm-up: page in, build lazy state
+        except Exception as exc:
+            failed[name] = exc
+
+    def wants_more(name):
+        t = times[name]
+        return name not in failed and (len(t) < min_repeats or (sum(t) < min_seconds and len(t) < max_repeats))
+
+    while any(wants_more(name) for name in calls):
+        for name, (fn, before) in calls.items():
+            if not wants_more(name):
+                continue
+            try:
+                if before:
+                    before()
+                start = time.perf_counter()
+                outs[name] = fn(texts)
+                times[name].append(time.perf_counter() - start)
+            except Exception as exc:
+                failed[name] = exc
+    return {name: failed[name] if name in failed else
+            (statistics.median(times[name]), len(times[name]), outs[name]) for name in calls}
 
 
 def _resolve_threads(threads) -> list[int]:
@@ -258,57 +279,59 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
         if english is not None:
             texts["english"] = corpus.take(list(english), _text_bytes(quick, smoke))
     reps = dict(min_repeats=1, min_seconds=0.0, max_repeats=1) if smoke else \
-        dict(min_repeats=3, min_seconds=0.5, max_repeats=5) if quick else \
-        dict(min_repeats=5, min_seconds=2.0, max_repeats=20)
+        dict(min_repeats=3, min_seconds=0.5, max_repeats=7) if quick else \
+        dict(min_repeats=5, min_seconds=2.0, max_repeats=25)
     cores = os.cpu_count() or 1
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     common = {"device": device(), "versions": versions(), "timestamp": stamp}
     rows: list[dict] = []
     for text_name, docs in texts.items():
         nbytes = corpus.total_bytes(docs)
-        reference = {}
         say(f"{text_name}: reference output ({REFERENCE})")
         ref_peer = TransformersPeer(model_dir, 1)
         ref_peer.before_repeat()
-        for path in PATHS:
-            reference[path] = getattr(ref_peer, PATHS[path])(docs)
+        reference = {path: getattr(ref_peer, method)(docs) for path, method in PATHS.items()}
         for n_threads in _resolve_threads(threads):
+            base = {"text": text_name, "threads": n_threads, "bytes": nbytes, "docs": len(docs), **common}
+            built = {}
             for peer_cls in peers:
-                base = {"name": peer_cls.name, "text": text_name, "threads": n_threads,
-                        "bytes": nbytes, "docs": len(docs), **common}
                 if peer_cls is not FastbertPeer and n_threads not in (1, cores):
                     continue  # rayon pools are sized once per process: 1 thread or all cores only
                 try:
-                    peer = peer_cls(model_dir, n_threads)
+                    built[peer_cls.name] = peer_cls(model_dir, n_threads)
                 except Exception as exc:  # an unavailable peer is a row with a note, not a crash
-                    for path in PATHS:
-                        rows.append({**base, "path": path, "MB/s": None, "tokens/s": None,
-                                     "ids_match": None, "error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                for path in PATHS:
-                    say(f"{text_name}: {peer_cls.name}, {path}, {n_threads} thread(s)")
+                    rows.extend({**base, "name": peer_cls.name, "path": path, "MB/s": None, "tokens/s": None,
+                                 "ids_match": None, "error": f"{type(exc).__name__}: {exc}"} for path in PATHS)
+            for path, method in PATHS.items():
+                say(f"{text_name}: {path}, {n_threads} thread(s): {', '.join(built)}")
 
-                    def before(peer=peer):
+                def before_for(peer):
+                    def before():
                         peer.before_repeat()
                         if not warm_cache:
                             peer.clear_cache()
+                    return before
 
-                    row = {**base, "path": path}
-                    try:
-                        seconds, repeats, out = time_call(getattr(peer, PATHS[path]), docs, before, **reps)
-                    except Exception as exc:
+                calls = {name: (getattr(peer, method), before_for(peer)) for name, peer in built.items()}
+                for name, result in time_interleaved(calls, docs, **reps).items():
+                    row = {**base, "name": name, "path": path}
+                    if isinstance(result, Exception):
                         rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
-                                     "error": f"{type(exc).__name__}: {exc}"})
+                                     "error": f"{type(result).__name__}: {result}"})
                         continue
+                    seconds, repeats, out = result
                     match = same_output(path, out, reference[path])
-                    row.update({"MB/s": nbytes / seconds / 1e6,
-                                "tokens/s": count_tokens(path, out) / seconds,
+                    row.update({"MB/s": nbytes / seconds / 1e6, "tokens/s": count_tokens(path, out) / seconds,
                                 "ids_match": match, "seconds": seconds, "repeats": repeats,
                                 "tokens": count_tokens(path, out)})
                     if not match:
                         row["error"] = "output differs from BertTokenizerFast: " + \
                             first_difference(path, out, reference[path], docs)
                     rows.append(row)
+    order = {cls.name: i for i, cls in enumerate(peers)}
+    texts_order = {name: i for i, name in enumerate(texts)}
+    rows.sort(key=lambda r: (texts_order[r["text"]], r["threads"], order.get(r["name"], 99),
+                             list(PATHS).index(r["path"])))
     add_ratios(rows)
     return rows
 
