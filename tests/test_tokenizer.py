@@ -384,6 +384,8 @@ def test_encode_decode(toks):
         assert fb.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
         assert fb.encode(text, "pair", truncation=True, max_length=8) == \
             hf.encode(text, "pair", truncation=True, max_length=8)
+        assert_same_value(fb.encode(text, return_tensors="pt"), hf.encode(text, return_tensors="pt"), repr(text))
+        assert fb.tokenize(text, add_special_tokens=True) == hf.tokenize(text, add_special_tokens=True)
         for kwargs in ({}, dict(skip_special_tokens=True), dict(clean_up_tokenization_spaces=True)):
             assert fb.decode(ids, **kwargs) == hf.decode(ids, **kwargs), (text, kwargs)
         assert fb.decode(np.array(ids)) == hf.decode(np.array(ids))
