@@ -23,9 +23,10 @@ from fastbert.kernels._autotune import gpu_autotune
 # kernel launches by name, so tests can prove the Triton path really ran
 launch_count = collections.Counter()
 
-_SQRT1_2 = 0.7071067811865476      # 1 / sqrt(2)
-_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi)
-_SQRT_2_OVER_PI = 0.7978845608028654
+# compiled kernels may read globals only when they are tl.constexpr (the interpreter is laxer)
+_SQRT1_2 = tl.constexpr(0.7071067811865476)       # 1 / sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
 
 
 @triton.jit
