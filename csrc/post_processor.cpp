@@ -1,6 +1,7 @@
 #include "post_processor.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 namespace fastbert {
@@ -74,8 +75,9 @@ void post_process(const Encoded& a, const Encoded* b, const PostConfig& cfg, int
         size_t max_len = cfg.max_length;
         const size_t added = cfg.add_special_tokens ? num_special_tokens(b != nullptr) : 0;
         if (added) {
-            if (max_len < added) throw TruncationError("max_length is smaller than the number of special tokens");
-            max_len -= added;
+            // tokenizers computes max_length - added in usize: below zero wraps to "no limit"
+            if (max_len < added) max_len = SIZE_MAX;
+            else max_len -= added;
         }
         const size_t total = na + nb;
         if (max_len == 0) {

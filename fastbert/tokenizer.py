@@ -86,6 +86,10 @@ def _as_tensor(key, value, kind):
         raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {kind!r}")
     if not isinstance(value, np.ndarray):
         if value and isinstance(value[0], list) and len({len(r) for r in value}) > 1:
+            if kind == "np":  # HF: an object array of int64 rows
+                rows = np.empty(len(value), dtype=object)
+                rows[:] = [np.asarray(r, dtype=np.int64) for r in value]
+                return rows
             raise ValueError(
                 "Unable to create tensor, you should probably activate truncation and/or padding with "
                 "'padding=True' 'truncation=True' to have batched tensors with the same length. "
@@ -101,8 +105,11 @@ def _as_tensor(key, value, kind):
 def _read_json(path):
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot parse {path}: {e}") from e
 
 
 class BertTokenizer:
@@ -489,14 +496,13 @@ class BertTokenizer:
             raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {kind!r}")
         has_pair = pairs is not None
         if trunc != "do_not_truncate":
-            n_special = self.num_special_tokens_to_add(has_pair) if add_special_tokens else 0
-            if max_length < n_special:
-                raise ValueError(f"max_length={max_length} is smaller than the {n_special} special tokens added "
-                                 "to each sequence")
-            if stride >= max_length - n_special:
+            # tokenizers' own check, made with the single-sequence special count whatever the input;
+            # a max_length below that count wraps around in Rust and means "no truncation"
+            effective = max_length - self.num_special_tokens_to_add(False)
+            if effective >= 0 and stride > effective:
                 raise ValueError(f"tokenizer stride set to {stride}, which is greater than or equal to its "
-                                 f"effective max length of {max_length - n_special} (= {max_length} original max "
-                                 f"length - {n_special} added special tokens), ")
+                                 f"effective max length of {effective} (= {max_length} original max length - "
+                                 f"{self.num_special_tokens_to_add(False)} added special tokens), ")
             if trunc == "only_second" and not has_pair:
                 raise ValueError("Truncation error: Second sequence not provided")
         want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
