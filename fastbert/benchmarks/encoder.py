@@ -32,10 +32,10 @@ def _best_time(fn, repeats: int, times: list) -> None:
 
 
 def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: str = "float32",
-        repeats: int | None = None, progress=None) -> list[dict]:
+        repeats: int | None = None, progress=None, lines: int | None = None) -> list[dict]:
     import fastbert
 
-    n = QUICK_LINES if quick else FULL_LINES
+    n = lines or (QUICK_LINES if quick else FULL_LINES)  # lines: a smaller workload (CLI smoke tests)
     if texts is None or len(texts) < n:
         texts = english_lines(n)
     texts = list(texts[:n])
