@@ -16,7 +16,8 @@
    outputs compared, tokens/s (real tokens) for inference and for a forward+backward step.
 
 Units (the same byte / FLOP count for fastbert and its peers, so ratios are time ratios):
-  attention TFLOP/s = 4 * B * H * S^2 * D / time; "useful" counts real tokens only, 4 * H * D * sum(len^2);
+  attention TFLOP/s = 4 * B * H * S^2 * D / time; "useful" TFLOP/s counts real tokens only,
+      4 * H * D * sum(len^2) / time;
       forward+backward counts 3.5x the forward (the backward runs 5 matmuls to the forward's 2).
   GELU GB/s = bytes read + written / time: forward x in, y out; backward dy and x in, dx out.
   LayerNorm GB/s: forward x and r in, y out (plus the saved sum when training); backward dy and the
@@ -216,10 +217,11 @@ def check_layer_norm(plan, x, r, w, b):
 
 # ---------------------------------------------------------------------------------------- rows
 def row(section, impl, case, passname, ms=None, value=None, unit="", peak=None, check="", note="",
-        fastbert=False, group=""):
+        fastbert=False, group="", useful=None):
+    """One result. value: throughput in unit; useful: attention TFLOP/s on real tokens only."""
     return {"section": section, "impl": impl, "case": case, "pass": passname, "ms": ms, "value": value,
-            "unit": unit, "peak_fraction": peak, "check": check, "note": note, "fastbert": fastbert,
-            "group": group, "vs_best_torch": None}
+            "unit": unit, "useful": useful, "peak_fraction": peak, "check": check, "note": note,
+            "fastbert": fastbert, "group": group, "vs_best_torch": None}
 
 
 def measure_peaks(plan, bench):
@@ -298,8 +300,8 @@ def bench_attention(plan, bench, peak_tflops, dtype, seq, hidden, heads, gen):
                 continue
             tf = flops * factor / (ms * 1e-3) / 1e12
             rows.append(row("Attention", impl, case, passname, ms, tf, "TFLOP/s", tf / peak_tflops,
-                            check=check, fastbert=mine, group=case + passname,
-                            note=f"useful {useful * factor / (ms * 1e-3) / 1e12:.1f} TFLOP/s; {note}"))
+                            check=check, fastbert=mine, group=case + passname, note=note,
+                            useful=useful * factor / (ms * 1e-3) / 1e12))
     return rows
 
 
@@ -459,11 +461,12 @@ def fmt_value(v):
 
 
 def table(rows, env) -> str:
-    head = ("section", "impl", "case", "pass", "ms", "throughput", "of peak", "vs best torch", "check")
+    head = ("section", "impl", "case", "pass", "ms", "throughput", "useful", "of peak", "vs best torch", "check")
     lines = []
     for r in rows:
         thr = f"{fmt_value(r['value'])} {r['unit']}" if r["value"] is not None else r["note"][:40]
         lines.append((r["section"], r["impl"], r["case"], r["pass"], fmt(r["ms"], ".4f"), thr,
+                      "" if r["useful"] is None else fmt_value(r["useful"]),
                       fmt(r["peak_fraction"] and 100 * r["peak_fraction"], ".0f") + ("%" if r["peak_fraction"] else ""),
                       fmt(r["vs_best_torch"], ".2f") + ("x" if r["vs_best_torch"] else ""), r["check"]))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
