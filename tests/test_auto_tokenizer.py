@@ -29,7 +29,7 @@ def test_vocab_txt_only_dir(tmp_path):
     assert tokenizer_kind(tmp_path) == "wordpiece"
     tok = fastbert.AutoTokenizer.from_pretrained(tmp_path)
     assert isinstance(tok, fastbert.BertTokenizer)
-    hf = transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    hf = transformers.BertTokenizerFast.from_pretrained(MODEL_DIR)  # same vocab, lowercasing default
     assert _ids(tok, TEXTS) == _ids(hf, TEXTS)
 
 
