@@ -8,7 +8,11 @@ cosine >= 0.99999 with sentence-transformers' (fp32; 0.999 in fp16/bf16).
 """
 from __future__ import annotations
 
+import datetime as _dt
+import os
+import platform
 import time
+from importlib import metadata
 
 import torch
 
@@ -22,6 +26,28 @@ def english_lines(n: int = FULL_LINES) -> list[str]:
 
     lines = [line for key in sorted(topics) for line in topics[key].splitlines() if line.strip()]
     return lines[:n]
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(0)}"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu: {model} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for dist in ("fastbert", "torch", "transformers", "sentence-transformers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
 def _best_time(fn, repeats: int, times: list) -> None:
@@ -52,6 +78,8 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
         SentenceTransformer = None
     rows = []
     fb_times, st_times = [], []
+    stamp = {"device": device_name(device), "versions": versions(),
+             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
     def fb_encode():
         return encoder.encode(texts, batch_size=BATCH_SIZE, convert_to_tensor=True)
@@ -61,7 +89,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
         _best_time(fb_encode, repeats, fb_times)
         best = min(fb_times)
         return [{"name": "fastbert Encoder.encode", "case": case, "lines/s": len(texts) / best,
-                 "seconds": best, "ok": None, "note": "sentence-transformers not installed"}]
+                 "seconds": best, "ok": None, "note": "sentence-transformers not installed", **stamp}]
 
     say("loading sentence-transformers")
     st = SentenceTransformer(str(model_dir), device=device)
@@ -82,9 +110,9 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
         _best_time(fb_encode, 1, fb_times)
     st_best, fb_best = min(st_times), min(fb_times)
     rows.append({"name": "sentence-transformers encode", "case": case, "lines/s": len(texts) / st_best,
-                 "seconds": st_best, "all_seconds": st_times, "ok": None})
+                 "seconds": st_best, "all_seconds": st_times, "ok": None, **stamp})
     rows.append({"name": "fastbert Encoder.encode", "case": case, "lines/s": len(texts) / fb_best,
                  "seconds": fb_best, "all_seconds": fb_times, "speedup": st_best / fb_best,
                  "min_cosine": min_cos, "ok": min_cos >= threshold,
-                 "note": f"{st_best / fb_best:.2f}x sentence-transformers, min cosine {min_cos:.6f}"})
+                 "note": f"{st_best / fb_best:.2f}x sentence-transformers, min cosine {min_cos:.6f}", **stamp})
     return rows
