@@ -3,6 +3,9 @@
 Tolerance (flash-attention's rule): the kernel's error against an fp64 reference is at most twice the
 error of plain torch computing in the same dtype, plus a small absolute floor."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -357,6 +360,40 @@ def test_autotune_key_uses_bucketed_length():
         assert "SEQ_BUCKET" in tuned.keys and "max_seqlen" not in tuned.keys
         if not GPU:
             assert len(tuned.configs) == 1, "the interpreter cannot autotune over several configs"
+
+
+_COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import fastbert.kernels.attention as K
+flags = dict(HEAD_DIM=80, BLOCK_D=128, IS_VARLEN=True, BLOCK_M=64)
+tuned = dict(flags, DOT_PRECISION="tf32", HAS_MASK=True, HAS_DROPOUT=True, BLOCK_N=64)
+for kern, const in ((K._attention_fwd_kernel, tuned), (K._attention_bwd_preprocess_kernel, flags),
+                    (K._attention_bwd_dkdv_kernel, tuned), (K._attention_bwd_dq_kernel, tuned)):
+    fn = kern.fn if isinstance(kern, triton.runtime.Autotuner) else kern
+    sig = {n: "constexpr" if n in const else "*fp32" if n in ("lse_ptr", "delta_ptr") else "*i8"
+           if n == "mask_ptr" else "*i32" if n == "cu_ptr" else "*fp16" if n.endswith("_ptr")
+           else "fp32" if n in ("sm_scale", "dropout_p") else "i32" for n in fn.arg_names}
+    binary = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+    assert binary.asm["cubin"], fn.__name__
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_hopper(tmp_path):
+    """The interpreter is lenient; compile every kernel (fp16, all flags) to an sm_90 cubin."""
+    if GPU:
+        pytest.skip("on a GPU the other tests compile and run the kernels")
+    backends = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(backends, "ptxas")):
+        pytest.skip("this triton build has no bundled ptxas to compile for CUDA")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
 
 
 def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
