@@ -216,6 +216,16 @@ def test_fully_padded_sequence_is_zero_on_both_backends():
             assert torch.isfinite(g).all() and torch.all(g[1] == 0), backend
 
 
+def test_varlen_with_no_tokens():
+    q = torch.zeros(0, 2, 16, device=DEVICE, requires_grad=True)
+    cu = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    for backend in ("triton", "torch"):
+        q.grad = None
+        out = varlen_attention(q, q, q, cu, 4, backend=backend)
+        out.sum().backward()
+        assert out.shape == (0, 2, 16) and q.grad.shape == (0, 2, 16), backend
+
+
 # ------------------------------------------------------------------------------------------------
 # the torch references: autograd (the models' CPU path) and an independent per-sequence oracle
 
@@ -423,10 +433,13 @@ def _bad_calls():
         (lambda: varlen_attention(*p3, torch.tensor([0, 2, 9], dtype=torch.int32), 7), "total_tokens=10"),
         (lambda: varlen_attention(*p3, torch.tensor([0, 2, 10], dtype=torch.int32), 5), "max_seqlen=5"),
         (lambda: varlen_attention(q, k, v, cu, 3), "3-D"),
+        (lambda: attention(q, k.to("meta"), v), "devices differ"),
+        (lambda: attention(q, k, v, torch.ones(2, 5, device="meta")), "attention_mask is on meta"),
+        (lambda: varlen_attention(*p3, cu.to("meta"), 3), "cu_seqlens is on meta"),
     ]
 
 
-@pytest.mark.parametrize("case", range(14))
+@pytest.mark.parametrize("case", range(17))
 def test_validation_names_the_problem(case):
     call, message = _bad_calls()[case]
     with pytest.raises(ValueError, match=message):

@@ -136,10 +136,10 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
     # tokens); they are masked as keys and dropped as queries, so they add nothing to the gradients.
     src = torch.where(mask, starts[:, None] + pos[None, :], 0).flatten()
     compute = _compute_dtype(q.dtype)
+    if q.shape[0] == 0:
+        return q * 0 + k * 0 + v * 0                                 # empty, but still in the graph
 
     def pad(t):
-        if t.shape[0] == 0:
-            return t.new_zeros((batch, t.shape[1], max_seqlen, t.shape[2]), dtype=compute)
         # index_select, not t[src]: advanced indexing is many times slower on CPU
         return t.index_select(0, src).to(compute).view(batch, max_seqlen, *t.shape[1:]).transpose(1, 2)
 
