@@ -337,6 +337,18 @@ def test_hypothesis_truncation_options(vocab_dir, kwargs, n_pairs, start):
     check_call(fb, hf, first, second, **kwargs, **ALL_FIELDS)
 
 
+@pytest.mark.parametrize("sides", [dict(truncation_side="left"), dict(padding_side="left"),
+                                   dict(truncation_side="left", padding_side="left")],
+                         ids=["trunc_left", "pad_left", "both_left"])
+def test_sides_from_pretrained(vocab_dir, sides):
+    """truncation_side / padding_side given at load time apply to every call, windows included."""
+    fb, hf = pair(vocab_dir, **sides)
+    assert (fb.truncation_side, fb.padding_side) == (hf.truncation_side, hf.padding_side)
+    for kwargs in PAD_TRUNC:
+        check_call(fb, hf, SHAPE_TEXTS, **kwargs, **ALL_FIELDS)
+        check_call(fb, hf, SHAPE_TEXTS, SHORT_TEXTS, **kwargs, **ALL_FIELDS)
+
+
 def test_empty_pair_is_no_pair(toks):
     """BertTokenizerFast treats text_pair="" on a single string as no pair at all."""
     fb, hf = toks
