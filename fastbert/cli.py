@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--pooling", choices=POOLINGS, default=None,
                         help="default: the checkpoint's sentence-transformers pooling")
     encode.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    # errors are reported with the subcommand's own usage line
+    bench.set_defaults(handler=cmd_bench, parser=bench)
+    encode.set_defaults(handler=cmd_encode, parser=encode)
     return parser
 
 
@@ -123,7 +126,7 @@ def cmd_bench(parser, args) -> int:
         console.print(table)
     console.print()
     for line in report.notes_for(results, json_path, png_path):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     failed = [r for r in results if r.failed]
     if failed:
         console.print(f"[bold red]{len(failed)} output check(s) failed: see the rows marked FAIL/ERROR.[/]")
@@ -184,10 +187,8 @@ def cmd_encode(parser, args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler = {"bench": cmd_bench, "encode": cmd_encode}[args.command]
-    return handler(parser, args)
+    args = build_parser().parse_args(argv)
+    return args.handler(args.parser, args)
 
 
 if __name__ == "__main__":

