@@ -1,0 +1,203 @@
+"""Training parity with transformers: loss, gradients and AdamW steps for every family and head.
+
+Each case builds a small random transformers model, saves it with save_pretrained, loads it with
+both libraries (fp32, dropout 0 unless a test says otherwise) and trains both on the same padded
+batches. Gradients are compared per parameter, by name: |g_fast - g_hf| / |g_hf| <= 1e-3 (2-norms).
+
+Question answering is compared with a loss that ignores padded positions: transformers' built-in QA
+loss also scores the logits of padding positions, which fastbert does not compute (it never runs the
+encoder on padding); the built-in losses agree on an unpadded batch, checked here too."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers as T
+from torch.overrides import TorchFunctionMode
+
+import fastbert
+
+GRAD_RTOL = 1e-3
+GRAD_FLOOR = 1e-3  # x the global gradient norm; see assert_grads_match
+LOSS_RTOL = 1e-5
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+             max_position_embeddings=64)
+ROBERTA = dict(SMALL, pad_token_id=1, max_position_embeddings=66)
+FAMILIES = {  # name -> (config class, kwargs with dropout 0, class-name prefix)
+    "bert": (T.BertConfig, dict(SMALL, **NO_DROPOUT), "Bert"),
+    "roberta": (T.RobertaConfig, dict(ROBERTA, type_vocab_size=1, **NO_DROPOUT), "Roberta"),
+    "xlm-roberta": (T.XLMRobertaConfig, dict(ROBERTA, hidden_act="gelu_new", **NO_DROPOUT), "XLMRoberta"),
+    "camembert": (T.CamembertConfig, dict(ROBERTA, hidden_act="relu", **NO_DROPOUT), "Camembert"),
+    "electra": (T.ElectraConfig, dict(SMALL, embedding_size=16, hidden_size=48, hidden_act="gelu_pytorch_tanh",
+                                      summary_last_dropout=0.0, **NO_DROPOUT), "Electra"),
+    "distilbert": (T.DistilBertConfig, dict(vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                            max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                                            qa_dropout=0.0, seq_classif_dropout=0.0), "DistilBert"),
+    "albert": (T.AlbertConfig, dict(SMALL, embedding_size=16, num_hidden_layers=3, num_hidden_groups=2,
+                                    inner_group_num=2, classifier_dropout_prob=0.0, **NO_DROPOUT), "Albert"),
+}
+# head -> config overrides; the sequence classification problem types are separate cases
+HEADS = {
+    "ForMaskedLM": {},
+    "ForSequenceClassification": dict(num_labels=3),
+    "ForSequenceClassification-regression": dict(num_labels=1),
+    "ForSequenceClassification-multi_label": dict(num_labels=3, problem_type="multi_label_classification"),
+    "ForTokenClassification": dict(num_labels=5),
+    "ForQuestionAnswering": dict(num_labels=2),
+    "ForMultipleChoice": {},
+}
+
+
+def save_checkpoint(family, head, path, **extra):
+    """A random transformers model with non-trivial biases and norms, saved with save_pretrained."""
+    cls, kwargs, prefix = FAMILIES[family]
+    config = cls(**{**kwargs, **HEADS[head], **extra})
+    torch.manual_seed(0)
+    model = getattr(T, prefix + head.split("-")[0])(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path)
+
+
+def load_both(family, head, path):
+    task = head.split("-")[0]
+    hf = getattr(T, FAMILIES[family][2] + task).from_pretrained(path, attn_implementation="eager")
+    fast = getattr(fastbert, "AutoModel" + task).from_pretrained(path)
+    assert type(fast).__name__ == FAMILIES[family][2] + task
+    return hf.train(), fast.train()
+
+
+def make_batch(config, head, seed, batch=4, seq=12, choices=2, padded=True):
+    """Random ids and labels; rows of random length, one full row and one of 2 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lead = (batch, choices) if head == "ForMultipleChoice" else (batch,)
+    pad = config.pad_token_id
+    ids = torch.randint(pad + 2, config.vocab_size, (*lead, seq), generator=g)
+    lengths = torch.randint(3, seq + 1, lead, generator=g) if padded else torch.full(lead, seq)
+    if padded:
+        lengths.view(-1)[0], lengths.view(-1)[1] = seq, 2
+    mask = (torch.arange(seq) < lengths[..., None]).long()
+    inputs = {"input_ids": ids.masked_fill(mask == 0, pad), "attention_mask": mask}
+    if getattr(config, "type_vocab_size", 1) > 1:
+        inputs["token_type_ids"] = (torch.arange(seq) >= seq // 2).long().expand_as(ids) * mask
+    n = config.num_labels
+    if head == "ForMaskedLM" or head == "ForTokenClassification":
+        labels = torch.randint(0, config.vocab_size if head == "ForMaskedLM" else n, ids.shape, generator=g)
+        labels[mask == 0] = -100
+        labels[:, 1] = -100
+        inputs["labels"] = labels
+    elif head == "ForSequenceClassification":
+        inputs["labels"] = torch.randint(0, n, (batch,), generator=g)
+    elif head.endswith("regression"):
+        inputs["labels"] = torch.randn(batch, generator=g)
+    elif head.endswith("multi_label"):
+        inputs["labels"] = torch.randint(0, 2, (batch, n), generator=g).float()
+    elif head == "ForQuestionAnswering":
+        start = (torch.rand(batch, generator=g) * lengths).long()
+        inputs["start_positions"] = start
+        inputs["end_positions"] = torch.minimum(start + 1, lengths - 1)
+    elif head == "ForMultipleChoice":
+        inputs["labels"] = torch.randint(0, choices, (batch,), generator=g)
+    return inputs
+
+
+def masked_qa_loss(out, inputs):
+    """transformers' QA loss with padded positions left out of the softmax."""
+    pad = inputs["attention_mask"] == 0
+    start = out.start_logits.masked_fill(pad, -1e4)
+    end = out.end_logits.masked_fill(pad, -1e4)
+    return (F.cross_entropy(start, inputs["start_positions"]) + F.cross_entropy(end, inputs["end_positions"])) / 2
+
+
+def training_loss(model, head, inputs):
+    if head != "ForQuestionAnswering":
+        return model(**inputs).loss
+    plain = {k: v for k, v in inputs.items() if not k.endswith("_positions")}
+    return masked_qa_loss(model(**plain), inputs)
+
+
+def assert_grads_match(hf, fast, rtol=GRAD_RTOL):
+    """Every trainable parameter, by name (tied ones under each name): 2-norm error <= rtol times
+    max(|g_hf|, GRAD_FLOOR * global norm). The floor is for gradients that are 0 in exact arithmetic
+    (key biases and the multiple-choice/QA output biases cancel under softmax) and are float32 noise."""
+    ref = {n: p.grad for n, p in hf.named_parameters(remove_duplicate=False) if p.requires_grad}
+    got = {n: p.grad for n, p in fast.named_parameters(remove_duplicate=False) if p.requires_grad}
+    assert sorted(ref) == sorted(got), set(ref) ^ set(got)
+    missing = [n for n in ref if ref[n] is None or got[n] is None]
+    assert not missing, f"no gradient for {missing}"
+    floor = GRAD_FLOOR * torch.stack([g.norm() for g in ref.values()]).norm().item()
+    worst = []
+    for name, g_ref in ref.items():
+        assert torch.isfinite(got[name]).all(), f"{name}: non-finite gradient"
+        scale = g_ref.norm().item()
+        worst.append(((got[name] - g_ref).norm().item() / max(scale, floor), name, scale))
+    bad = [w for w in worst if w[0] > rtol]
+    assert not bad, "gradients differ (rel err, name, |g_hf|): " + ", ".join(f"{e:.2e} {n} {s:.1e}"
+                                                                              for e, n, s in sorted(bad)[-5:])
+    return max(worst)
+
+
+def assert_close(a, b, rtol=LOSS_RTOL, what="loss"):
+    a, b = float(a.detach() if torch.is_tensor(a) else a), float(b.detach() if torch.is_tensor(b) else b)
+    assert math.isfinite(a) and math.isfinite(b), (what, a, b)
+    assert abs(a - b) <= rtol * max(abs(a), 1.0), f"{what}: transformers {a:.8f}, fastbert {b:.8f}"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: one intra-op thread is fastest, and avoids spinning on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+CASES = [(f, h) for f in FAMILIES for h in HEADS]
+
+
+@pytest.mark.parametrize("family,head", CASES)
+def test_loss_gradients_and_adamw_steps_match_transformers(family, head, tmp_path):
+    save_checkpoint(family, head, tmp_path)
+    hf, fast = load_both(family, head, tmp_path)
+    config = hf.config
+
+    # one step: the same loss and gradients, with padding
+    inputs = make_batch(config, head, seed=0)
+    losses = [training_loss(m, head, inputs) for m in (hf, fast)]
+    assert_close(*losses)
+    for loss in losses:
+        loss.backward()
+    assert_grads_match(hf, fast)
+
+    # AdamW: the same loss at every step, on a new padded batch each step
+    opts = [torch.optim.AdamW(m.parameters(), lr=5e-5, weight_decay=0.01) for m in (hf, fast)]
+    history = []
+    for step in range(5):
+        inputs = make_batch(config, head, seed=1 + step % 2)
+        step_losses = []
+        for model, opt in zip((hf, fast), opts):
+            opt.zero_grad()
+            loss = training_loss(model, head, inputs)
+            loss.backward()
+            opt.step()
+            step_losses.append(loss.item())
+        assert_close(*step_losses, what=f"loss at step {step}")
+        history.append(step_losses[1])
+    assert history[2] < history[0] and history[4] < history[2], f"training did not lower the loss: {history}"
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra", "distilbert", "albert"])
+def test_builtin_question_answering_loss_without_padding(family, tmp_path):
+    head = "ForQuestionAnswering"
+    save_checkpoint(family, head, tmp_path)
+    hf, fast = load_both(family, head, tmp_path)
+    inputs = make_batch(hf.config, head, seed=3, padded=False)
+    inputs["end_positions"][2] = 40   # out of range: clamped and ignored, as transformers does
+    losses = [m(**inputs).loss for m in (hf, fast)]
+    assert_close(*losses)
+    for loss in losses:
+        loss.backward()
+    assert_grads_match(hf, fast)
