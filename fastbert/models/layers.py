@@ -10,6 +10,12 @@ step or load_state_dict); with autograd it is a plain torch.cat so gradients rea
 
 `output_attentions=True`, and attention dropout in training, use an unfused padded attention
 (softmax probabilities materialised); everything else uses fastbert.ops.varlen_attention.
+
+CPU inference (fp32, no autograd): the GEMMs run as oneDNN linear (torch.ops.mkldnn._linear_pointwise,
+the op torch.compile's CPU backend emits), which on a 2-core x86 box is 1.2-1.7x faster than
+F.linear for these shapes, and FFN1's bias+GELU (or ReLU) runs in that GEMM's epilogue instead of
+as a separate pass (fastbert.ops.bias_gelu's torch path would read and write the 4x-wide
+activation twice). Everywhere else (CUDA, autograd, other dtypes) it is F.linear + fastbert.ops.
 """
 import math
 from typing import Optional, Tuple
@@ -20,6 +26,34 @@ from torch import nn
 
 from fastbert import ops
 from fastbert.padding import Packing
+
+
+_ONEDNN = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+_EPILOGUE = {"none": ("gelu", "none"), "tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+
+
+def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """oneDNN linear for CPU fp32 inference (no tensor needs a gradient)."""
+    return (_ONEDNN is not None and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+            and x.dim() == 2 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    if use_onednn(x, weight):
+        return _ONEDNN(x.contiguous(), weight, bias, "none", [None], "")
+    return F.linear(x, weight, bias)
+
+
+def ffn_in(x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
+    """act(x W^T + b): one oneDNN GEMM with the activation in its epilogue, or F.linear + fused op."""
+    if use_onednn(x, layer.weight):
+        attr, algorithm = _EPILOGUE[activation]
+        return _ONEDNN(x.contiguous(), layer.weight, layer.bias, attr, [None] if attr == "gelu" else [],
+                       algorithm)
+    h = F.linear(x, layer.weight)                                # (tokens, intermediate), bias fused below
+    if activation == "relu":
+        return torch.relu(h + layer.bias)
+    return ops.bias_gelu(h, layer.bias, approximate=activation)
 
 
 def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +129,7 @@ class FastLayer(nn.Module):
         p = self.parts()
         tokens, hidden = x.shape
         weight, bias = fused_qkv(p.query, p.key, p.value, self._qkv_cache)
-        qkv = F.linear(x, weight, bias).view(tokens, 3, self.num_heads, hidden // self.num_heads)
+        qkv = linear(x, weight, bias).view(tokens, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.unbind(1)                                  # (tokens, heads, head_dim) views
         attn_p = self.attention_dropout if self.training else 0.0
         probs = None
@@ -105,15 +139,11 @@ class FastLayer(nn.Module):
             ctx = q.new_zeros(q.shape)
         else:
             ctx = ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen)
-        a = F.linear(ctx.reshape(tokens, hidden), p.attn_out.weight, p.attn_out.bias)
+        a = linear(ctx.reshape(tokens, hidden), p.attn_out.weight, p.attn_out.bias)
         a = F.dropout(a, self.hidden_dropout, self.training)
         x = ops.add_layer_norm(a, x, p.attn_norm.weight, p.attn_norm.bias, p.attn_norm.eps)
-        h = F.linear(x, p.ffn_in.weight)                         # (tokens, intermediate), bias fused below
-        if self.activation == "relu":
-            h = torch.relu(h + p.ffn_in.bias)
-        else:
-            h = ops.bias_gelu(h, p.ffn_in.bias, approximate=self.activation)
-        h = F.linear(h, p.ffn_out.weight, p.ffn_out.bias)
+        h = ffn_in(x, p.ffn_in, self.activation)         # (tokens, intermediate)
+        h = linear(h, p.ffn_out.weight, p.ffn_out.bias)
         h = F.dropout(h, self.hidden_dropout, self.training)
         x = ops.add_layer_norm(h, x, p.ffn_norm.weight, p.ffn_norm.bias, p.ffn_norm.eps)
         return x, probs
