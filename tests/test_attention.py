@@ -444,3 +444,15 @@ def test_validation_names_the_problem(case):
     call, message = _bad_calls()[case]
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_cu_seqlens_check_sees_in_place_changes():
+    """The last valid cu_seqlens is not re-read (a GPU sync per layer), unless it was modified."""
+    q = torch.randn(5, 2, 16)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    varlen_attention(q, q, q, cu, 3, backend="torch")
+    cu[1] = 6
+    with pytest.raises(ValueError, match="decreases at index 2"):
+        varlen_attention(q, q, q, cu, 3, backend="torch")
+    with pytest.raises(ValueError, match="max_seqlen=2"):
+        varlen_attention(q, q, q, torch.tensor([0, 2, 5], dtype=torch.int32), 2, backend="torch")
