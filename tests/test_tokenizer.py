@@ -349,6 +349,16 @@ def test_sides_from_pretrained(vocab_dir, sides):
         check_call(fb, hf, SHAPE_TEXTS, SHORT_TEXTS, **kwargs, **ALL_FIELDS)
 
 
+def test_truncation_errors_only_when_cutting(toks):
+    """BertTokenizerFast raises for only_second without a pair (or a too-short sequence) only when a
+    sequence actually has to be cut; inputs that fit come back unchanged."""
+    fb, hf = toks
+    check_call(fb, hf, ["a", "b c"], truncation="only_second", max_length=12, **ALL_FIELDS)
+    check_call(fb, hf, "a b", truncation="only_second", max_length=12, **ALL_FIELDS)
+    check_call(fb, hf, ["a", "b"], ["x", "y"], truncation="only_first", max_length=12, **ALL_FIELDS)
+    check_call(fb, hf, ["a " * 20], truncation="only_second", max_length=12, **ALL_FIELDS)  # raises
+
+
 def test_empty_pair_is_no_pair(toks):
     """BertTokenizerFast treats text_pair="" on a single string as no pair at all."""
     fb, hf = toks
