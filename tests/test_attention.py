@@ -372,6 +372,18 @@ def test_autotune_key_uses_bucketed_length():
             assert len(tuned.configs) == 1, "the interpreter cannot autotune over several configs"
 
 
+@pytest.mark.gpu
+def test_new_lengths_in_one_bucket_do_not_retune():
+    if not GPU:
+        pytest.skip("Triton's autotuner times configs on a CUDA GPU only (one config in the interpreter)")
+    tuned = kernel._attention_fwd_kernel
+    before = len(tuned.cache)
+    for seq in (100, 113, 127):                                      # one bucket: 128
+        q, k, v = _qkv(2, seq, 2, 40, torch.float16, seed=seq)       # head_dim 40: a fresh key
+        attention(q, k, v, backend="triton")
+    assert len(tuned.cache) - before == 1
+
+
 _COMPILE_FOR_HOPPER = """
 import triton
 from triton.backends.compiler import GPUTarget
