@@ -33,7 +33,8 @@ def sentences(texts=None) -> list[str]:
     return out
 
 
-def pick_batch(lines, count_tokens, batch=BATCH, max_tokens=MAX_TOKENS, target_real=TARGET_REAL):
+def pick_batch(lines, count_tokens, batch=BATCH, max_tokens=MAX_TOKENS, target_real=TARGET_REAL,
+               tolerance=6):
     """`batch` lines in corpus order, at most `max_tokens` each (one of exactly that length), keeping
     the running total of real tokens near `target_real * k / batch`: about half of the padded slots
     are padding, with lengths spread from short to long as in real traffic."""
@@ -46,7 +47,7 @@ def pick_batch(lines, count_tokens, batch=BATCH, max_tokens=MAX_TOKENS, target_r
             break
         if i == longest or n < 4 or n > max_tokens:
             continue
-        if abs(total + n - mean * (len(chosen) + 1)) <= 6:
+        if abs(total + n - mean * (len(chosen) + 1)) <= tolerance:
             chosen.append(i)
             total += n
     if len(chosen) < batch:
@@ -54,15 +55,30 @@ def pick_batch(lines, count_tokens, batch=BATCH, max_tokens=MAX_TOKENS, target_r
     return [lines[i] for i in chosen]
 
 
-def workload(model_dir, texts=None):
-    """-> (tokenizer encoding of the batch, lines)."""
+def workload(model_dir, texts=None, batch=BATCH, max_tokens=MAX_TOKENS):
+    """-> (tokenizer encoding of the batch, lines).
+
+    Other sizes (`fastbert bench --batch-sizes/--seq-lens`) keep the same shape of traffic: one line
+    of `max_tokens`, about half the padded slots real; longer lines come from whole paragraphs (and
+    runs of four) cut at `max_tokens` by truncation."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     lines = sentences(texts)[:4000]
+    custom = (batch, max_tokens) != (BATCH, MAX_TOKENS)
+    if custom and max_tokens > MAX_TOKENS:
+        from fastbert.benchmarks.corpus import english_lines
+        paragraphs = list(texts) if texts is not None else english_lines()
+        lines += paragraphs + [" ".join(paragraphs[i:i + 4]) for i in range(0, len(paragraphs), 4)]
     counts = tok(lines, add_special_tokens=True)["input_ids"]
-    by_line = {line: len(ids) for line, ids in zip(lines, counts)}
-    chosen = pick_batch(lines, by_line.__getitem__)
-    enc = tok(chosen, padding=True, return_tensors="pt")
+    by_line = {line: min(len(ids), max_tokens) if custom else len(ids) for line, ids in zip(lines, counts)}
+    if custom:
+        target = TARGET_REAL * batch * max_tokens / (BATCH * MAX_TOKENS)
+        chosen = pick_batch(lines, by_line.__getitem__, batch, max_tokens, target,
+                            tolerance=max(6, round(6 * max_tokens / MAX_TOKENS)))
+    else:
+        chosen = pick_batch(lines, by_line.__getitem__)
+    enc = tok(chosen, padding=True, truncation=custom, max_length=max_tokens if custom else None,
+              return_tensors="pt")
     return dict(enc), chosen
 
 
@@ -119,7 +135,8 @@ class _OnnxWrapper(torch.nn.Module):
 
 def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: str = "float32",
         repeats: int | None = None, threads: int | None = 2, compile: bool | None = None,
-        onnx: bool = True, progress=None, **_ignored) -> list[dict]:
+        onnx: bool = True, progress=None, batch_size: int | None = None, seq_len: int | None = None,
+        **_ignored) -> list[dict]:
     import transformers
 
     import fastbert
@@ -131,7 +148,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
     compile = (not quick) if compile is None else compile
     torch_dtype = getattr(torch, dtype)
     say("tokenizing the workload")
-    inputs, _ = workload(model_dir, texts)
+    inputs, _ = workload(model_dir, texts, batch_size or BATCH, seq_len or MAX_TOKENS)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     mask = inputs["attention_mask"].bool()
     real, slots = int(mask.sum()), mask.numel()
