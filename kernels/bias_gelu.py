@@ -23,7 +23,8 @@ from fastbert.kernels._autotune import gpu_autotune
 # kernel launches by name, so tests can prove the Triton path really ran
 launch_count = collections.Counter()
 
-# compiled kernels may read globals only when they are tl.constexpr (the interpreter is laxer)
+# compiled kernels read globals only when they are tl.constexpr; keep a tensor on the left of
+# `*` with them (in the interpreter, constexpr * tensor stays a constexpr)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)       # 1 / sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
@@ -56,7 +57,7 @@ def _bias_gelu_fwd_kernel(
     b = tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     h = x + b[None, :]
     if APPROX_TANH:
-        t, _ = _tanh_parts(_SQRT_2_OVER_PI * (h + 0.044715 * h * h * h))
+        t, _ = _tanh_parts((h + 0.044715 * h * h * h) * _SQRT_2_OVER_PI)
         y = 0.5 * h * (1.0 + t)
     else:
         y = 0.5 * h * (1.0 + tl.math.erf(h * _SQRT1_2))
@@ -90,7 +91,7 @@ def _bias_gelu_bwd_kernel(
         dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         h = x + b[None, :]
         if APPROX_TANH:
-            t, sech2 = _tanh_parts(_SQRT_2_OVER_PI * (h + 0.044715 * h * h * h))
+            t, sech2 = _tanh_parts((h + 0.044715 * h * h * h) * _SQRT_2_OVER_PI)
             grad = 0.5 * (1.0 + t) + 0.5 * h * sech2 * _SQRT_2_OVER_PI * (1.0 + 0.134145 * h * h)
         else:
             grad = 0.5 * (1.0 + tl.math.erf(h * _SQRT1_2)) + h * tl.exp(-0.5 * h * h) * _INV_SQRT_2PI
