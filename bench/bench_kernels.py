@@ -294,9 +294,10 @@ def bench_attention(plan, bench, peak_tflops, dtype, seq, hidden, heads, gen):
                     ms = bench(call, leaves if passname != "fwd" else None)
             except Exception as e:  # an SDPA backend that refuses the mask (or this GPU) is n/a
                 if mine:
-                    raise
-                rows.append(row("Attention", impl, case, passname, check="n/a", fastbert=mine,
-                                note=f"n/a: {str(e).splitlines()[0][:100]}", group=case + passname))
+                    traceback.print_exc()
+                rows.append(row("Attention", impl, case, passname, check="ERROR" if mine else "n/a",
+                                fastbert=mine, note=f"{'' if mine else 'n/a: '}{str(e).splitlines()[0][:100]}",
+                                group=case + passname))
                 continue
             tf = flops * factor / (ms * 1e-3) / 1e12
             rows.append(row("Attention", impl, case, passname, ms, tf, "TFLOP/s", tf / peak_tflops,
@@ -343,8 +344,15 @@ def _time_pair(plan, bench, section, case, impls, inputs, passes, tensor_bytes, 
             train = passname != "fwd"
             leaves = [t.detach().requires_grad_(train) for t in inputs]
             call = (lambda fn=fn, l=leaves: fn(*l).backward(dy)) if train else (lambda fn=fn, l=leaves: fn(*l))
-            with torch.enable_grad() if train else torch.no_grad():
-                ms = bench(call, leaves if train else None)
+            try:
+                with torch.enable_grad() if train else torch.no_grad():
+                    ms = bench(call, leaves if train else None)
+            except Exception as e:
+                traceback.print_exc()
+                rows.append(row(section, impl, case, passname, check="ERROR", fastbert=mine,
+                                note=f"{type(e).__name__}: {str(e).splitlines()[0][:100]}",
+                                group=section + case + passname))
+                continue
             gbps = n_tensors * tensor_bytes / (ms * 1e-3) / 1e9
             rows.append(row(section, impl, case, passname, ms, gbps, "GB/s", gbps / peak_gbps, check=check,
                             note=note, fastbert=mine, group=section + case + passname))
