@@ -1,7 +1,8 @@
-"""Embedding throughput: fastbert.Encoder.encode vs sentence-transformers' encode, same checkpoint.
+"""Embedding throughput: fastbert.Encoder.encode vs sentence-transformers' encode (as is, and after
+fastbert.optimize), same checkpoint.
 
     pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark (FASTBERT_BENCH_QUICK=1: 500 lines)
-    python bench/bench_encoder.py [--quick]          # both, interleaved; ratio, cosine check, JSON
+    python bench/bench_encoder.py [--quick]          # all, interleaved; ratios, cosine check, JSON
 
 2,000 non-empty lines of CPython's pydoc topics, batch size 32, fp32. The measurement logic lives in
 fastbert.benchmarks.encoder (also behind `fastbert bench`); this file only wraps it.
@@ -54,6 +55,19 @@ if pytest is not None:
         benchmark.extra_info.update({"lines/s": len(texts) / benchmark.stats.stats.min,
                                      "device": eb.device_name("cpu"), "versions": eb.versions()})
 
+    def test_sentence_transformers_optimized_encode(benchmark, texts, reference):
+        import fastbert
+        from sentence_transformers import SentenceTransformer
+
+        model = fastbert.optimize(SentenceTransformer(model_dir(), device="cpu"))
+        got = benchmark.pedantic(model.encode, args=(texts,),
+                                 kwargs={"batch_size": eb.BATCH_SIZE, "convert_to_tensor": True},
+                                 rounds=2 if _QUICK else 3, warmup_rounds=1)
+        cosine = torch.nn.functional.cosine_similarity(got, reference[1], dim=1).min().item()
+        benchmark.extra_info.update({"lines/s": len(texts) / benchmark.stats.stats.min, "min_cosine": cosine,
+                                     "device": eb.device_name("cpu"), "versions": eb.versions()})
+        assert cosine >= 0.99999, f"optimized embeddings differ from sentence-transformers': min cosine {cosine}"
+
     def test_fastbert_encode(benchmark, texts, reference):
         import fastbert
 
@@ -82,7 +96,7 @@ def main(argv=None) -> int:
     print(rows[0]["device"], rows[0]["versions"])
     for row in rows:
         times = ", ".join(f"{t:.2f}" for t in row.get("all_seconds", []))
-        print(f"{row['name']:<30} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
+        print(f"{row["name"]:<42} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
               + (f"  {row['note']}" if row.get("note") else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"encoder-{rows[0]['timestamp'].replace(':', '').replace('-', '')[:15]}.json"
