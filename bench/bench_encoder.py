@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     print(rows[0]["device"], rows[0]["versions"])
     for row in rows:
         times = ", ".join(f"{t:.2f}" for t in row.get("all_seconds", []))
-        print(f"{row["name"]:<42} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
+        print(f"{row['name']:<42} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
               + (f"  {row['note']}" if row.get("note") else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"encoder-{rows[0]['timestamp'].replace(':', '').replace('-', '')[:15]}.json"
