@@ -33,7 +33,7 @@ class AlbertLayer(FastLayer):
         self.attention = AlbertAttention(d)
         self.ffn = nn.Linear(d.hidden_size, d.intermediate_size)
         self.ffn_output = nn.Linear(d.intermediate_size, d.hidden_size)
-        self.init_fast(d)
+        self.init_fast(d, ffn_output_dropout=False)  # transformers: no dropout after ffn_output
 
     def parts(self) -> LayerParts:
         a = self.attention

@@ -41,7 +41,7 @@ class TransformerBlock(FastLayer):
         self.sa_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
         self.ffn = FFN(d)
         self.output_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
-        self.init_fast(d)
+        self.init_fast(d, attn_output_dropout=False)  # transformers: no dropout after out_lin
 
     def parts(self) -> LayerParts:
         a = self.attention

@@ -8,8 +8,11 @@ their weights are concatenated at run time. Without autograd the concatenation i
 rebuilt only when a weight changes (data_ptr or in-place `_version` bump, e.g. an optimizer
 step or load_state_dict); with autograd it is a plain torch.cat so gradients reach each Linear.
 
-`output_attentions=True`, and attention dropout in training, use an unfused padded attention
-(softmax probabilities materialised); everything else uses fastbert.ops.varlen_attention.
+`output_attentions=True` uses an unfused padded attention (softmax probabilities materialised);
+everything else uses fastbert.ops.varlen_attention, attention dropout in training included (inside
+the kernel on CUDA). Dropout sites are transformers' per family (see `init_fast`). Under autocast
+the GEMM outputs are low precision while the residual stream is not: add+LayerNorm then takes both
+in their promoted dtype, as transformers' `LayerNorm(dense(x) + residual)` does.
 
 CPU inference (fp32, no autograd): the GEMMs run as oneDNN linear (torch.ops.mkldnn._linear_pointwise,
 the op torch.compile's CPU backend emits), which on a 2-core x86 box is 1.2-1.7x faster than
@@ -53,7 +56,7 @@ def ffn_in(x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
     h = F.linear(x, layer.weight)                                # (tokens, intermediate), bias fused below
     if activation == "relu":
         return torch.relu(h + layer.bias)
-    return ops.bias_gelu(h, layer.bias, approximate=activation)
+    return ops.bias_gelu(h, layer.bias.to(h.dtype), approximate=activation)  # autocast: h may be bf16
 
 
 def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +104,14 @@ def padded_attention(q, k, v, packing: Packing, dropout_p: float, need_probs: bo
     return out, probs
 
 
+def add_norm(h: torch.Tensor, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """LayerNorm(h + x); under autocast h (a GEMM output) and x can differ in dtype: promote both."""
+    if h.dtype != x.dtype:
+        dtype = torch.promote_types(h.dtype, x.dtype)
+        h, x = h.to(dtype), x.to(dtype)
+    return ops.add_layer_norm(h, x, norm.weight, norm.bias, norm.eps)
+
+
 class LayerParts:
     """The modules one layer is made of, under whatever names the family uses."""
     __slots__ = ("query", "key", "value", "attn_out", "attn_norm", "ffn_in", "ffn_out", "ffn_norm")
@@ -114,10 +125,15 @@ class LayerParts:
 class FastLayer(nn.Module):
     """Mixin for a family's layer module: subclasses set `parts()` and call `init_fast(dims)`."""
 
-    def init_fast(self, dims) -> None:
+    def init_fast(self, dims, attn_output_dropout: bool = True, ffn_output_dropout: bool = True) -> None:
+        """The flags say where the family applies hidden dropout, as transformers does: BERT-shaped
+        layers after both output projections, DistilBERT not after the attention one, ALBERT not
+        after the FFN one."""
         self.num_heads = dims.num_heads
         self.activation = dims.activation
         self.hidden_dropout = dims.hidden_dropout
+        self.attn_output_dropout = dims.hidden_dropout if attn_output_dropout else 0.0
+        self.ffn_output_dropout = dims.hidden_dropout if ffn_output_dropout else 0.0
         self.attention_dropout = dims.attention_dropout
         self._qkv_cache = {}
 
@@ -133,17 +149,17 @@ class FastLayer(nn.Module):
         q, k, v = qkv.unbind(1)                                  # (tokens, heads, head_dim) views
         attn_p = self.attention_dropout if self.training else 0.0
         probs = None
-        if output_attentions or attn_p > 0:
+        if output_attentions:
             ctx, probs = padded_attention(q, k, v, packing, attn_p, output_attentions)
         elif tokens == 0:
             ctx = q.new_zeros(q.shape)
         else:
-            ctx = ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen)
+            ctx = ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=attn_p)
         a = linear(ctx.reshape(tokens, hidden), p.attn_out.weight, p.attn_out.bias)
-        a = F.dropout(a, self.hidden_dropout, self.training)
-        x = ops.add_layer_norm(a, x, p.attn_norm.weight, p.attn_norm.bias, p.attn_norm.eps)
+        a = F.dropout(a, self.attn_output_dropout, self.training)
+        x = add_norm(a, x, p.attn_norm)
         h = ffn_in(x, p.ffn_in, self.activation)         # (tokens, intermediate)
         h = linear(h, p.ffn_out.weight, p.ffn_out.bias)
-        h = F.dropout(h, self.hidden_dropout, self.training)
-        x = ops.add_layer_norm(h, x, p.ffn_norm.weight, p.ffn_norm.bias, p.ffn_norm.eps)
+        h = F.dropout(h, self.ffn_output_dropout, self.training)
+        x = add_norm(h, x, p.ffn_norm)
         return x, probs
