@@ -159,3 +159,24 @@ def test_unsupported_module_is_an_error(tmp_path):
     path = _linked_copy(tmp_path, {"pooling_mode": "mean"}, modules)
     with pytest.raises(ValueError, match="Dense"):
         fastbert.Encoder.from_pretrained(path)
+
+
+def test_roberta_bpe_checkpoint_without_sentence_config(tmp_path, lines):
+    """A plain transformers RoBERTa dir (BPE tokenizer, pad id 1): HF's tokenizer, mean pooling."""
+    import transformers
+    from test_auto_tokenizer import _roberta_bpe_dir
+
+    raw = _roberta_bpe_dir(tmp_path)
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=raw.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=48, pad_token_id=1,
+                                        bos_token_id=0, eos_token_id=2, max_position_embeddings=130)
+    transformers.RobertaModel(config).save_pretrained(tmp_path)
+    enc = fastbert.Encoder.from_pretrained(tmp_path)
+    assert not isinstance(enc.tokenizer, fastbert.BertTokenizer)
+    assert enc.pooling == ("mean",) and enc.normalize is False and enc.max_seq_length == 128
+    short = [t for t in lines if len(t) < 60][:40]
+    ref = st_lib.SentenceTransformer(str(tmp_path), device="cpu").encode(short)
+    ours = enc.encode(short, batch_size=8)
+    assert float(_cosines(ours, ref).min()) >= 0.99999
+    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=1e-4)
