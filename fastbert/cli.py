@@ -49,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     bench.add_argument("--dtype", choices=DTYPES, default="float32")
     bench.add_argument("--batch-sizes", type=_int_list, default=None, metavar="N,N,...",
-                       help="model batch sizes, e.g. 1,32,128")
+                       help="model-forward batch sizes, e.g. 1,32,128 (default: one batch of 128 lines)")
     bench.add_argument("--seq-lens", type=_int_list, default=None, metavar="N,N,...",
-                       help="model sequence lengths in tokens, e.g. 32,128")
+                       help="model-forward padded lengths in tokens, e.g. 33,128,512 (default 33); "
+                            "about half of each batch is padding, as in real traffic")
     bench.add_argument("--quick", action="store_true",
                        help="smaller workloads (a few minutes on 2 CPU cores)")
     bench.add_argument("--output-dir", type=Path, default=None,

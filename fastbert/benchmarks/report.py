@@ -74,7 +74,8 @@ def render_tables(results):
         table = Table(title=f"{section}{unit_title}", title_justify="left", title_style="bold",
                       pad_edge=False)
         table.add_column("Workload")
-        table.add_column(" / ".join(fast_names) or "fastbert", justify="right", style="bold cyan")
+        fast_title = fast_names[0] if len(fast_names) == 1 else "fastbert"
+        table.add_column(fast_title, justify="right", style="bold cyan")
         for peer in peers:
             table.add_column(peer, justify="right")
         table.add_column("Output vs HF")

@@ -1,16 +1,19 @@
 """`fastbert bench`: runs every measurement module in one process and reports them together.
 
-The measurements themselves live in the sibling modules (tokenizer.py, models.py, encoder.py), each
-exposing `run(model_dir, ...) -> list[dict]`. This module loads the text, calls them with progress
-bars, turns their rows into table lines (`report.Result`), and writes the JSON and the plot.
+The measurements live in the sibling modules (tokenizer.py, models.py, encoder.py), each exposing
+`run(model_dir, ...) -> list[dict]` on the real text it was built around (corpus.py). This module
+calls them with progress bars, turns their rows into table lines (`report.Result`), and writes the
+JSON and the plot.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import importlib
 import inspect
+import math
 import os
 import platform
+import re
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -165,10 +168,23 @@ _DISPLAY_NAMES = {"fastbert Encoder.encode": "fastbert.Encoder.encode",
                   "torch.compile(transformers)": "torch.compile(HF)"}
 
 
+_SETTINGS_TAIL = re.compile(r", (float32|float16|bfloat16), \d+ threads?$")  # already in the header
+
+
+def _short_case(case: str) -> str:
+    case = _SETTINGS_TAIL.sub("", case)
+    padded = re.match(r"(\d+) lines padded to (\d+) \((\d+) real of (\d+) tokens\)", case)
+    if padded:
+        batch, length, real, slots = map(int, padded.groups())
+        case = f"batch {batch} x {length} tokens, {100 * real / slots:.0f}% real"
+    return case
+
+
 def _model_results(section, rows):
     """fastbert.benchmarks.models rows: one per implementation, real tokens/s on one padded batch."""
     out = _generic_results(section, rows)
     for result, row in zip(out, rows):
+        result.case = _short_case(result.case)
         note = str(row.get("note") or "")
         if "No module named 'onnxruntime'" in (note + str(row.get("error") or "")):
             result.note = 'not installed (pip install "fastbert[onnx]")'
@@ -181,7 +197,7 @@ def _agreement(row) -> str:
     """The measured agreement with HF, as a short text for the Output column."""
     cosine = _num(row, "min_cosine", "min_cos")
     if cosine is not None:
-        return f"min cosine {cosine:.6f}"
+        return f"min cosine {math.floor(cosine * 1e6) / 1e6:.6f}"  # rounded down: never overstated
     diff = _num(row, "max_abs_diff", "max_diff")
     if diff is not None:
         return f"max diff {diff:.1e}"
@@ -228,23 +244,48 @@ def add_speedups(results):
         r.speedup_fails = base.check in (FAIL, ERROR)
 
 
+_EMBEDDING_APIS = {"fastbert Encoder.encode": "fastbert.Encoder.encode",
+                   "sentence-transformers + fastbert.optimize": "SentenceTransformer + fastbert.optimize"}
+
+
+def _encoder_results(section, rows):
+    """fastbert.benchmarks.encoder rows: text in, embeddings out, lines/s. fastbert appears twice
+    (its own Encoder, and a SentenceTransformer after fastbert.optimize): one table line each,
+    both against plain sentence-transformers."""
+    out = []
+    peers = [r for r in rows if r.get("name") not in _EMBEDDING_APIS]
+    for row in rows:
+        api = _EMBEDDING_APIS.get(row.get("name"))
+        if api is None:
+            continue
+        case = f"{api}: {_short_case(str(row.get('case', '')))}"
+        [fast] = _generic_results(section, [row])
+        fast.name, fast.case, fast.fastbert = api, case, True
+        out.append(fast)
+        for peer in _generic_results(section, peers):
+            peer.case = case
+            out.append(peer)
+    return out or _generic_results(section, rows)
+
+
 @dataclass
 class Section:
     key: str        # module name under fastbert.benchmarks
     title: str      # the "Part" column
     adapt: object   # (title, rows) -> list[Result]
-    shared_texts: bool = True  # False: the module reads its own corpora (tokenizer: English + multilingual)
+    sized: bool = False        # run once per --batch-sizes x --seq-lens combination
 
 
 SECTIONS = (
-    Section("tokenizer", "Tokenizer", _tokenizer_results, shared_texts=False),
-    Section("models", "Model forward", _model_results),
-    Section("encoder", "Text to embeddings", _generic_results, shared_texts=False),
+    Section("tokenizer", "Tokenizer", _tokenizer_results),
+    Section("models", "Model forward", _model_results, sized=True),
+    Section("encoder", "Text to embeddings", _encoder_results),
 )
 
 
-def _section_kwargs(section, cfg: BenchConfig, texts, progress):
-    kwargs = dict(model_dir=cfg.model_dir, texts=texts if section.shared_texts else None,
+def _section_kwargs(cfg: BenchConfig, progress):
+    # texts=None: each module reads the real text it was designed around from benchmarks/corpus.py
+    kwargs = dict(model_dir=cfg.model_dir, texts=None,
                   quick=cfg.quick or cfg.smoke, smoke=cfg.smoke, device=cfg.device, dtype=cfg.dtype,
                   batch_sizes=cfg.batch_sizes, seq_lens=cfg.seq_lens, progress=progress)
     if cfg.quick and not cfg.smoke:
@@ -254,17 +295,12 @@ def _section_kwargs(section, cfg: BenchConfig, texts, progress):
     return kwargs
 
 
-def _load_texts(cfg: BenchConfig):
-    """Real English lines shared by the model and embedding sections (None: each module's own)."""
-    try:
-        corpus = importlib.import_module("fastbert.benchmarks.corpus")
-    except ImportError:
-        return None
-    loader = getattr(corpus, "english_lines", None)
-    if loader is not None:
-        return loader()
-    # pydoc topics split into non-empty lines, as the model and encoder benchmarks describe them
-    return [line.strip() for text in corpus.english_texts() for line in text.split("\n") if line.strip()]
+def _sizes(section, cfg: BenchConfig):
+    """The batch_size / seq_len keyword sets a section runs with (one empty set: its own default)."""
+    if not section.sized or not (cfg.batch_sizes or cfg.seq_lens):
+        return [{}]
+    return [{"batch_size": b, "seq_len": s}
+            for b in (cfg.batch_sizes or (None,)) for s in (cfg.seq_lens or (None,))]
 
 
 def _quiet_peers():
@@ -292,10 +328,7 @@ def run_suite(cfg: BenchConfig, console=None):
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[part]:<14}"), BarColumn(bar_width=24),
                TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bars:
-        overall = bars.add_task("starting", total=len(SECTIONS) + 1, part="fastbert bench")
-        bars.update(overall, description="loading text")
-        texts = _load_texts(cfg)
-        bars.advance(overall)
+        overall = bars.add_task("starting", total=len(SECTIONS), part="fastbert bench")
         for section in SECTIONS:
             task = bars.add_task("importing", total=None, part=section.title)
             bars.update(overall, description=section.title)
@@ -305,9 +338,12 @@ def run_suite(cfg: BenchConfig, console=None):
 
             try:
                 module = importlib.import_module(f"fastbert.benchmarks.{section.key}")
+                rows = []
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    rows = _call(module.run, **_section_kwargs(section, cfg, texts, progress))
+                    for size in _sizes(section, cfg):
+                        kwargs = {**_section_kwargs(cfg, progress), **size}
+                        rows.extend(_call(module.run, **kwargs))
                 raw[section.key] = rows
                 if caught:
                     raw[f"{section.key} warnings"] = sorted({f"{w.category.__name__}: {w.message}"
