@@ -101,8 +101,8 @@ def _attention_fwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
+    pid_m = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
@@ -165,8 +165,8 @@ def _attention_bwd_preprocess_kernel(
     n_heads, max_seqlen,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
+    pid_m = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
@@ -206,8 +206,8 @@ def _attention_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
@@ -281,8 +281,8 @@ def _attention_bwd_dq_kernel(
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
+    pid_m = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
@@ -375,7 +375,7 @@ def attention_fwd(q, k, v, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=
     lse = torch.empty((batch, heads, max_seqlen), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse.fill_(float("inf"))
-    grid = lambda m: (triton.cdiv(max_seqlen, m["BLOCK_M"]), batch * heads)  # noqa: E731
+    grid = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_M"]))  # noqa: E731
     _attention_fwd_kernel[grid](
         out, lse, q, k, v, mask, cu,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *mstride,
@@ -395,14 +395,14 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
         return dq, dk, dv
     delta = torch.empty_like(lse)
     block_m = 64
-    _attention_bwd_preprocess_kernel[(triton.cdiv(max_seqlen, block_m), batch * heads)](
+    _attention_bwd_preprocess_kernel[(batch * heads, triton.cdiv(max_seqlen, block_m))](
         delta, out, do, cu, *_strides4(out), *_strides4(do), heads, max_seqlen,
         HEAD_DIM=meta["HEAD_DIM"], BLOCK_D=meta["BLOCK_D"], IS_VARLEN=is_varlen, BLOCK_M=block_m)
     args = (q, k, v, do, lse, delta, mask, cu,
             *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do))
     scalars = (*mstride, heads, max_seqlen, meta.pop("sm_scale"), meta.pop("dropout_p"), meta.pop("seed"))
-    grid_n = lambda m: (triton.cdiv(max_seqlen, m["BLOCK_N"]), batch * heads)  # noqa: E731
-    grid_m = lambda m: (triton.cdiv(max_seqlen, m["BLOCK_M"]), batch * heads)  # noqa: E731
+    grid_n = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_N"]))  # noqa: E731
+    grid_m = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_M"]))  # noqa: E731
     _attention_bwd_dkdv_kernel[grid_n](dk, dv, *args, *_strides4(dk), *scalars, **meta)
     _attention_bwd_dq_kernel[grid_m](dq, *args, *_strides4(dq), *scalars, **meta)
     return dq, dk, dv
