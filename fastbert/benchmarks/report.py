@@ -143,37 +143,54 @@ def write_json(path: Path, meta: dict, results, raw_rows: dict):
 
 
 def write_plot(path: Path, results, title: str, subtitle: str):
-    """Horizontal bars of fastbert's speed-up over each peer (log scale, 1.0x marked)."""
+    """fastbert's speed-up over each peer: one panel per part, one group of bars per workload,
+    one colour per peer; log scale with 1x marked. Bars of a failed output check are red."""
     import matplotlib
     matplotlib.use("Agg")  # no display: the plot is only written to a file
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     rows = [r for r in results if r.speedup is not None and math.isfinite(r.speedup) and r.speedup > 0]
-    height = max(2.5, 0.42 * len(rows) + 1.8)
-    fig, ax = plt.subplots(figsize=(10, height))
-    if rows:
-        labels = [f"{r.section}: vs {r.name}\n{r.case}" for r in rows]
-        ratios = [r.speedup for r in rows]
-        colors = ["#c0392b" if r.speedup_fails else ("#2e86c1" if r.speedup >= 1 else "#a0a0a0")
-                  for r in rows]
-        y = list(range(len(rows)))[::-1]
-        ax.barh(y, ratios, color=colors)
-        ax.set_yticks(y)
-        ax.set_yticklabels(labels, fontsize=7)
-        ax.set_xscale("log")
-        ax.axvline(1.0, color="black", linewidth=1)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-        lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
-        ax.set_xlim(lo / 1.5, hi * 2.0)
-        for yi, r in zip(y, rows):
-            label = _fmt_ratio(r.speedup) + ("  FAIL" if r.speedup_fails else "")
-            ax.text(r.speedup * 1.04, yi, label, va="center", fontsize=7)
-        ax.set_xlabel("fastbert throughput / peer throughput (log scale; right of the line = fastbert faster)")
-    else:
+    sections = list(dict.fromkeys(r.section for r in rows))
+    if not rows:
+        fig, ax = plt.subplots(figsize=(10, 2.5))
         ax.text(0.5, 0.5, "no ratios measured", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
-    ax.set_title(f"{title}\n{subtitle}", fontsize=9, loc="left")
+        axes = [ax]
+    else:
+        sizes = [len({r.case for r in rows if r.section == s}) for s in sections]
+        fig, axes = plt.subplots(len(sections), 1, sharex=True, squeeze=False,
+                                 figsize=(12.5, 1.6 + sum(0.55 * n + 0.7 for n in sizes)),
+                                 gridspec_kw={"height_ratios": [n + 1.2 for n in sizes]})
+        axes = list(axes[:, 0])
+        palette = ["#2e86c1", "#28b463", "#af7ac5", "#f39c12", "#7f8c8d"]
+        ratios = [r.speedup for r in rows]
+        for ax, section in zip(axes, sections):
+            mine = [r for r in rows if r.section == section]
+            cases = list(dict.fromkeys(r.case for r in mine))
+            peers = list(dict.fromkeys(r.name for r in mine))
+            height = 0.8 / len(peers)
+            for j, peer in enumerate(peers):
+                for r in (r for r in mine if r.name == peer):
+                    y = cases.index(r.case) - 0.4 + height * (j + 0.5)
+                    color = "#c0392b" if r.speedup_fails else palette[j % len(palette)]
+                    ax.barh(y, r.speedup, height=height * 0.9, color=color,
+                            label=f"vs {peer}" if r is next(x for x in mine if x.name == peer) else None)
+                    ax.text(r.speedup * 1.03, y, _fmt_ratio(r.speedup) + (" FAIL" if r.speedup_fails else ""),
+                            va="center", fontsize=6.5)
+            ax.set_yticks(range(len(cases)))
+            ax.set_yticklabels(cases, fontsize=7)
+            ax.set_ylim(len(cases) - 0.5, -0.5)
+            ax.axvline(1.0, color="black", linewidth=1)
+            ax.set_title(section, loc="left", fontsize=9, fontweight="bold")
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+        ax = axes[-1]
+        ax.set_xscale("log")
+        ax.set_xlim(min(ratios + [1.0]) / 1.5, max(ratios + [1.0]) * 2.5)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.set_xlabel("fastbert throughput / peer throughput, same workload, same run "
+                      "(log scale; right of the black line = fastbert faster)", fontsize=8)
+    fig.suptitle(f"{title}\n{subtitle}", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

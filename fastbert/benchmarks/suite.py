@@ -371,9 +371,10 @@ def run_suite(cfg: BenchConfig, console=None):
     json_path = cfg.output_dir / f"bench-{cfg.device}-{stamp}.json"
     png_path = cfg.output_dir / f"bench-{cfg.device}-{stamp}.png"
     title = f"fastbert bench: {meta['model']} on {meta['device_name']}"
-    subtitle = (f"{meta['cpu_count']} cores, {meta['torch_threads']} torch threads, {cfg.dtype}, "
-                f"torch {meta['versions']['torch']}, transformers {meta['versions']['transformers']}, "
-                f"fastbert {meta['versions']['fastbert']}, {meta['date']}")
+    v = meta["versions"]
+    subtitle = (f"{meta['cpu_count']} cores, {meta['torch_threads']} torch threads, {cfg.dtype}; "
+                f"torch {v['torch']}, transformers {v['transformers']}, triton {v['triton']}, "
+                f"fastbert {v['fastbert']}; {meta['date']}")
     report.write_json(json_path, meta, results, raw)
     report.write_plot(png_path, results, title, subtitle)
     return results, meta, json_path, png_path, title, subtitle
