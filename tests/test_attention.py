@@ -152,6 +152,16 @@ def test_fused_qkv_views_and_strided_grad():
         _assert_rule(name, g, r, p)
 
 
+def test_backward_is_deterministic():
+    """No atomics: two backward passes give bitwise-equal gradients."""
+    q, k, v = _qkv(2, 70, 2, 32, torch.float16, seed=1)
+    mask = _mask(2, 70)
+    dout = torch.randn_like(q)
+    first = _grads(lambda *t: attention(*t, mask, backend="triton"), (q, k, v), dout)[1]
+    second = _grads(lambda *t: attention(*t, mask, backend="triton"), (q, k, v), dout)[1]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 def _pack(lengths, h, d, dtype, seed=0):
     """Packed q, k, v (a fused (total, 3, heads, dim) buffer) and cu_seqlens for given lengths."""
     total = sum(lengths)

@@ -35,7 +35,7 @@ def _check_qkv(q, k, v, rank: int, layout: str) -> None:
         raise ValueError(f"head_dim must be >= 1, got shape {tuple(q.shape)}")
 
 
-def _check_dropout(dropout_p, generator, q) -> None:
+def _check_dropout(dropout_p, generator) -> None:
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -207,7 +207,7 @@ def attention(q, k, v, attention_mask=None, *, scale: Optional[float] = None, ba
     dropout_p > 0 drops attention probabilities (training); pass it as 0.0 in eval mode."""
     _check_qkv(q, k, v, 4, "(batch, seq, heads, head_dim)")
     _check_mask(q, attention_mask)
-    _check_dropout(dropout_p, generator, q)
+    _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
         return _FlashAttention.apply(q, k, v, attention_mask, None, None, scale, dropout_p,
@@ -221,7 +221,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
     """Attention over packed sequences, as flash-attention's flash_attn_varlen_func (non-causal)."""
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
     _check_cu_seqlens(q, cu_seqlens, max_seqlen)
-    _check_dropout(dropout_p, generator, q)
+    _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
         return _FlashAttention.apply(q, k, v, None, cu_seqlens, int(max_seqlen), scale, dropout_p,
