@@ -6,9 +6,12 @@ Every peer encodes the same documents in one process, on two paths:
                attention_mask).
 MB/s = UTF-8 bytes of the input documents / median seconds; tokens/s counts real (non-pad) tokens.
 Before a figure counts, its output is compared with BertTokenizerFast's: a faster wrong answer is a
-failure row (ids_match False). Word caches (nanotoken has one) are cleared before each timed repeat,
-outside the timed region, so a repeat sees the text as new, as a single pass over a corpus would;
-``warm_cache=True`` keeps them. Inputs are built before timing; the timed call only encodes.
+failure row (ids_match False). Word caches are cleared before each timed repeat, outside the timed
+region, so a repeat sees the text as new, as a single pass over a corpus would (row "cache": "cold").
+``warm_cache=True`` keeps them ("warm"): then a repeat re-encodes text the tokenizer has just seen, which
+nanotoken's chunk cache turns into 5-10x higher figures that text it has not seen never gets (measured:
+priming it with other text from the same corpus gains little). Inputs are built before timing; the timed
+call only encodes.
 """
 from __future__ import annotations
 
@@ -290,7 +293,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
         dict(min_repeats=5, min_seconds=2.0, max_repeats=25)
     cores = os.cpu_count() or 1
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    common = {"device": device(), "versions": versions(), "timestamp": stamp}
+    common = {"device": device(), "versions": versions(), "timestamp": stamp,
+              "cache": "warm" if warm_cache else "cold"}
     rows: list[dict] = []
     for text_name, docs in texts.items():
         nbytes = corpus.total_bytes(docs)
