@@ -475,6 +475,32 @@ def test_extra_special_tokens_never_split(model_dir, tmp_path):
     assert fb.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
 
 
+def _added(content, **flags):
+    entry = dict(content=content, lstrip=False, rstrip=False, normalized=False, single_word=False, special=True)
+    entry.update(flags)
+    return entry
+
+
+def test_added_tokens_decoder_flags(model_dir, tmp_path):
+    """tokenizer_config.json's added_tokens_decoder (the transformers >= 4.34 format) with each
+    AddedToken flag: lstrip / rstrip (the stripped spaces belong to the token's offsets),
+    normalized=True (matched after lowercasing), single_word, and a non-special added token."""
+    shutil.copy(os.path.join(model_dir, "vocab.txt"), tmp_path)
+    cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
+    cfg["added_tokens_decoder"] = {
+        "0": _added("[PAD]"), "100": _added("[UNK]"), "101": _added("[CLS]"), "102": _added("[SEP]"),
+        "103": _added("[MASK]", lstrip=True), "30522": _added("NewTok", normalized=True, special=False),
+        "30523": _added("<sw>", single_word=True, special=False), "30524": _added("<r>", rstrip=True)}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    fb, hf = pair(str(tmp_path))
+    texts = ["a [MASK]", "a   [MASK]b", "NewTok newtok NEWTOK néwtok", "z<r>  q", "x<sw>y <sw> z", "<r>\t[MASK]"]
+    check_call(fb, hf, texts, **ALL_FIELDS)
+    for text in texts:
+        check_call(fb, hf, text, **ALL_FIELDS)
+        assert fb.tokenize(text) == hf.tokenize(text), repr(text)
+    assert len(fb) == len(hf)
+
+
 @pytest.mark.parametrize("flags", [{}, dict(do_lower_case=False, model_max_length=64)], ids=["default", "cased"])
 def test_save_pretrained_round_trip(vocab_dir, tmp_path, flags):
     fb, hf = pair(vocab_dir, **flags)
