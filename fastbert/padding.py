@@ -29,13 +29,16 @@ def unpad(attention_mask: Optional[torch.Tensor], batch: int, seqlen: int, devic
 
     Tokens keep their order inside a row; a mask with holes packs the row's real tokens together,
     which is what a key-padding mask means for attention."""
-    if attention_mask is None:
-        lengths = torch.full((batch,), seqlen, dtype=torch.int32, device=device)
+    # cu_seqlens is built as a normal tensor even under torch.inference_mode: fastbert.ops reads its
+    # version counter to validate it once per forward, and inference tensors have none.
+    with torch.inference_mode(False):
+        if attention_mask is None:
+            lengths = torch.full((batch,), seqlen, dtype=torch.int32, device=device)
+            cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+            return Packing(None, cu, seqlen, batch, seqlen)
+        keep = attention_mask.bool()
+        lengths = keep.sum(1, dtype=torch.int32)
         cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-        return Packing(None, cu, seqlen, batch, seqlen)
-    keep = attention_mask.bool()
-    lengths = keep.sum(1, dtype=torch.int32)
-    cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
     max_seqlen = int(lengths.max()) if batch else 0
     if max_seqlen == seqlen and bool(keep.all()):
         return Packing(None, cu, seqlen, batch, seqlen)

@@ -405,3 +405,18 @@ def test_minilm_checkpoint_matches_transformers_and_sentence_transformers():
     emb = torch.nn.functional.normalize((b.last_hidden_state * m).sum(1) / m.sum(1), dim=-1)
     cos = torch.nn.functional.cosine_similarity(emb, ref.float(), dim=-1)
     assert cos.min().item() >= 0.99999
+
+
+def test_inference_mode_and_autograd_paths_agree(tmp_path):
+    """torch.inference_mode (oneDNN GEMMs on CPU, fused epilogues) and autograd (F.linear + fastbert.ops)."""
+    config = save_hf("bert", "ForSequenceClassification", tmp_path)
+    fast = fastbert.AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    inputs = batch_inputs(config)
+    with torch.inference_mode():
+        fast(**inputs)  # fills the fused-QKV cache inside inference mode
+        a = fast(**inputs, output_hidden_states=True)
+    b = fast(**inputs, output_hidden_states=True)  # grad enabled: the autograd path, the same cache
+    close(a.logits, b.logits, atol=1e-5)
+    close(a.hidden_states[-1], b.hidden_states[-1], inputs["attention_mask"], atol=1e-5)
+    b.logits.sum().backward()
+    assert fast.bert.encoder.layer[0].attention.self.query.weight.grad is not None

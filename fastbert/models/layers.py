@@ -112,6 +112,17 @@ def add_norm(h: torch.Tensor, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tens
     return ops.add_layer_norm(h, x, norm.weight, norm.bias, norm.eps)
 
 
+def output_add_norm(h: torch.Tensor, dense: nn.Linear, residual: torch.Tensor, norm: nn.LayerNorm,
+                    dropout_p: float) -> torch.Tensor:
+    """LayerNorm(dropout(dense(h)) + residual). For CPU inference without dropout the residual add
+    runs in the oneDNN GEMM's epilogue and the LayerNorm alone follows (one pass fewer)."""
+    if dropout_p == 0.0 and residual.dtype == h.dtype and use_onednn(h, dense.weight):
+        s = _ONEDNN.binary(h.contiguous(), residual.contiguous(), dense.weight, dense.bias, "add")
+        return ops.add_layer_norm(s, None, norm.weight, norm.bias, norm.eps)
+    a = F.dropout(linear(h, dense.weight, dense.bias), dropout_p, dropout_p > 0)
+    return add_norm(a, residual, norm)
+
+
 class LayerParts:
     """The modules one layer is made of, under whatever names the family uses."""
     __slots__ = ("query", "key", "value", "attn_out", "attn_norm", "ffn_in", "ffn_out", "ffn_norm")
@@ -155,11 +166,9 @@ class FastLayer(nn.Module):
             ctx = q.new_zeros(q.shape)
         else:
             ctx = ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=attn_p)
-        a = linear(ctx.reshape(tokens, hidden), p.attn_out.weight, p.attn_out.bias)
-        a = F.dropout(a, self.attn_output_dropout, self.training)
-        x = add_norm(a, x, p.attn_norm)
-        h = ffn_in(x, p.ffn_in, self.activation)         # (tokens, intermediate)
-        h = linear(h, p.ffn_out.weight, p.ffn_out.bias)
-        h = F.dropout(h, self.ffn_output_dropout, self.training)
-        x = add_norm(h, x, p.ffn_norm)
+        train = self.training
+        x = output_add_norm(ctx.reshape(tokens, hidden), p.attn_out, x, p.attn_norm,
+                            self.attn_output_dropout if train else 0.0)
+        h = ffn_in(x, p.ffn_in, self.activation)                 # (tokens, intermediate)
+        x = output_add_norm(h, p.ffn_out, x, p.ffn_norm, self.ffn_output_dropout if train else 0.0)
         return x, probs
