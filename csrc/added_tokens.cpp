@@ -14,6 +14,13 @@ AddedTokens::AddedTokens(std::vector<AddedToken> tokens) {
     std::stable_sort(tokens_.begin(), tokens_.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
     for (const AddedToken& t : tokens_) first_byte_[static_cast<unsigned char>(t.content[0])] = true;
+    int distinct = 0;
+    for (int b = 0; b < 256; ++b)
+        if (first_byte_[b]) {
+            ++distinct;
+            single_first_ = b;
+        }
+    if (distinct != 1) single_first_ = -1;
 }
 
 namespace {
@@ -43,7 +50,13 @@ void AddedTokens::find(const char* s, size_t n, std::vector<Match>& out) const {
     out.clear();
     size_t prev_end = 0;
     for (size_t i = 0; i < n; ++i) {
-        if (!first_byte_[static_cast<unsigned char>(s[i])]) continue;
+        if (single_first_ >= 0) {
+            const void* hit = std::memchr(s + i, single_first_, n - i);
+            if (!hit) break;
+            i = static_cast<size_t>(static_cast<const char*>(hit) - s);
+        } else if (!first_byte_[static_cast<unsigned char>(s[i])]) {
+            continue;
+        }
         for (const AddedToken& t : tokens_) {
             const size_t m = t.content.size();
             if (m > n - i || std::memcmp(s + i, t.content.data(), m) != 0) continue;

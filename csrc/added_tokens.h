@@ -32,6 +32,7 @@ class AddedTokens {
  private:
     std::vector<AddedToken> tokens_;  // longest first
     bool first_byte_[256] = {};
+    int single_first_ = -1;  // the one first byte all tokens share, if so (memchr path)
 };
 
 }  // namespace fastbert

@@ -60,27 +60,41 @@ class PyTokenizer {
         zero_pair_ = py::make_tuple(0, 0);
     }
 
-    py::dict encode_batch(py::sequence texts, py::object pairs, bool split_words, bool add_special_tokens,
+    py::tuple encode_batch(py::object texts, py::object pairs, bool split_words, bool add_special_tokens,
                           int truncation, size_t max_length, size_t stride, bool truncate_left, int padding,
                           size_t pad_to_multiple_of, bool pad_left, int64_t pad_id, int num_threads,
                           bool want_type_ids, bool want_attention, bool want_special, bool want_offsets,
                           bool want_length, bool want_overflow, bool as_numpy) {
         BatchInput in;
-        std::vector<py::object> keep;  // owns the str objects whose UTF-8 buffers we point into
-        const size_t n = py::len(texts);
+        // Own a reference to each str we point into: another Python thread may change the
+        // caller's list while the GIL is released.
+        struct Keep {
+            std::vector<PyObject*> refs;
+            ~Keep() {
+                for (PyObject* o : refs) Py_DECREF(o);
+            }
+        } keep;
+        py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(texts.ptr(), "texts must be a sequence"));
+        if (!seq) throw py::error_already_set();
+        const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
+        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
         in.a.reserve(n + 1);
         in.segs.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            add_item(texts[i], i, split_words, in, keep);
+            add_item(items[i], i, split_words, in, keep.refs);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
         }
         if (!pairs.is_none()) {
-            py::sequence ps = pairs;
-            if (py::len(ps) != n) throw py::value_error("text and text_pair have different lengths");
+            py::object pseq =
+                py::reinterpret_steal<py::object>(PySequence_Fast(pairs.ptr(), "text_pair must be a sequence"));
+            if (!pseq) throw py::error_already_set();
+            if (static_cast<size_t>(PySequence_Fast_GET_SIZE(pseq.ptr())) != n)
+                throw py::value_error("text and text_pair have different lengths");
+            PyObject** pitems = PySequence_Fast_ITEMS(pseq.ptr());
             in.b.reserve(n + 1);
             in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             for (size_t i = 0; i < n; ++i) {
-                add_item(ps[i], i, split_words, in, keep);
+                add_item(pitems[i], i, split_words, in, keep.refs);
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
         }
@@ -144,8 +158,16 @@ class PyTokenizer {
                 tok_->fill_padded(rows, ps, po, num_threads);
             }
         } else {
+            // Thousands of new lists would trigger the cyclic GC again and again while we build
+            // them; none of them can be part of a cycle, so pause it for the duration.
+#if PY_VERSION_HEX >= 0x030A0000
+            const int gc_was_enabled = PyGC_Disable();
+#endif
             build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
                         want_special, want_offsets, out);
+#if PY_VERSION_HEX >= 0x030A0000
+            if (gc_was_enabled) PyGC_Enable();
+#endif
         }
         if (want_length) {
             py::list lengths(total);
@@ -161,7 +183,7 @@ class PyTokenizer {
                 for (size_t r = 0; r < rs.rows(); ++r) mapping[k++] = int_obj(rs.item[r]);
             out["overflow_to_sample_mapping"] = mapping;
         }
-        return out;
+        return py::make_tuple(out, widest);
     }
 
     py::object id_to_token(int64_t id) const {
@@ -187,7 +209,7 @@ class PyTokenizer {
         return py::int_(v);
     }
 
-    void add_text(py::handle h, size_t index, BatchInput& in, std::vector<py::object>& keep) {
+    void add_text(py::handle h, size_t index, BatchInput& in, std::vector<PyObject*>& keep) {
         if (!PyUnicode_Check(h.ptr()))
             throw py::type_error("batch item " + std::to_string(index) + " is " +
                                  std::string(Py_TYPE(h.ptr())->tp_name) + ", not str");
@@ -207,11 +229,12 @@ class PyTokenizer {
             }
             throw py::value_error("batch item " + std::to_string(index) + " cannot be encoded as UTF-8");
         }
-        keep.push_back(py::reinterpret_borrow<py::object>(h));
+        Py_INCREF(h.ptr());
+        keep.push_back(h.ptr());
         in.segs.emplace_back(p, static_cast<size_t>(len));
     }
 
-    void add_item(py::handle h, size_t index, bool split_words, BatchInput& in, std::vector<py::object>& keep) {
+    void add_item(py::handle h, size_t index, bool split_words, BatchInput& in, std::vector<PyObject*>& keep) {
         if (!split_words) {
             add_text(h, index, in, keep);
             return;
@@ -227,6 +250,10 @@ class PyTokenizer {
                      bool want_type_ids, bool want_attention, bool want_special, bool want_offsets, py::dict& out) {
         py::list ids(total), types(want_type_ids ? total : 0), attn(want_attention ? total : 0),
             special(want_special ? total : 0), offs(want_offsets ? total : 0);
+        // Row lists hold only ints, so they can never be part of a reference cycle: untracking
+        // them (as CPython does for such tuples and dicts) keeps the cyclic GC from walking
+        // every row of every batch the user keeps.
+        auto done = [](PyObject* list) { PyObject_GC_UnTrack(list); };
         PyObject* zero = ints_[0].ptr();
         PyObject* one = ints_[1].ptr();
         PyObject* pad = int_obj(static_cast<size_t>(pad_id)).release().ptr();
@@ -245,20 +272,24 @@ class PyTokenizer {
                 };
                 PyObject* l = PyList_New(static_cast<Py_ssize_t>(w));
                 fill(l, pad, [&](size_t i) { return cached(rs.ids[i]); });
+                done(l);
                 PyList_SET_ITEM(ids.ptr(), k, l);
                 if (want_type_ids) {
                     l = PyList_New(static_cast<Py_ssize_t>(w));
                     fill(l, zero, [&](size_t i) { return rs.type_ids[i] ? one : zero; });
+                    done(l);
                     PyList_SET_ITEM(types.ptr(), k, l);
                 }
                 if (want_attention) {
                     l = PyList_New(static_cast<Py_ssize_t>(w));
                     fill(l, zero, [&](size_t) { return one; });
+                    done(l);
                     PyList_SET_ITEM(attn.ptr(), k, l);
                 }
                 if (want_special) {
                     l = PyList_New(static_cast<Py_ssize_t>(w));
                     fill(l, one, [&](size_t i) { return rs.special[i] ? one : zero; });
+                    done(l);
                     PyList_SET_ITEM(special.ptr(), k, l);
                 }
                 if (want_offsets) {

@@ -108,13 +108,24 @@ void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool tr
         const unsigned char b = *p;
         if (b < 0x80) {
             switch (ascii_class_[b]) {
-                case kWordChar:
+                case kWordChar: {
+                    // a run of ASCII word characters, copied (lowercased) in one go
+                    const unsigned char* q = p + 1;
+                    while (q < end && *q < 0x80 && ascii_class_[*q] == kWordChar) ++q;
+                    const size_t run = static_cast<size_t>(q - p);
                     if (!nchars) wstart = ci;
-                    wend = ci + 1;
-                    w.push_back(ascii_map_[b]);
-                    if (track) orig.push_back(ci);
-                    ++nchars;
-                    break;
+                    const size_t at = w.size();
+                    w.resize(at + run);
+                    char* d = &w[at];
+                    for (size_t k = 0; k < run; ++k) d[k] = ascii_map_[p[k]];
+                    if (track)
+                        for (size_t k = 0; k < run; ++k) orig.push_back(ci + static_cast<uint32_t>(k));
+                    nchars += run;
+                    ci += static_cast<uint32_t>(run);
+                    wend = ci;
+                    p = q;
+                    continue;
+                }
                 case kSpace:
                     flush();
                     break;

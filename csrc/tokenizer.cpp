@@ -41,11 +41,13 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
             pre_.run(text + begin, end - begin, char_base, offsets, s.pre, [&](const Word& w) {
                 const size_t first = out.ids.size();
                 if (!offsets) {
-                    wordpiece_.tokenize(w, out.ids, nullptr);
+                    if (s.cache) wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
+                    else wordpiece_.tokenize(w, out.ids, nullptr);
                     return;
                 }
                 s.spans.clear();
-                wordpiece_.tokenize(w, out.ids, &s.spans);
+                if (s.cache) wordpiece_.tokenize(w, out.ids, &s.spans, *s.cache);
+                else wordpiece_.tokenize(w, out.ids, &s.spans);
                 for (size_t t = first; t < out.ids.size(); ++t) {
                     const uint32_t b = s.spans[2 * (t - first)], e = s.spans[2 * (t - first) + 1];
                     out.offsets.push_back(w.orig[b]);
@@ -98,6 +100,23 @@ void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(siz
     pool_->run(n, fn);
 }
 
+WordCache* Tokenizer::take_cache() {
+    {
+        std::lock_guard<std::mutex> lock(cache_mu_);
+        if (!caches_.empty()) {
+            WordCache* c = caches_.back().release();
+            caches_.pop_back();
+            return c;
+        }
+    }
+    return new WordCache();
+}
+
+void Tokenizer::give_cache(WordCache* c) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    caches_.emplace_back(c);
+}
+
 void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out) {
     const size_t n = in.size();
     const bool pair = !in.b.empty();
@@ -107,6 +126,12 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
     parallel(chunks, num_threads, [&](size_t c) {
         const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
         Scratch s;
+        s.cache = take_cache();
+        struct Give {
+            Tokenizer* t;
+            WordCache* c;
+            ~Give() { t->give_cache(c); }
+        } give{this, s.cache};
         Rows& rows = out[c];
         for (size_t i = begin; i < end; ++i) {
             s.a.clear();

@@ -58,6 +58,7 @@ class Tokenizer {
         std::vector<AddedTokens::Match> matches;
         std::vector<uint32_t> spans;
         Encoded a, b;
+        WordCache* cache = nullptr;
     };
     // Appends the tokens of the segments (no special tokens) to out.
     void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out) const;
@@ -80,7 +81,12 @@ class Tokenizer {
     WordPiece wordpiece_;
     // The pool is made on first parallel use, and made again in a forked child (its threads
     // do not exist there); busy_ lets concurrent callers fall back to their own thread.
+    WordCache* take_cache();
+    void give_cache(WordCache* c);
+
     std::unique_ptr<ThreadPool> pool_;
+    std::mutex cache_mu_;
+    std::vector<std::unique_ptr<WordCache>> caches_;  // idle word caches, one taken per running chunk
     long pool_pid_ = 0;
     std::mutex pool_mu_;
 };

@@ -1,5 +1,7 @@
 #include "wordpiece.h"
 
+#include <cstring>
+
 namespace fastbert {
 
 WordPiece::WordPiece(const Vocab& vocab, int32_t unk_id, const std::string& prefix, size_t max_chars)
@@ -17,7 +19,8 @@ WordPiece::WordPiece(const Vocab& vocab, int32_t unk_id, const std::string& pref
 
 static inline bool is_cont_byte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
-void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans) const {
+void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans,
+                         uint64_t word_hash) const {
     const char* s = word.data;
     const size_t n = word.len;
     if (word.nchars > max_chars_) {
@@ -42,7 +45,7 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         }
         int32_t id = -1;
         while (end > start) {
-            id = map.find(s + start, end - start);
+            id = (start == 0 && end == n) ? map.find(s, n, word_hash) : map.find(s + start, end - start);
             if (id >= 0) break;
             --end;
             while (end > start && is_cont_byte(s[end])) --end;
@@ -70,6 +73,47 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         }
         start = end;
         start_char = end_char;
+    }
+}
+
+void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans,
+                         WordCache& cache) const {
+    const uint64_t h = hash_bytes(word.data, word.len);
+    if (word.len > WordCache::kMaxKey) {
+        tokenize(word, ids, spans, h);
+        return;
+    }
+    WordCache::Entry& e = cache.slots[(h >> 40) & (WordCache::kSlots - 1)];
+    if (e.len == word.len && e.tag == static_cast<uint32_t>(h) && std::memcmp(e.key, word.data, word.len) == 0) {
+        ids.insert(ids.end(), e.ids, e.ids + e.n);
+        if (spans) {
+            uint32_t at = 0;
+            for (uint8_t i = 0; i < e.n; ++i) {
+                spans->push_back(at);
+                at += e.nchars[i];
+                spans->push_back(at);
+            }
+        }
+        return;
+    }
+    const size_t first = ids.size();
+    std::vector<uint32_t> local;
+    std::vector<uint32_t>* sp = spans;
+    if (!sp) {
+        local.reserve(2 * WordCache::kMaxIds);
+        sp = &local;
+    }
+    const size_t span_first = sp->size();
+    tokenize(word, ids, sp, h);
+    const size_t n = ids.size() - first;
+    if (n > WordCache::kMaxIds) return;
+    e.tag = static_cast<uint32_t>(h);
+    e.len = static_cast<uint8_t>(word.len);
+    e.n = static_cast<uint8_t>(n);
+    std::memcpy(e.key, word.data, word.len);
+    for (size_t i = 0; i < n; ++i) {
+        e.ids[i] = ids[first + i];
+        e.nchars[i] = static_cast<uint8_t>((*sp)[span_first + 2 * i + 1] - (*sp)[span_first + 2 * i]);
     }
 }
 

@@ -12,6 +12,21 @@
 
 namespace fastbert {
 
+// Recent words and their pieces, per thread: frequent words skip the vocabulary probes.
+// Direct-mapped, 32-byte entries (two per cache line); words up to 16 bytes, up to 2 pieces.
+struct WordCache {
+    static constexpr size_t kSlots = 8192, kMaxKey = 16, kMaxIds = 2;
+    struct Entry {
+        uint32_t tag;              // low hash bits
+        uint8_t len;               // 0: empty
+        uint8_t n;                 // pieces
+        uint8_t nchars[kMaxIds];   // characters per piece
+        char key[kMaxKey];
+        int32_t ids[kMaxIds];
+    };
+    std::vector<Entry> slots = std::vector<Entry>(kSlots, Entry{});
+};
+
 class WordPiece {
  public:
     WordPiece(const Vocab& vocab, int32_t unk_id, const std::string& prefix, size_t max_chars);
@@ -19,7 +34,14 @@ class WordPiece {
 
     // Appends the word's token ids; when spans is given, also each token's [start, end) in the
     // word's normalized character positions.
-    void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans) const;
+    void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans) const {
+        tokenize(word, ids, spans, hash_bytes(word.data, word.len));
+    }
+    // word_hash: hash_bytes of the whole word (its first probe)
+    void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans,
+                  uint64_t word_hash) const;
+    // The same, through a word cache.
+    void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans, WordCache& cache) const;
     int32_t unk_id() const { return unk_id_; }
 
  private:
