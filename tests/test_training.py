@@ -201,3 +201,193 @@ def test_builtin_question_answering_loss_without_padding(family, tmp_path):
     for loss in losses:
         loss.backward()
     assert_grads_match(hf, fast)
+
+
+# ---- dropout in train() --------------------------------------------------------------------------------
+DROPOUT = {  # distinct rates per site: hidden 0.1, attention probabilities 0.2, classifier 0.3
+    "bert": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.2, classifier_dropout=0.3),
+    "distilbert": dict(dropout=0.1, attention_dropout=0.2, seq_classif_dropout=0.3, qa_dropout=0.3),
+    "albert": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.2, classifier_dropout_prob=0.3),
+    "electra": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.2, classifier_dropout=0.3,
+                    summary_last_dropout=0.3),
+}
+
+
+class DropoutLog(TorchFunctionMode):
+    """Records every active dropout: F.dropout calls (p, input, output) and, through a wrapper
+    installed by the test, the dropout_p fastbert hands to its attention op."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is F.dropout:
+            bound = {**dict(zip(("input", "p", "training"), args)), **kwargs}
+            if bound.get("training", True) and bound.get("p", 0.5) > 0:
+                self.calls.append((round(float(bound["p"]), 6), bound["input"], out))
+        return out
+
+    def rates(self):
+        return sorted(p for p, _, _ in self.calls)
+
+
+@pytest.mark.parametrize("family,head", [(f, h) for f in FAMILIES for h in HEADS if "-" not in h])
+def test_dropout_sites_and_keep_rate_in_train_mode(family, head, monkeypatch):
+    """fastbert drops at transformers' sites with transformers' rates (one record per call), keeps
+    1 - p of the values scaled by 1 / (1 - p), is seeded by torch.manual_seed, and drops nothing in eval."""
+    cls, kwargs, prefix = FAMILIES[family]
+    rates = DROPOUT.get(family, DROPOUT["bert"])
+    config = cls(**{**kwargs, **HEADS[head], **rates})
+    torch.manual_seed(0)
+    hf = getattr(T, prefix + head)(config)
+    hf.config._attn_implementation = "eager"  # attention dropout as an F.dropout call
+    fast = getattr(fastbert, prefix + head).from_hf_config(config)
+    inputs = {k: v for k, v in make_batch(config, head, seed=0, seq=24).items()
+              if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    log = DropoutLog()
+    attention_op = fastbert.ops.varlen_attention
+
+    def logged_attention(*args, dropout_p=0.0, **kw):
+        if dropout_p > 0:
+            log.calls.append((round(dropout_p, 6), None, None))
+        return attention_op(*args, dropout_p=dropout_p, **kw)
+
+    monkeypatch.setattr(fastbert.ops, "varlen_attention", logged_attention)
+    for model in (hf, fast):
+        model.eval()
+        with log:
+            model(**inputs)
+        assert log.calls == [], f"{type(model).__module__}: dropout in eval mode"
+    hf.train(), fast.train()
+    with log:
+        hf(**inputs)
+    want, log.calls = log.rates(), []
+    with torch.no_grad(), log:
+        torch.manual_seed(1)
+        first = fast(**inputs)[0]
+    assert log.rates() == want, "dropout rates per call differ from transformers'"
+
+    # keep rate and scaling of fastbert's hidden dropouts, pooled per rate
+    for p in sorted({p for p, x, _ in log.calls if x is not None}):
+        x = torch.cat([i.flatten() for q, i, _ in log.calls if q == p and i is not None])
+        y = torch.cat([o.flatten() for q, i, o in log.calls if q == p and i is not None])
+        live = x != 0
+        dropped = (y[live] == 0).double().mean().item()
+        n = int(live.sum())
+        assert abs(dropped - p) <= 5 * math.sqrt(p * (1 - p) / n), f"p={p}: dropped {dropped:.4f} of {n}"
+        kept = live & (y != 0)
+        torch.testing.assert_close(y[kept], x[kept] / (1 - p))
+
+    with torch.no_grad():
+        torch.manual_seed(1)
+        again = fast(**inputs)[0]
+        other = fast(**inputs)[0]
+    assert torch.equal(first, again), "train() output not reproducible under torch.manual_seed"
+    assert not torch.allclose(first, other), "train() output is deterministic with dropout > 0"
+
+
+# ---- autocast, gradient checkpointing ------------------------------------------------------------------
+def grads_of(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def rel_err(got, want):
+    return ((got - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("family,head", [("bert", "ForSequenceClassification"), ("electra", "ForMaskedLM"),
+                                         ("albert", "ForTokenClassification"),
+                                         ("distilbert", "ForQuestionAnswering")])
+def test_cpu_bf16_autocast(family, head, tmp_path):
+    """Under torch.autocast("cpu", bfloat16) the loss is as close to the fp32 loss as transformers'
+    under the same autocast (3x its error, STYLE.md's whole-model rule, plus 5e-4 relative) and the
+    gradients are finite and as close to the fp32 gradients."""
+    save_checkpoint(family, head, tmp_path)
+    hf, fast = load_both(family, head, tmp_path)
+    inputs = make_batch(hf.config, head, seed=0)
+    ref = training_loss(hf, head, inputs)
+    ref.backward()
+    order = list(grads_of(hf))                                   # compare by name, in one order
+    ref_grads = torch.cat([g.flatten() for g in grads_of(hf).values()])
+    results = {}
+    for name, model in (("hf", hf), ("fast", fast)):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = training_loss(model, head, inputs)
+        loss.backward()
+        grads = grads_of(model)
+        grads = torch.cat([grads[n].flatten() for n in order])
+        assert torch.isfinite(grads).all(), f"{name}: non-finite gradients under autocast"
+        results[name] = (abs(loss.item() - ref.item()), rel_err(grads, ref_grads))
+    (hf_loss_err, hf_grad_err), (loss_err, grad_err) = results["hf"], results["fast"]
+    assert loss_err <= 3 * hf_loss_err + 5e-4 * abs(ref.item()), results
+    assert grad_err <= 3 * hf_grad_err + 1e-3, results
+
+
+@pytest.mark.parametrize("family,head", [("bert", "ForMaskedLM"), ("distilbert", "ForSequenceClassification"),
+                                         ("albert", "ForMultipleChoice")])
+def test_gradient_checkpointing_gives_the_same_gradients(family, head, tmp_path, monkeypatch):
+    """With dropout on (train mode, seeded), checkpointing recomputes each layer in the backward with
+    the same dropout masks: the gradients equal those without checkpointing."""
+    save_checkpoint(family, head, tmp_path, **DROPOUT.get(family, DROPOUT["bert"]))
+    fast = getattr(fastbert, "AutoModel" + head).from_pretrained(tmp_path).train()
+    inputs = make_batch(fast.config, head, seed=0)
+    layers = list(fast.base_model.layers())
+    calls = []
+    layer_forward = type(layers[0]).forward
+
+    def counted(self, *args, **kwargs):  # module hooks do not fire in checkpoint's recompute: count here
+        calls.append(self)
+        return layer_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(layers[0]), "forward", counted)
+
+    def run():
+        fast.zero_grad()
+        calls.clear()
+        torch.manual_seed(7)
+        fast(**inputs).loss.backward()
+        return grads_of(fast), len(calls)
+
+    plain, n_plain = run()
+    assert not fast.is_gradient_checkpointing
+    fast.gradient_checkpointing_enable()
+    assert fast.is_gradient_checkpointing and fast.supports_gradient_checkpointing
+    ckpt, n_ckpt = run()
+    assert (n_plain, n_ckpt) == (len(layers), 2 * len(layers)), "layers were not recomputed in the backward"
+    assert plain.keys() == ckpt.keys()
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
+    fast.gradient_checkpointing_enable(every_n_layers=2)
+    _, n_half = run()
+    assert n_half == len(layers) + (len(layers) + 1) // 2
+    fast.gradient_checkpointing_disable()
+    assert run()[1] == len(layers)
+
+
+# ---- transformers.Trainer ---------------------------------------------------------------------------------
+def test_transformers_trainer_drop_in(tmp_path):
+    """fastbert's model in transformers.Trainer: trains, lowers the loss, and logs the same losses
+    as the transformers model it was loaded from, step by step."""
+    head = "ForSequenceClassification"
+    save_checkpoint("bert", head, tmp_path / "ckpt")
+    hf, fast = load_both("bert", head, tmp_path / "ckpt")
+    batch = make_batch(hf.config, head, seed=0, batch=8)
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(8)]
+    histories = []
+    for name, model in (("hf", hf), ("fast", fast)):
+        args = T.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=12,
+                                   learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none",
+                                   use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0)
+        trainer = T.Trainer(model=model, args=args, train_dataset=rows)
+        trainer.train()
+        histories.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
+    want, got = histories
+    assert len(got) == 12
+    for step, (a, b) in enumerate(zip(want, got)):
+        assert_close(a, b, rtol=1e-4, what=f"Trainer loss at step {step}")
+    assert sum(got[-4:]) < 0.8 * sum(got[:4]), f"Trainer did not lower the loss: {got}"

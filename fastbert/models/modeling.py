@@ -9,6 +9,7 @@ Sharing parameters with a transformers model (what fastbert.optimize builds on):
 or, to share the very same tensors instead of copying them, `fast.load_state_dict(sd, strict=True,
 assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
 """
+import contextlib
 import copy
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import check_supported, config_from_dict, resolve
@@ -45,6 +47,10 @@ class FastPreTrainedModel(nn.Module):
 
     base_model_prefix = "bert"
     model_types: Tuple[str, ...] = ("bert",)
+    # what transformers.Trainer and friends read from a model
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _keys_to_ignore_on_save = None
 
     def __init__(self, config):
         super().__init__()
@@ -57,6 +63,7 @@ class FastPreTrainedModel(nn.Module):
         self.config = config
         self.dims = resolve(config)
         self.gradient_checkpointing = False
+        self._checkpoint_options = ({"use_reentrant": False}, 1, False)  # (checkpoint kwargs, every n, offload)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -232,19 +239,39 @@ class FastPreTrainedModel(nn.Module):
         save_file(state, os.path.join(save_directory, "model.safetensors"), metadata={"format": "pt"})
 
     # ---- training switches --------------------------------------------------------------------
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None) -> None:
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, every_n_layers: int = 1,
+                                        offload: bool = False) -> None:
+        """Recompute encoder layers in the backward instead of keeping their activations (training only),
+        as transformers: every `every_n_layers`-th layer; kwargs go to torch.utils.checkpoint (default
+        use_reentrant=False); offload=True keeps the saved layer inputs in host memory."""
+        if not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers must be a positive int, got {every_n_layers!r}")
+        kwargs = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
         for m in self.modules():
             if isinstance(m, FastPreTrainedModel):
                 m.gradient_checkpointing = True
+                m._checkpoint_options = (kwargs, every_n_layers, bool(offload))
 
-    def gradient_checkpointing_disable(self) -> None:
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, every_n_layers: int = 1,
+                                      offload: bool = False) -> None:
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, every_n_layers, offload)
+
+    def activation_checkpointing_disable(self) -> None:
         for m in self.modules():
             if isinstance(m, FastPreTrainedModel):
                 m.gradient_checkpointing = False
 
+    gradient_checkpointing_disable = activation_checkpointing_disable
+
     @property
-    def is_gradient_checkpointing(self) -> bool:
+    def is_activation_checkpointing(self) -> bool:
         return self.gradient_checkpointing
+
+    is_gradient_checkpointing = is_activation_checkpointing
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        return False  # encoders only
 
     def _finish(self, output, return_dict: Optional[bool]):
         if return_dict is None:
@@ -309,9 +336,11 @@ class EncoderModel(FastPreTrainedModel):
         hidden_states = [repad(x, packing)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        for layer in self.layers():
-            if checkpointing:
-                x, probs = checkpoint(layer, x, packing, bool(output_attentions), use_reentrant=False)
+        ckpt_kwargs, every, offload = self._checkpoint_options
+        for i, layer in enumerate(self.layers()):
+            if checkpointing and i % every == 0:
+                with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
+                    x, probs = checkpoint(layer, x, packing, bool(output_attentions), **ckpt_kwargs)
             else:
                 x, probs = layer(x, packing, bool(output_attentions))
             if output_hidden_states:
