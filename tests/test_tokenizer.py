@@ -501,6 +501,34 @@ def test_added_tokens_decoder_flags(model_dir, tmp_path):
     assert len(fb) == len(hf)
 
 
+def _json_added(jj, content, **flags):
+    jj["added_tokens"].append({"id": 30522, **_added(content, **flags)})
+
+
+# tokenizer.json edits; BertTokenizerFast rebuilds normalizer, pre-tokenizer, model settings and
+# post-processor from its own arguments, but keeps the vocab and the added tokens: so must fastbert.
+JSON_VARIANTS = {
+    "max_chars_5": lambda jj: jj["model"].update(max_input_chars_per_word=5),
+    "lowercase_false": lambda jj: jj["normalizer"].update(lowercase=False, strip_accents=False),
+    "no_sep_template": lambda jj: jj["post_processor"].update(single=jj["post_processor"]["single"][:2]),
+    "no_truncation_padding": lambda jj: jj.update(truncation=None, padding=None),
+    "added_special": lambda jj: _json_added(jj, "<ent>"),
+    "added_normalized": lambda jj: _json_added(jj, "NewTok", normalized=True, special=False),
+}
+
+
+@pytest.mark.parametrize("edit", list(JSON_VARIANTS.values()), ids=list(JSON_VARIANTS))
+def test_tokenizer_json_variants(model_dir, tmp_path, edit):
+    data = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
+    edit(data)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    fb, hf = pair(str(tmp_path))
+    texts = ["hello wonderful <ent> NewTok newtok Héllo", "NEWTOK<ent>x"] + tc.EDGE_STRINGS[:25]
+    check_call(fb, hf, texts, **ALL_FIELDS)
+    check_call(fb, hf, texts, texts[::-1], truncation=True, max_length=16, **ALL_FIELDS)
+    assert len(fb) == len(hf) and fb.model_max_length == hf.model_max_length
+
+
 @pytest.mark.parametrize("flags", [{}, dict(do_lower_case=False, model_max_length=64)], ids=["default", "cased"])
 def test_save_pretrained_round_trip(vocab_dir, tmp_path, flags):
     fb, hf = pair(vocab_dir, **flags)
