@@ -529,6 +529,23 @@ def test_tokenizer_json_variants(model_dir, tmp_path, edit):
     assert len(fb) == len(hf) and fb.model_max_length == hf.model_max_length
 
 
+def test_vocab_txt_quirks(model_dir, tmp_path):
+    """vocab.txt lines are read as HF reads them: trailing whitespace trimmed (leading kept), a repeated
+    token keeps its last id (so len() counts distinct tokens), blank lines and CRLF tolerated."""
+    lines = open(os.path.join(model_dir, "vocab.txt"), encoding="utf-8").read().split("\n")[:-1]
+    lines = lines + ["hello", "##ing", "a b ", " lead", "tail\t"]
+    (tmp_path / "vocab.txt").write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8"))
+    fb, hf = pair(str(tmp_path))
+    assert (len(fb), fb.vocab_size) == (len(hf), hf.vocab_size)
+    assert fb.get_vocab() == hf.get_vocab()
+    assert fb.convert_tokens_to_ids(["hello", "a b", "a b ", " lead", "lead", "tail"]) == \
+        hf.convert_tokens_to_ids(["hello", "a b", "a b ", " lead", "lead", "tail"])
+    texts = ["hello world running Hello ing a b lead tail", "tailing helloing"]
+    check_call(fb, hf, texts, **ALL_FIELDS)
+    ids = hf(texts)["input_ids"][0]
+    assert fb.decode(ids) == hf.decode(ids)
+
+
 @pytest.mark.parametrize("flags", [{}, dict(do_lower_case=False, model_max_length=64)], ids=["default", "cased"])
 def test_save_pretrained_round_trip(vocab_dir, tmp_path, flags):
     fb, hf = pair(vocab_dir, **flags)
