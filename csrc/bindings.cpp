@@ -198,6 +198,7 @@ class PyTokenizer {
     std::vector<std::string> tokens() const { return tok_->vocab().tokens(); }
     size_t size() const { return tok_->vocab().size(); }
     size_t base_size() const { return base_size_; }
+    void clear_cache() { tok_->clear_cache(); }
     void set_specials(int32_t cls, int32_t sep) {
         cls_id_ = cls;
         sep_id_ = sep;
@@ -350,5 +351,6 @@ PYBIND11_MODULE(_C, m) {
         .def("tokens", &PyTokenizer::tokens)
         .def("set_specials", &PyTokenizer::set_specials)
         .def("base_size", &PyTokenizer::base_size)
+        .def("clear_cache", &PyTokenizer::clear_cache)
         .def("__len__", &PyTokenizer::size);
 }

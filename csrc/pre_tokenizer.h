@@ -3,6 +3,8 @@
 // hands each word (normalized UTF-8 + where its characters came from) to a callback.
 #pragma once
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,12 +29,40 @@ class PreTokenizer {
     PreTokenizer() = default;
 
     // Per-call scratch space, one per thread.
+    // A growable byte buffer that, unlike std::string::resize, does not zero what it is about to
+    // overwrite.
+    class Buffer {
+     public:
+        const char* data() const { return data_.get(); }
+        char* data() { return data_.get(); }
+        size_t size() const { return size_; }
+        size_t capacity() const { return cap_; }
+        void clear() { size_ = 0; }
+        void reserve(size_t n) {
+            if (n <= cap_) return;
+            std::unique_ptr<char[]> d(new char[n]);
+            if (size_) std::memcpy(d.get(), data_.get(), size_);
+            data_ = std::move(d);
+            cap_ = n;
+        }
+        void commit(size_t n) { size_ = n; }
+        void push_back(char c) {
+            if (size_ == cap_) reserve(cap_ ? 2 * cap_ : 64);
+            data_[size_++] = c;
+        }
+
+     private:
+        std::unique_ptr<char[]> data_;
+        size_t size_ = 0, cap_ = 0;
+    };
+
     struct Scratch {
-        std::string word;
+        Buffer word;
         std::vector<uint32_t> orig;
     };
 
-    // text[0..len) starts at character index char_base of the original text. Calls emit(const Word&).
+    // text[0..len) starts at character index char_base of the original text. Calls emit(const Word&),
+    // which returns false to stop early (truncation knows it has enough tokens).
     template <class F>
     void run(const char* text, size_t len, uint32_t char_base, bool track, Scratch& s, F&& emit) const;
 
@@ -43,7 +73,8 @@ class PreTokenizer {
     Normalizer norm_;
 };
 
-inline void append_utf8(std::string& s, uint32_t c) {
+template <class S>
+inline void append_utf8(S& s, uint32_t c) {
     if (c < 0x80) {
         s.push_back(static_cast<char>(c));
     } else if (c < 0x800) {
@@ -79,15 +110,16 @@ inline uint32_t decode_utf8(const unsigned char*& p) {
 template <class F>
 void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool track, Scratch& s,
                        F&& emit) const {
-    std::string& w = s.word;
+    Buffer& w = s.word;
     std::vector<uint32_t>& orig = s.orig;
     w.clear();
     orig.clear();
     size_t nchars = 0;
     uint32_t wstart = 0, wend = 0;
+    bool more = true;
     auto flush = [&]() {
         if (nchars) {
-            emit(Word{w.data(), w.size(), nchars, track ? orig.data() : nullptr, wstart, wend});
+            more = emit(Word{w.data(), w.size(), nchars, track ? orig.data() : nullptr, wstart, wend});
             w.clear();
             orig.clear();
             nchars = 0;
@@ -104,7 +136,7 @@ void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool tr
     const unsigned char* end = p + len;
     uint32_t ci = char_base;
     uint32_t out[Normalizer::kMaxOut];
-    while (p < end) {
+    while (p < end && more) {
         const unsigned char b = *p;
         if (b < 0x80) {
             switch (ascii_class_[b]) {
@@ -115,9 +147,10 @@ void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool tr
                     const size_t run = static_cast<size_t>(q - p);
                     if (!nchars) wstart = ci;
                     const size_t at = w.size();
-                    w.resize(at + run);
-                    char* d = &w[at];
+                    if (w.capacity() < at + run) w.reserve(2 * (at + run));
+                    char* d = w.data() + at;
                     for (size_t k = 0; k < run; ++k) d[k] = ascii_map_[p[k]];
+                    w.commit(at + run);
                     if (track)
                         for (size_t k = 0; k < run; ++k) orig.push_back(ci + static_cast<uint32_t>(k));
                     nchars += run;
@@ -159,7 +192,7 @@ void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool tr
         if (r.isolate) flush();
         ++ci;
     }
-    flush();
+    if (more) flush();
 }
 
 }  // namespace fastbert

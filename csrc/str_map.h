@@ -20,6 +20,18 @@ inline uint64_t load32(const char* p) {
     return v;
 }
 
+// Byte equality for short keys without a libc call (overlapping fixed-size loads, no over-read).
+inline bool equal_bytes(const char* a, const char* b, size_t n) {
+    if (n >= 8) {
+        if (n > 16) return std::memcmp(a, b, n) == 0;
+        return load64(a) == load64(b) && load64(a + n - 8) == load64(b + n - 8);
+    }
+    if (n >= 4) return load32(a) == load32(b) && load32(a + n - 4) == load32(b + n - 4);
+    for (size_t i = 0; i < n; ++i)
+        if (a[i] != b[i]) return false;
+    return true;
+}
+
 inline uint64_t hash_bytes(const char* p, size_t n) {
     // 8 bytes at a time, multiply-xorshift mixing. The tail is read with fixed-size loads
     // (overlapping ones for 4..7 bytes), never a variable-length copy: that one stalls on
@@ -88,7 +100,7 @@ class StrMap {
         for (;;) {
             const Slot& s = slots_[i];
             if (s.id < 0) return -1;
-            if (s.tag == static_cast<uint32_t>(h) && s.len == n && std::memcmp(pool_.data() + s.off, p, n) == 0)
+            if (s.tag == static_cast<uint32_t>(h) && s.len == n && equal_bytes(pool_.data() + s.off, p, n))
                 return s.id;
             i = (i + 1) & mask_;
         }

@@ -33,8 +33,9 @@ Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedT
     added_ = AddedTokens(std::move(added));
 }
 
-void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out) const {
-    for (size_t k = 0; k < nseg; ++k) {
+void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
+                       size_t limit) const {
+    for (size_t k = 0; k < nseg && out.ids.size() <= limit; ++k) {
         const char* text = segs[k].data();
         const size_t len = segs[k].size();
         auto piece = [&](size_t begin, size_t end, uint32_t char_base) {
@@ -43,7 +44,7 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
                 if (!offsets) {
                     if (s.cache) wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
                     else wordpiece_.tokenize(w, out.ids, nullptr);
-                    return;
+                    return out.ids.size() <= limit;
                 }
                 s.spans.clear();
                 if (s.cache) wordpiece_.tokenize(w, out.ids, &s.spans, *s.cache);
@@ -53,6 +54,7 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
                     out.offsets.push_back(w.orig[b]);
                     out.offsets.push_back(w.orig[e - 1] + 1);
                 }
+                return out.ids.size() <= limit;
             });
         };
         if (added_.empty()) {
@@ -63,6 +65,7 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
         size_t pos = 0;
         uint32_t chars = 0;
         for (const AddedTokens::Match& m : s.matches) {
+            if (out.ids.size() > limit) break;
             piece(pos, m.begin, chars);
             chars += static_cast<uint32_t>(count_chars(text + pos, m.begin - pos));
             const uint32_t mchars = static_cast<uint32_t>(count_chars(text + m.begin, m.end - m.begin));
@@ -117,6 +120,11 @@ void Tokenizer::give_cache(WordCache* c) {
     caches_.emplace_back(c);
 }
 
+void Tokenizer::clear_cache() {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    caches_.clear();
+}
+
 void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out) {
     const size_t n = in.size();
     const bool pair = !in.b.empty();
@@ -133,9 +141,15 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
             ~Give() { t->give_cache(c); }
         } give{this, s.cache};
         Rows& rows = out[c];
+        // A single sequence cut on the right without overflow rows needs only its first tokens.
+        size_t limit = SIZE_MAX;
+        if (!pair && cfg.truncation != Truncation::kNone && !cfg.overflow && !cfg.truncate_left) {
+            const size_t added = cfg.add_special_tokens ? num_special_tokens(false) : 0;
+            if (cfg.max_length >= added) limit = cfg.max_length - added;
+        }
         for (size_t i = begin; i < end; ++i) {
             s.a.clear();
-            encode(in.segs.data() + in.a[i], in.a[i + 1] - in.a[i], cfg.offsets, s, s.a);
+            encode(in.segs.data() + in.a[i], in.a[i + 1] - in.a[i], cfg.offsets, s, s.a, limit);
             if (pair) {
                 s.b.clear();
                 encode(in.segs.data() + in.b[i], in.b[i + 1] - in.b[i], cfg.offsets, s, s.b);

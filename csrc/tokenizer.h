@@ -1,6 +1,7 @@
 // The whole BERT tokenizer: added tokens -> normalizer + pre-tokenizer -> WordPiece ->
 // post-processor, for one text or a batch (on a thread pool), plus padding into flat buffers.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,8 +61,10 @@ class Tokenizer {
         Encoded a, b;
         WordCache* cache = nullptr;
     };
-    // Appends the tokens of the segments (no special tokens) to out.
-    void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out) const;
+    // Appends the tokens of the segments (no special tokens) to out; may stop once out has more
+    // than limit tokens (the rest would be truncated away).
+    void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
+                size_t limit = SIZE_MAX) const;
 
     // Encodes and post-processes a batch; one Rows per chunk, in input order.
     // num_threads <= 1 runs on the calling thread.
@@ -69,6 +72,8 @@ class Tokenizer {
     // Writes all rows, padded (or, when a row is longer, not at all: check first) into out.
     void fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, const PadOut& out, int num_threads);
 
+    // Forgets every cached word (the caches of running batches are left alone).
+    void clear_cache();
     const Vocab& vocab() const { return vocab_; }
     int32_t token_id(std::string_view t) const { return vocab_.id(t); }
 

@@ -84,7 +84,7 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         return;
     }
     WordCache::Entry& e = cache.slots[(h >> 40) & (WordCache::kSlots - 1)];
-    if (e.len == word.len && e.tag == static_cast<uint32_t>(h) && std::memcmp(e.key, word.data, word.len) == 0) {
+    if (e.len == word.len && e.tag == static_cast<uint32_t>(h) && equal_bytes(e.key, word.data, word.len)) {
         ids.insert(ids.end(), e.ids, e.ids + e.n);
         if (spans) {
             uint32_t at = 0;

@@ -254,6 +254,10 @@ class BertTokenizer:
         i = self._core.token_to_id(token)
         return default if i is None else i
 
+    def clear_cache(self) -> None:
+        """Forgets the per-thread word caches (results never depend on them; timings do)."""
+        self._core.clear_cache()
+
     # ------------------------------------------------------------------------------ attributes
     @property
     def num_threads(self) -> int:
