@@ -70,11 +70,8 @@ def optimize(model):
 
 
 def _is_sentence_transformer(obj) -> bool:
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        return False
-    return isinstance(obj, SentenceTransformer)
+    st = sys.modules.get("sentence_transformers")  # a SentenceTransformer exists only once it is imported
+    return st is not None and isinstance(obj, st.SentenceTransformer)
 
 
 def _hf_model_of(module):
