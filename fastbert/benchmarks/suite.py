@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import inspect
+import logging
 import math
 import os
 import platform
@@ -307,6 +308,8 @@ def _quiet_peers():
     """The peers' own chatter (weight-loading bars, long-input notices) would break up the progress
     bars; their warnings are kept in the JSON instead (see run_suite)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # the ids-path benchmarks encode whole paragraphs untruncated on purpose: no "longer than 512" notice
+    logging.getLogger("fastbert.tokenizer").setLevel(logging.ERROR)
     try:
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
