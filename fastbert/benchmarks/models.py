@@ -89,6 +89,8 @@ def _timed(fn, inputs):
 
 
 def _last_hidden(out):
+    if isinstance(out, torch.Tensor):
+        return out
     return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
 
 
@@ -99,7 +101,7 @@ def _onnx_peer(hf_model, inputs, workdir):
     names = list(inputs)
     path = os.path.join(workdir, "model.onnx")
     dynamic = {n: {0: "batch", 1: "seq"} for n in names}
-    wrapped = _OnnxWrapper(hf_model, names)
+    wrapped = _OnnxWrapper(hf_model, names).eval()  # export restores the wrapper's mode: keep it eval
     torch.onnx.export(wrapped, tuple(inputs[n] for n in names), path, input_names=names,
                       output_names=["last_hidden_state"], dynamic_axes=dynamic, opset_version=17, dynamo=False)
     note = "ORT graph optimizations"
@@ -178,6 +180,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
             try:
                 workdir = tempfile.mkdtemp(prefix="fastbert-onnx-")
                 session, note = _onnx_peer(hf, inputs, workdir)
+                hf.eval()
                 peers["ONNX Runtime"] = (session, note)
             except ImportError as exc:
                 rows["ONNX Runtime"] = {"note": f"skipped: {exc}", "skipped": True}
