@@ -125,6 +125,8 @@ def test_bench_smoke_writes_json_and_png(tmp_path):
         assert text in proc.stdout, text
     [json_path] = tmp_path.glob("bench-cpu-*.json")
     [png_path] = tmp_path.glob("bench-cpu-*.png")
+    [md_path] = tmp_path.glob("bench-cpu-*.md")
+    assert "| Workload |" in md_path.read_text()
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 10_000
     data = json.loads(json_path.read_text())
     meta = data["meta"]

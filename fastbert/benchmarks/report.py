@@ -114,6 +114,44 @@ def render_tables(results):
     return tables
 
 
+def to_markdown(results) -> str:
+    """The same tables as render_tables, in Markdown (for a README or an issue)."""
+    out = []
+    for section in dict.fromkeys(r.section for r in results):
+        rows = [r for r in results if r.section == section]
+        units = {r.unit for r in rows if r.value is not None}
+        show_unit = len(units) != 1
+        peers = list(dict.fromkeys(r.name for r in rows if not r.fastbert))
+        fast_names = list(dict.fromkeys(r.name for r in rows if r.fastbert))
+        unit = "" if show_unit else f" ({next(iter(units))})"
+        out.append(f"**{section}**{unit}, higher is better; (x) = fastbert's speed-up over that peer\n")
+        head = ["Workload", (fast_names[0] if len(fast_names) == 1 else "fastbert")] + peers + ["Output vs HF"]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + ["---"]) + "|")
+        for case in dict.fromkeys(r.case for r in rows):
+            in_case = [r for r in rows if r.case == case]
+            fast = next((r for r in in_case if r.fastbert), None)
+            cells = [case, f"**{_cell(fast.value, fast.unit, show_unit)}**"
+                     if fast is not None and fast.value is not None else (fast.note if fast else "—")]
+            for peer in peers:
+                r = next((r for r in in_case if r.name == peer), None)
+                if r is None or r.value is None:
+                    cells.append("—")
+                    continue
+                text = _cell(r.value, r.unit, show_unit)
+                if r.speedup is not None:
+                    text += f" ({_fmt_ratio(r.speedup)}{' FAIL' if r.speedup_fails else ''})"
+                cells.append(text)
+            check = fast.check if fast is not None else SKIPPED
+            cells.append(f"{check} {fast.detail}".strip() if fast is not None else check)
+            out.append("| " + " | ".join(cells) + " |")
+        notes = list(dict.fromkeys(f"{r.name}: {r.note}" for r in rows
+                                   if r.note and (r.value is None or not r.fastbert)))
+        out.extend(["", *[f"{n}  " for n in notes]] if notes else [])
+        out.append("")
+    return "\n".join(out)
+
+
 def notes_for(results, json_path, png_path):
     """The lines printed under the table: what the ratios mean, problems, where the files went."""
     lines = [
@@ -132,6 +170,7 @@ def notes_for(results, json_path, png_path):
         lines.append(f"  {check}: {section} / {name} ({where}): {note}")
     lines.append(f"JSON (all rows, machine, versions): {json_path}")
     lines.append(f"Plot: {png_path}")
+    lines.append(f"Markdown tables: {Path(json_path).with_suffix('.md')}")
     return lines
 
 

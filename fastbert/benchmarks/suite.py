@@ -380,4 +380,6 @@ def run_suite(cfg: BenchConfig, console=None):
                 f"fastbert {v['fastbert']}; {meta['date']}")
     report.write_json(json_path, meta, results, raw)
     report.write_plot(png_path, results, title, subtitle)
+    md_path = json_path.with_suffix(".md")  # the same tables, ready to paste into a README or issue
+    md_path.write_text(f"{title}  \n{subtitle}\n\n{report.to_markdown(results)}", encoding="utf-8")
     return results, meta, json_path, png_path, title, subtitle
