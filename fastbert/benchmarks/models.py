@@ -138,14 +138,28 @@ class _OnnxWrapper(torch.nn.Module):
 def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: str = "float32",
         repeats: int | None = None, threads: int | None = 2, compile: bool | None = None,
         onnx: bool = True, progress=None, batch_size: int | None = None, seq_len: int | None = None,
-        **_ignored) -> list[dict]:
+        smoke: bool = False, **_ignored) -> list[dict]:
+    """Rows: name, case, tokens/s (real tokens), seconds (best), max_abs_diff vs transformers, ok,
+    vs_hf_sdpa, note. threads: torch threads for this run (restored after); smoke: one repeat, no
+    torch.compile or ONNX (the CLI's own tests)."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    if smoke:
+        repeats, compile, onnx = 1, False, False
+    try:
+        return _run(model_dir, texts, quick, device, dtype, repeats, compile, onnx, progress, batch_size,
+                    seq_len)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(model_dir, texts, quick, device, dtype, repeats, compile, onnx, progress, batch_size, seq_len):
     import transformers
 
     import fastbert
 
     say = progress or (lambda message: None)
-    if threads:
-        torch.set_num_threads(threads)
     repeats = repeats or (3 if quick else 7)
     compile = (not quick) if compile is None else compile
     torch_dtype = getattr(torch, dtype)
