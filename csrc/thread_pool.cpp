@@ -44,15 +44,23 @@ void ThreadPool::worker_loop() {
             wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
             if (stop_) return;
             seen = generation_;
+            ++active_;
         }
         drain();
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (--active_ == 0) done_.notify_all();
+        }
     }
 }
 
 void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn) {
     if (n_tasks == 0) return;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        // No worker may still be inside drain() of the previous batch while the counters reset,
+        // or it could take a task index twice.
+        std::unique_lock<std::mutex> lock(mu_);
+        done_.wait(lock, [&] { return active_ == 0; });
         fn_ = &fn;
         n_tasks_ = n_tasks;
         next_.store(0);
@@ -65,7 +73,7 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn) {
     std::exception_ptr err;
     {
         std::unique_lock<std::mutex> lock(mu_);
-        done_.wait(lock, [&] { return finished_ == n_tasks_; });
+        done_.wait(lock, [&] { return finished_ == n_tasks_ && active_ == 0; });
         err = error_;
         fn_ = nullptr;
     }

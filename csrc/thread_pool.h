@@ -33,6 +33,7 @@ class ThreadPool {
     size_t n_tasks_ = 0;
     std::atomic<size_t> next_{0};
     size_t finished_ = 0;
+    int active_ = 0;  // workers inside drain(); a batch is set up only when none is
     size_t generation_ = 0;
     bool stop_ = false;
     std::exception_ptr error_;
