@@ -7,9 +7,14 @@ to an existing transformers model:
     fast = BertModel.from_hf_config(hf.config)                 # or RobertaForMaskedLM, ...
     fast.load_state_dict(hf.state_dict(), strict=True)
 
-Differences from transformers, by design: the encoder runs on packed real tokens (padding rows of
-last_hidden_state / hidden_states are zeros); output_attentions=True takes an unfused attention
-path (probabilities materialised; rows of padded queries are not meaningful).
+Differences from transformers, by design: the encoder runs on packed real tokens, so padding rows
+of last_hidden_state / hidden_states are zeros (transformers fills them with values computed on
+pad tokens), and per-token head outputs at padding positions are the head applied to zeros. Losses
+that only read real positions (MLM / token labels -100 at padding, sequence and multiple-choice
+classification) equal transformers'; question answering's loss equals it without padding (with
+padding transformers' softmax also spans the padding positions' logits). output_attentions=True
+takes an unfused attention path (probabilities materialised; rows of padded queries are not
+meaningful).
 """
 from typing import List
 
