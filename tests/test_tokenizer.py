@@ -148,10 +148,11 @@ def check_call(fb, hf, *args, **kwargs):
     return want
 
 
-def compare_batch(fb, hf, texts, label, **kwargs):
-    """Batch-encode ``texts`` with both; list every document that differs (index, text, first diff)."""
+def compare_batch(fb, hf, texts, label, want=None, **kwargs):
+    """Batch-encode ``texts`` with both; list every document that differs (index, text, first diff).
+    Returns BertTokenizerFast's encoding (pass it back as ``want`` to compare again without re-running HF)."""
     got = fb(texts, **kwargs)
-    want = hf(texts, **kwargs)
+    want = hf(texts, **kwargs) if want is None else want
     assert sorted(got.keys()) == sorted(want.keys())
     bad = []
     for i in range(len(texts)):
@@ -162,6 +163,7 @@ def compare_batch(fb, hf, texts, label, **kwargs):
                 bad.append(f"doc {i} {texts[i][:80]!r}: {key} differs at {j}: got {g[j:j + 4]} want {w[j:j + 4]}")
                 break
     assert not bad, f"{label}: {len(bad)} of {len(texts)} documents differ:\n" + "\n".join(bad[:10])
+    return want
 
 
 # ---- HF's golden strings and hand-picked edges ----------------------------------------------------------
@@ -556,6 +558,37 @@ def test_save_pretrained_round_trip(vocab_dir, tmp_path, flags):
         compare_batch(loaded, hf, texts, f"reloaded {type(loaded).__module__}", **ALL_FIELDS)
         assert loaded.model_max_length == hf.model_max_length
         assert len(loaded) == len(hf)
+
+
+def _word_pool_documents(seed, n_docs):
+    """Documents drawn from a small pool of words with lengths around cache-key limits (1-101 bytes),
+    case variants of the same words, and multi-byte characters: every word repeats many times."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = list("abcdefghijklmnopqrstuvwxyzéüßøñ") + ["##", "ing", "un", "中", "\u0301", "İ", "ǅ", "\U0001d518"]
+
+    def word():
+        size, out = rng.choice([1, 2, 3, 5, 8, 12, 15, 16, 17, 23, 24, 25, 31, 32, 33, 64, 100, 101]), ""
+        while len(out.encode()) < size:
+            out += rng.choice(alphabet)
+        return out
+
+    pool = [word() for _ in range(1500)]
+    pool += [w.upper() for w in pool[:300]] + [w.capitalize() for w in pool[300:600]]
+    return [" ".join(rng.choice(pool) for _ in range(rng.randint(1, 120))) for _ in range(n_docs)]
+
+
+@pytest.mark.parametrize("flags", [{}, dict(do_lower_case=False)], ids=["uncased", "no_lowercase"])
+def test_repeated_words(vocab_dir, flags):
+    """Words seen again and again (word caches, if any, must never hand back another word's pieces)."""
+    fb, hf = pair(vocab_dir, **flags)
+    texts = _word_pool_documents(7, 400)
+    want = compare_batch(fb, hf, texts, f"word pool {flags}", return_offsets_mapping=True)
+    # The second pass runs on whatever the first left behind, one document at a time too.
+    compare_batch(fb, hf, texts, f"word pool {flags}, again", want=want, return_offsets_mapping=True)
+    for i in range(0, len(texts), 40):
+        assert fb(texts[i])["input_ids"] == want["input_ids"][i], f"document {i} alone"
 
 
 # ---- real text in full ------------------------------------------------------------------------------
