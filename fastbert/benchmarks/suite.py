@@ -17,7 +17,7 @@ import platform
 import re
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -144,6 +144,12 @@ def _check(flag):
     return SKIPPED if flag is None else (OK if flag else FAIL)
 
 
+_DISPLAY_NAMES = {"fastbert Encoder.encode": "fastbert.Encoder.encode",
+                  "sentence-transformers encode": "sentence-transformers",
+                  "transformers AutoModel (sdpa)": "HF transformers (sdpa)",
+                  "torch.compile(transformers)": "torch.compile(HF)"}
+
+
 def _generic_results(section, rows):
     """Fallback for rows whose layout this suite does not know: show name and throughput."""
     out = []
@@ -161,12 +167,6 @@ def _generic_results(section, rows):
                           str(row.get("case", row.get("path", ""))), value, unit,
                           fastbert=is_fast, check=check, note=note, detail=_agreement(row)))
     return out
-
-
-_DISPLAY_NAMES = {"fastbert Encoder.encode": "fastbert.Encoder.encode",
-                  "sentence-transformers encode": "sentence-transformers",
-                  "transformers AutoModel (sdpa)": "HF transformers (sdpa)",
-                  "torch.compile(transformers)": "torch.compile(HF)"}
 
 
 _SETTINGS_TAIL = re.compile(r", (float32|float16|bfloat16), \d+ threads?$")  # already in the header
@@ -275,16 +275,18 @@ class Section:
     title: str      # the "Part" column
     adapt: object   # (title, rows) -> list[Result]
     sized: bool = False        # run once per --batch-sizes x --seq-lens combination
+    extra: dict = field(default_factory=dict)  # keyword arguments for this module's run() only
 
 
 SECTIONS = (
     Section("tokenizer", "Tokenizer", _tokenizer_results),
-    Section("models", "Model forward", _model_results, sized=True),
+    # threads=None: keep the process's thread count (all cores), the same for every part and peer
+    Section("models", "Model forward", _model_results, sized=True, extra={"threads": None}),
     Section("encoder", "Text to embeddings", _encoder_results),
 )
 
 
-def _section_kwargs(cfg: BenchConfig, progress):
+def _section_kwargs(section, cfg: BenchConfig, progress):
     # texts=None: each module reads the real text it was designed around from benchmarks/corpus.py
     kwargs = dict(model_dir=cfg.model_dir, texts=None,
                   quick=cfg.quick or cfg.smoke, smoke=cfg.smoke, device=cfg.device, dtype=cfg.dtype,
@@ -293,7 +295,7 @@ def _section_kwargs(cfg: BenchConfig, progress):
         kwargs["compile"] = True  # `make bench` still compares with torch.compile (about 20 s)
     if cfg.smoke:  # every code path, tiny sizes: one repeat, no compile / ONNX export
         kwargs.update(repeats=1, compile=False, onnx=False, lines=48)
-    return kwargs
+    return {**kwargs, **section.extra}
 
 
 def _sizes(section, cfg: BenchConfig):
@@ -319,7 +321,8 @@ def _quiet_peers():
 
 
 def run_suite(cfg: BenchConfig, console=None):
-    """Run every section; returns (results, meta, raw rows, json path, png path)."""
+    """Run every part; writes JSON, PNG and Markdown; returns
+    (results, meta, json path, png path, title, subtitle)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -337,7 +340,13 @@ def run_suite(cfg: BenchConfig, console=None):
             bars.update(overall, description=section.title)
 
             def progress(message, task=task):
-                bars.update(task, description=str(message))
+                # "timing 2/3", "repeat 2 of 3": a measurement with a known length gets a real bar
+                step = re.search(r"(\d+)\s*(?:/|of)\s*(\d+)", str(message))
+                if step:
+                    done, total = int(step.group(1)) - 1, int(step.group(2))
+                    bars.update(task, description=str(message), completed=done, total=total)
+                else:
+                    bars.update(task, description=str(message))
 
             try:
                 module = importlib.import_module(f"fastbert.benchmarks.{section.key}")
@@ -345,7 +354,7 @@ def run_suite(cfg: BenchConfig, console=None):
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     for size in _sizes(section, cfg):
-                        kwargs = {**_section_kwargs(cfg, progress), **size}
+                        kwargs = {**_section_kwargs(section, cfg, progress), **size}
                         rows.extend(_call(module.run, **kwargs))
                 raw[section.key] = rows
                 if caught:
