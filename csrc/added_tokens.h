@@ -14,6 +14,7 @@ struct AddedToken {
     bool lstrip = false;
     bool rstrip = false;
     bool single_word = false;
+    bool normalized = false;  // matched in the normalized text (content normalized the same way)
 };
 
 class AddedTokens {

@@ -21,7 +21,7 @@ class PyTokenizer {
  public:
     PyTokenizer(py::object vocab, bool lowercase, bool strip_accents, bool handle_chinese_chars, bool clean_text,
                 const std::string& unk_token, const std::string& prefix, size_t max_chars,
-                const std::vector<std::tuple<std::string, bool, bool, bool>>& added) {
+                const std::vector<std::tuple<std::string, bool, bool, bool, bool>>& added) {
         Vocab v;
         if (py::isinstance<py::str>(vocab)) {
             try {
@@ -45,10 +45,12 @@ class PyTokenizer {
             t.lstrip = std::get<1>(a);
             t.rstrip = std::get<2>(a);
             t.single_word = std::get<3>(a);
+            t.normalized = std::get<4>(a);
             t.id = v.id(t.content);
             toks.push_back(t);
         }
-        base_size_ = v.size();
+        base_size_ = v.distinct();
+        base_ids_ = v.size();
         try {
             tok_.reset(new Tokenizer(std::move(v), cfg, std::move(toks)));
         } catch (const std::invalid_argument& e) {
@@ -187,7 +189,7 @@ class PyTokenizer {
     }
 
     py::object id_to_token(int64_t id) const {
-        if (id < 0 || static_cast<size_t>(id) >= tok_->vocab().size()) return py::none();
+        if (id < 0 || !tok_->vocab().has_id(static_cast<size_t>(id))) return py::none();
         return py::str(tok_->vocab().token(static_cast<size_t>(id)));
     }
     py::object token_to_id(const std::string& t) const {
@@ -196,8 +198,9 @@ class PyTokenizer {
         return py::int_(id);
     }
     std::vector<std::string> tokens() const { return tok_->vocab().tokens(); }
-    size_t size() const { return tok_->vocab().size(); }
+    size_t size() const { return tok_->vocab().distinct(); }
     size_t base_size() const { return base_size_; }
+    size_t base_ids() const { return base_ids_; }
     void clear_cache() { tok_->clear_cache(); }
     void set_specials(int32_t cls, int32_t sep) {
         cls_id_ = cls;
@@ -327,7 +330,8 @@ class PyTokenizer {
     std::vector<py::object> ints_;
     py::object zero_pair_;
     int32_t cls_id_ = 0, sep_id_ = 0;
-    size_t base_size_ = 0;
+    size_t base_size_ = 0;  // distinct tokens of the vocabulary file (HF's vocab_size)
+    size_t base_ids_ = 0;   // its lines
 };
 
 }  // namespace
@@ -336,7 +340,7 @@ PYBIND11_MODULE(_C, m) {
     m.doc() = "fastbert C++ core: WordPiece tokenizer";
     py::class_<PyTokenizer>(m, "Tokenizer")
         .def(py::init<py::object, bool, bool, bool, bool, const std::string&, const std::string&, size_t,
-                      const std::vector<std::tuple<std::string, bool, bool, bool>>&>(),
+                      const std::vector<std::tuple<std::string, bool, bool, bool, bool>>&>(),
              py::arg("vocab"), py::arg("lowercase"), py::arg("strip_accents"), py::arg("handle_chinese_chars"),
              py::arg("clean_text"), py::arg("unk_token"), py::arg("continuing_subword_prefix"),
              py::arg("max_input_chars_per_word"), py::arg("added_tokens"))
@@ -351,6 +355,7 @@ PYBIND11_MODULE(_C, m) {
         .def("tokens", &PyTokenizer::tokens)
         .def("set_specials", &PyTokenizer::set_specials)
         .def("base_size", &PyTokenizer::base_size)
+        .def("base_ids", &PyTokenizer::base_ids)
         .def("clear_cache", &PyTokenizer::clear_cache)
         .def("__len__", &PyTokenizer::size);
 }

@@ -95,6 +95,7 @@ inline void append_utf8(S& s, uint32_t c) {
 // Decodes one code point of valid UTF-8 (Python guarantees it) and advances p.
 inline uint32_t decode_utf8(const unsigned char*& p) {
     uint32_t c = *p++;
+    if (c < 0x80) return c;
     if (c < 0xE0) {
         c = ((c & 0x1F) << 6) | (*p++ & 0x3F);
     } else if (c < 0xF0) {

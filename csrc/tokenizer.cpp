@@ -26,11 +26,122 @@ static int32_t require_unk(const Vocab& vocab, const std::string& unk) {
 Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedToken> added)
     : vocab_(std::move(vocab)),
       pre_(Normalizer(cfg.normalizer)),
+      normalizer_(cfg.normalizer),
+      identity_pre_(Normalizer(NormalizerConfig{false, false, false, false})),
       wordpiece_(vocab_, require_unk(vocab_, cfg.unk_token), cfg.continuing_subword_prefix,
                  cfg.max_input_chars_per_word) {
-    for (AddedToken& t : added)
+    std::vector<AddedToken> raw, normalized;
+    for (AddedToken& t : added) {
         if (t.id < 0) t.id = vocab_.add(t.content);
-    added_ = AddedTokens(std::move(added));
+        if (!t.normalized) {
+            raw.push_back(t);
+            continue;
+        }
+        // HF matches a normalized token by its normalized content
+        std::string content;
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(t.content.data());
+        const unsigned char* end = p + t.content.size();
+        uint32_t out[Normalizer::kMaxOut];
+        while (p < end) {
+            const uint32_t cp = decode_utf8(p);
+            Normalizer::Result r = normalizer_.normalize(cp, out);
+            if (r.isolate) content.push_back(' ');
+            for (int i = 0; i < r.n; ++i) append_utf8(content, out[i]);
+            if (r.isolate) content.push_back(' ');
+        }
+        t.content = content;
+        normalized.push_back(t);
+    }
+    added_ = AddedTokens(std::move(raw));
+    added_normalized_ = AddedTokens(std::move(normalized));
+}
+
+bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
+                             Encoded& out, size_t limit) const {
+    if (!added_normalized_.empty()) {
+        encode_normalized(text, len, char_base, offsets, s, out, limit);
+        return out.ids.size() <= limit;
+    }
+    pre_.run(text, len, char_base, offsets, s.pre, [&](const Word& w) {
+        const size_t first = out.ids.size();
+        if (!offsets) {
+            if (s.cache) wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
+            else wordpiece_.tokenize(w, out.ids, nullptr);
+            return out.ids.size() <= limit;
+        }
+        s.spans.clear();
+        if (s.cache) wordpiece_.tokenize(w, out.ids, &s.spans, *s.cache);
+        else wordpiece_.tokenize(w, out.ids, &s.spans);
+        for (size_t t = first; t < out.ids.size(); ++t) {
+            const uint32_t b = s.spans[2 * (t - first)], e = s.spans[2 * (t - first) + 1];
+            out.offsets.push_back(w.orig[b]);
+            out.offsets.push_back(w.orig[e - 1] + 1);
+        }
+        return out.ids.size() <= limit;
+    });
+    return out.ids.size() <= limit;
+}
+
+void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
+                                  Encoded& out, size_t limit) const {
+    // 1. normalize, remembering each output character's original index (HF's NormalizedString)
+    PreTokenizer::Buffer& n = s.norm;
+    std::vector<uint32_t>& orig = s.norm_orig;
+    n.clear();
+    orig.clear();
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(text);
+    const unsigned char* end = p + len;
+    uint32_t ci = char_base;
+    uint32_t buf[Normalizer::kMaxOut];
+    while (p < end) {
+        const uint32_t cp = decode_utf8(p);
+        Normalizer::Result r = normalizer_.normalize(cp, buf);
+        if (r.isolate) {
+            n.push_back(' ');
+            orig.push_back(ci);
+        }
+        for (int i = 0; i < r.n; ++i) {
+            append_utf8(n, buf[i]);
+            orig.push_back(ci);
+        }
+        if (r.isolate) {
+            n.push_back(' ');
+            orig.push_back(ci);
+        }
+        ++ci;
+    }
+    // 2. find the normalized added tokens; 3. split and WordPiece the rest (already normalized)
+    added_normalized_.find(n.data(), n.size(), s.norm_matches);
+    size_t pos = 0, chars = 0;
+    auto region = [&](size_t b, size_t e, size_t char_at) {
+        identity_pre_.run(n.data() + b, e - b, 0, true, s.pre, [&](const Word& w) {
+            const size_t first = out.ids.size();
+            s.spans.clear();
+            wordpiece_.tokenize(w, out.ids, offsets ? &s.spans : nullptr);
+            if (offsets)
+                for (size_t t = first; t < out.ids.size(); ++t) {
+                    const uint32_t sb = s.spans[2 * (t - first)], se = s.spans[2 * (t - first) + 1];
+                    out.offsets.push_back(orig[char_at + w.orig[sb]]);
+                    out.offsets.push_back(orig[char_at + w.orig[se - 1]] + 1);
+                }
+            return out.ids.size() <= limit;
+        });
+    };
+    std::vector<AddedTokens::Match> matches = s.norm_matches;
+    for (const AddedTokens::Match& m : matches) {
+        if (out.ids.size() > limit) return;
+        region(pos, m.begin, chars);
+        chars += count_chars(n.data() + pos, m.begin - pos);
+        const size_t mchars = count_chars(n.data() + m.begin, m.end - m.begin);
+        out.ids.push_back(m.id);
+        if (offsets) {
+            out.offsets.push_back(orig[chars]);
+            out.offsets.push_back(orig[chars + mchars - 1] + 1);
+        }
+        chars += mchars;
+        pos = m.end;
+    }
+    region(pos, n.size(), chars);
 }
 
 void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
@@ -39,23 +150,7 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
         const char* text = segs[k].data();
         const size_t len = segs[k].size();
         auto piece = [&](size_t begin, size_t end, uint32_t char_base) {
-            pre_.run(text + begin, end - begin, char_base, offsets, s.pre, [&](const Word& w) {
-                const size_t first = out.ids.size();
-                if (!offsets) {
-                    if (s.cache) wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
-                    else wordpiece_.tokenize(w, out.ids, nullptr);
-                    return out.ids.size() <= limit;
-                }
-                s.spans.clear();
-                if (s.cache) wordpiece_.tokenize(w, out.ids, &s.spans, *s.cache);
-                else wordpiece_.tokenize(w, out.ids, &s.spans);
-                for (size_t t = first; t < out.ids.size(); ++t) {
-                    const uint32_t b = s.spans[2 * (t - first)], e = s.spans[2 * (t - first) + 1];
-                    out.offsets.push_back(w.orig[b]);
-                    out.offsets.push_back(w.orig[e - 1] + 1);
-                }
-                return out.ids.size() <= limit;
-            });
+            encode_piece(text + begin, end - begin, char_base, offsets, s, out, limit);
         };
         if (added_.empty()) {
             piece(0, len, 0);

@@ -56,7 +56,9 @@ class Tokenizer {
 
     struct Scratch {
         PreTokenizer::Scratch pre;
-        std::vector<AddedTokens::Match> matches;
+        std::vector<AddedTokens::Match> matches, norm_matches;
+        PreTokenizer::Buffer norm;          // normalized text (normalized added tokens only)
+        std::vector<uint32_t> norm_orig;    // its characters' original indices
         std::vector<uint32_t> spans;
         Encoded a, b;
         WordCache* cache = nullptr;
@@ -81,7 +83,17 @@ class Tokenizer {
     void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);
 
     Vocab vocab_;
-    AddedTokens added_;
+    // Appends the tokens of text[0..len) (no added tokens in it), characters from char_base.
+    bool encode_piece(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s, Encoded& out,
+                      size_t limit) const;
+    // The same when normalized added tokens exist: normalize first, match them, then split.
+    void encode_normalized(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
+                           Encoded& out, size_t limit) const;
+
+    AddedTokens added_;             // matched in the raw text
+    AddedTokens added_normalized_;  // matched in the normalized text
+    Normalizer normalizer_;
+    PreTokenizer identity_pre_;     // splits already-normalized text
     PreTokenizer pre_;
     WordPiece wordpiece_;
     // The pool is made on first parallel use, and made again in a forked child (its threads

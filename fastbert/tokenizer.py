@@ -177,7 +177,8 @@ class BertTokenizer:
             source, self.do_lower_case, resolved_strip, self.tokenize_chinese_chars, bool(clean_text),
             _token_str(unk_token) or "[UNK]", "##", 100,
             [(a["content"], bool(a.get("lstrip", False)), bool(a.get("rstrip", False)),
-              bool(a.get("single_word", False))) for a in self._added])
+              bool(a.get("single_word", False)), bool(a.get("normalized", not a.get("special", False))))
+             for a in self._added])
         self._base_size = self._core.base_size()
         self._core.set_specials(self._id_or(self.cls_token, 0), self._id_or(self.sep_token, 0))
         self._warned_long = False
@@ -276,10 +277,8 @@ class BertTokenizer:
         return len(self._core)
 
     def get_vocab(self) -> dict[str, int]:
-        vocab = {}
-        for i, t in enumerate(self._core.tokens()):
-            vocab.setdefault(t, i)
-        return vocab
+        # a token repeated in vocab.txt keeps its last id, as in HF
+        return {t: i for i, t in enumerate(self._core.tokens())}
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -405,8 +404,33 @@ class BertTokenizer:
 
     # -------------------------------------------------------------------------------- encoding
     def tokenize(self, text: str, pair: str | None = None, add_special_tokens: bool = False, **kwargs) -> list[str]:
-        enc = self(text, pair, add_special_tokens=add_special_tokens, **kwargs)
-        return [self._core.id_to_token(i) for i in enc["input_ids"]]
+        kwargs.pop("return_offsets_mapping", None)
+        enc = self(text, pair, add_special_tokens=add_special_tokens, return_offsets_mapping=True, **kwargs)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        if ids and isinstance(ids[0], list):
+            ids, offsets = ids[0], offsets[0]
+        added = self._added_by_id()
+        out = []
+        for k, i in enumerate(ids):
+            a = added.get(i)
+            if a is None or pair is not None:
+                out.append(self._core.id_to_token(i))
+                continue
+            # HF's token string for an added token is the matched text, stripped spaces included
+            piece = text[offsets[k][0]:offsets[k][1]]
+            out.append(self._normalize_str(piece) if a.get("normalized", not a.get("special", False)) else piece)
+        return out
+
+    def _added_by_id(self):
+        return {self._core.token_to_id(a["content"]): a for a in self._added}
+
+    def _normalize_str(self, text: str) -> str:
+        # enough of the BERT normalizer for an added token's matched text
+        strip = self.do_lower_case if self.strip_accents is None else self.strip_accents
+        if strip:
+            import unicodedata
+            text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+        return text.lower() if self.do_lower_case else text
 
     def encode(self, text, text_pair=None, add_special_tokens: bool = True, padding=False, truncation=None,
                max_length: int | None = None, stride: int = 0, return_tensors=None, **kwargs):
@@ -507,8 +531,6 @@ class BertTokenizer:
                 raise ValueError(f"tokenizer stride set to {stride}, which is greater than or equal to its "
                                  f"effective max length of {effective} (= {max_length} original max length - "
                                  f"{self.num_special_tokens_to_add(False)} added special tokens), ")
-            if trunc == "only_second" and not has_pair:
-                raise ValueError("Truncation error: Second sequence not provided")
         want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
             else bool(return_token_type_ids)
         want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
@@ -548,7 +570,7 @@ class BertTokenizer:
         tokens = self._core.tokens()
         vocab_path = os.path.join(save_directory, "vocab.txt")
         with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
-            for t in tokens[:self._base_size]:
+            for t in tokens[:self._core.base_ids()]:
                 f.write(t + "\n")
         decoder = {}
         for a in self._added:
