@@ -306,6 +306,9 @@ def test_strict_loading_names_missing_unexpected_and_mismatched_keys(tmp_path):
     bad = dict(state, **{"embeddings.word_embeddings.weight": torch.zeros(98, 32)})
     with pytest.raises(CheckpointError, match=r"word_embeddings\.weight: checkpoint \(98, 32\), model \(99, 32\)"):
         fastbert.BertModel.from_state_dict(config, bad)
+    ints = dict(state, **{"pooler.dense.bias": torch.zeros(32, dtype=torch.int64)})
+    with pytest.raises(CheckpointError, match=r"not floating point: pooler\.dense\.bias has dtype torch\.int64"):
+        fastbert.BertModel.from_state_dict(config, ints)
     # known buffers and old LayerNorm names are fine
     old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
            for k, v in state.items()}
@@ -369,6 +372,10 @@ def test_input_checks(tmp_path):
         fast(ids, token_type_ids=torch.zeros(2, 6, dtype=torch.long))
     with pytest.raises(ValueError, match=r"token type id 2 .*type_vocab_size 2"):
         fast(ids, token_type_ids=torch.full((2, 5), 2))
+    with pytest.raises(ValueError, match=r"inputs are on meta but BertModel is on cpu"):
+        fast(ids.to("meta"))
+    with pytest.raises(ValueError, match=r"integer tensor"):
+        fast(ids.float())
     assert fast(torch.randint(0, 99, (1, 64))).last_hidden_state.shape == (1, 64, 32)
 
 

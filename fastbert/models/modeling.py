@@ -180,12 +180,14 @@ class FastPreTrainedModel(nn.Module):
         bad_unexpected = [k for k in unexpected if is_encoder(k)]
         bad_missing = [k for k in missing if is_encoder(k)]
         mismatched = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
-        if bad_unexpected or bad_missing or mismatched:
+        not_float = [k for k in state if k in expected and not state[k].is_floating_point()]
+        if bad_unexpected or bad_missing or mismatched or not_float:
             lines = [f"{source} does not fit {type(self).__name__}:"]
             lines += [f"  missing: {k} {_fmt_shape(expected[k])}" for k in bad_missing]
             lines += [f"  unexpected: {k} {_fmt_shape(state[k])}" for k in bad_unexpected]
             lines += [f"  shape mismatch: {k}: checkpoint {_fmt_shape(state[k])}, model {_fmt_shape(expected[k])}"
                       for k in mismatched]
+            lines += [f"  not floating point: {k} has dtype {state[k].dtype}" for k in not_float]
             raise CheckpointError("\n".join(lines))
         unused = foreign + [k for k in unexpected if not is_encoder(k)]
         if unused:
@@ -372,6 +374,10 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
             raise ValueError(f"inputs_embeds must be (batch, seq, {d.embedding_size}), "
                              f"got shape {tuple(inputs_embeds.shape)}")
         shape, device = tuple(inputs_embeds.shape[:2]), inputs_embeds.device
+    weight = model.get_input_embeddings().weight
+    if device != weight.device:
+        raise ValueError(f"inputs are on {device} but {type(model).__name__} is on {weight.device}; "
+                         f"move them with .to({str(weight.device)!r})")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has shape {shape}")
