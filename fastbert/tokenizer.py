@@ -418,7 +418,13 @@ class BertTokenizer:
                 continue
             # HF's token string for an added token is the matched text, stripped spaces included
             piece = text[offsets[k][0]:offsets[k][1]]
-            out.append(self._normalize_str(piece) if a.get("normalized", not a.get("special", False)) else piece)
+            if a.get("normalized", not a.get("special", False)):
+                piece = self._normalize_str(piece)
+                matched = piece.strip() == self._normalize_str(a["content"])
+            else:
+                matched = piece.strip() == a["content"]
+            # an [UNK] made by WordPiece (not found in the text) is just the token
+            out.append(piece if matched else self._core.id_to_token(i))
         return out
 
     def _added_by_id(self):
