@@ -65,8 +65,9 @@ if pytest is not None:
 def table(rows) -> str:
     lines = [f"{'library':<22}{'median ms/step':>16}{'best ms/step':>14}{'real tokens/s':>15}  check"]
     for r in rows:
-        check = "" if "ok" not in r else (f"{'ok' if r['ok'] else 'FAIL'} (loss {r['loss_rel_err']:.1e}, "
-                                         f"grads {r['max_grad_rel_err']:.1e} rel)")
+        check = "" if "ok" not in r else (
+            f"{'ok' if r['ok'] else 'FAIL'} vs HF fp32: loss {r['loss_rel_err']:.1e}, grads {r['grad_rel_err']:.1e} "
+            f"(worst parameter {r['max_grad_rel_err']:.1e}) relative")
         lines.append(f"{r['name']:<22}{r['ms/step']:>16.1f}{r['best ms/step']:>14.1f}{r['tokens/s']:>15,.0f}  {check}")
     fast = next(r for r in rows if r["name"] == "fastbert")
     lines.append(f"fastbert speed-up: {fast['speedup']:.2f}x  ({rows[0]['case']})")

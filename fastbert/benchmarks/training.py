@@ -9,9 +9,10 @@ own AdamW (lr 2e-5). A step is zero_grad + forward + loss.backward() + optimizer
 of the two libraries are interleaved, `repeats` of each after one warm-up step, and the median counts.
 
 Check, in the same run, before timing: with dropout off, fastbert's loss and every parameter's
-gradient (by name) agree with transformers' (loss: 1e-4 relative; gradients: 2-norm error <= 1e-3 of
-the gradient's norm, floored at 1e-3 of the global norm; fp32). Under autocast (dtype float16 or
-bfloat16, for a GPU) the gradient bound is 5e-2 and the loss bound 2e-2 relative.
+gradient (by name) agree with transformers' fp32 ones (loss: 1e-4 relative; gradients: 2-norm error
+<= 1e-3 of the gradient's norm, floored at 1e-3 of the global norm). Under autocast (dtype float16
+or bfloat16, for a GPU) fastbert's loss and whole-model gradient errors against that fp32 reference
+may be at most 3x transformers' own under the same autocast, plus 1e-3 (STYLE.md's model rule).
 
 Throughput is real (non-padding) tokens per second. On CUDA, `dtype` float16/bfloat16 trains under
 torch.autocast with fp32 weights (the usual mixed precision), and times are taken after a synchronize.
@@ -32,7 +33,7 @@ import torch
 
 BATCH = 32
 LR = 2e-5
-TOLERANCE = {"float32": (1e-4, 1e-3), "float16": (2e-2, 5e-2), "bfloat16": (2e-2, 5e-2)}  # (loss, grads)
+TOLERANCE = {"float32": (1e-4, 1e-3), "float16": None, "bfloat16": None}  # fp32 (loss, grads); see compare
 
 
 def sentences(texts=None, min_words: int = 3) -> list:
@@ -78,33 +79,52 @@ def _autocast(device: str, dtype: str):
     return torch.autocast(device_type=device, dtype=getattr(torch, dtype))
 
 
-def compare(hf, fast, inputs, device: str, dtype: str) -> dict:
-    """Loss and per-parameter gradient agreement with dropout off (eval mode, gradients on)."""
-    grads, losses = [], []
-    for model in (hf, fast):
-        model.eval()
-        model.zero_grad(set_to_none=True)
-        with _autocast(device, dtype):
-            loss = model(**inputs).loss
-        loss.backward()
-        losses.append(loss.item())
-        grads.append({n: p.grad.float() for n, p in model.named_parameters(remove_duplicate=False)
-                      if p.grad is not None})
-        model.zero_grad(set_to_none=True)
-        model.train()
-    ref, got = grads
+def loss_and_grads(model, inputs, device: str, dtype: str):
+    """Loss and fp32 gradients by parameter name with dropout off (eval mode, gradients on)."""
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    with _autocast(device, dtype):
+        loss = model(**inputs).loss
+    loss.backward()
+    grads = {n: p.grad.float().clone() for n, p in model.named_parameters(remove_duplicate=False)
+             if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model.train()
+    return loss.item(), grads
+
+
+def _errors(loss, grads, ref_loss, ref):
+    """(relative loss error, worst per-parameter error and its name, whole-model relative error)."""
     floor = 1e-3 * torch.stack([g.norm() for g in ref.values()]).norm().item()
-    missing = sorted(set(ref) ^ set(got))
     worst, worst_name = 0.0, ""
-    for name in set(ref) & set(got):
-        err = (got[name] - ref[name]).norm().item() / max(ref[name].norm().item(), floor)
+    for name in ref.keys() & grads.keys():
+        err = (grads[name] - ref[name]).norm().item() / max(ref[name].norm().item(), floor)
         if not err <= worst:  # NaN counts as worst
             worst, worst_name = err, name
-    loss_tol, grad_tol = TOLERANCE[dtype]
-    loss_err = abs(losses[1] - losses[0]) / max(abs(losses[0]), 1e-6)
-    ok = not missing and loss_err <= loss_tol and worst <= grad_tol
-    return {"ok": ok, "loss_rel_err": loss_err, "max_grad_rel_err": worst, "worst_param": worst_name,
-            "missing_grads": missing}
+    names = sorted(ref.keys() & grads.keys())
+    whole = (torch.cat([grads[n].flatten() - ref[n].flatten() for n in names]).norm()
+             / torch.cat([ref[n].flatten() for n in names]).norm()).item()
+    return abs(loss - ref_loss) / max(abs(ref_loss), 1e-6), worst, worst_name, whole
+
+
+def compare(hf, fast, inputs, device: str, dtype: str) -> dict:
+    """fastbert's loss and gradients against transformers' fp32 ones (TOLERANCE); under autocast,
+    fastbert's error may be at most 3x transformers' own error under the same autocast, + 1e-3."""
+    ref_loss, ref = loss_and_grads(hf, inputs, device, "float32")
+    loss, grads = loss_and_grads(fast, inputs, device, dtype)
+    loss_err, worst, worst_name, whole = _errors(loss, grads, ref_loss, ref)
+    missing = sorted(ref.keys() ^ grads.keys())
+    out = {"loss_rel_err": loss_err, "max_grad_rel_err": worst, "worst_param": worst_name,
+           "grad_rel_err": whole, "missing_grads": missing}
+    if dtype == "float32":
+        loss_tol, grad_tol = TOLERANCE[dtype]
+        out["ok"] = not missing and loss_err <= loss_tol and worst <= grad_tol
+    else:
+        peer_loss, peer = loss_and_grads(hf, inputs, device, dtype)
+        peer_loss_err, _, _, peer_whole = _errors(peer_loss, peer, ref_loss, ref)
+        out.update(peer_loss_rel_err=peer_loss_err, peer_grad_rel_err=peer_whole)
+        out["ok"] = not missing and loss_err <= 3 * peer_loss_err + 1e-3 and whole <= 3 * peer_whole + 1e-3
+    return out
 
 
 def environment(device: str) -> dict:
