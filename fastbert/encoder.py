@@ -144,7 +144,8 @@ class Encoder:
     def _default_max_length(config, tokenizer) -> int:
         limit = getattr(config, "max_position_embeddings", 512)
         if getattr(config, "model_type", "") in _ROBERTA_LIKE:
-            limit -= getattr(config, "pad_token_id", 1) + 1
+            pad = getattr(config, "pad_token_id", None)
+            limit -= (1 if pad is None else pad) + 1
         tok_limit = getattr(tokenizer, "model_max_length", None)
         return min(limit, tok_limit) if isinstance(tok_limit, int) and tok_limit > 0 else limit
 
