@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +18,69 @@ namespace py = pybind11;
 using namespace fastbert;
 
 namespace {
+
+// Output buffers handed back to the tokenizer when their numpy arrays die, so the next batch
+// writes into memory whose pages are already mapped: fresh multi-MB arrays cost more in page
+// faults and kernel zeroing than the tokenization that fills them. Holds at most kMaxBytes.
+class BufferPool {
+ public:
+    static constexpr size_t kMaxBytes = size_t{64} << 20;
+    void* get(size_t n) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            size_t best = free_.size();
+            for (size_t i = 0; i < free_.size(); ++i)
+                if (free_[i].second >= n && free_[i].second <= 2 * n + 4096 &&
+                    (best == free_.size() || free_[i].second < free_[best].second))
+                    best = i;
+            if (best < free_.size()) {
+                void* p = free_[best].first;
+                held_ -= free_[best].second;
+                free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+                return p;
+            }
+        }
+        void* p = std::malloc(n ? n : 1);
+        if (!p) throw std::bad_alloc();
+        return p;
+    }
+    void put(void* p, size_t n) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (n < (size_t{1} << 16) || held_ + n > kMaxBytes) {
+            std::free(p);
+            return;
+        }
+        free_.emplace_back(p, n);
+        held_ += n;
+    }
+    ~BufferPool() {
+        for (auto& f : free_) std::free(f.first);
+    }
+
+ private:
+    std::mutex mu_;
+    std::vector<std::pair<void*, size_t>> free_;
+    size_t held_ = 0;
+};
+
+// An int64 numpy array whose memory comes from (and returns to) the pool.
+py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const std::vector<py::ssize_t>& shape) {
+    size_t count = 1;
+    for (py::ssize_t d : shape) count *= static_cast<size_t>(d);
+    const size_t bytes = count * sizeof(int64_t);
+    struct Holder {
+        std::shared_ptr<BufferPool> pool;
+        void* data;
+        size_t bytes;
+    };
+    auto* h = new Holder{pool, pool->get(bytes), bytes};
+    py::capsule owner(h, [](void* p) {
+        auto* holder = static_cast<Holder*>(p);
+        holder->pool->put(holder->data, holder->bytes);
+        delete holder;
+    });
+    return py::array_t<int64_t>(shape, static_cast<int64_t*>(h->data), owner);
+}
 
 // A Python-owned tokenizer: the C++ tokenizer plus cached Python ints for building lists.
 class PyTokenizer {
@@ -144,7 +210,7 @@ class PyTokenizer {
                 if (!want) return nullptr;
                 std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(total), static_cast<py::ssize_t>(width)};
                 if (pairs2) shape.push_back(2);
-                py::array_t<int64_t> a(shape);
+                py::array_t<int64_t> a = pooled_array(pool_, shape);
                 out[key] = a;
                 return a.mutable_data();
             };
@@ -327,6 +393,7 @@ class PyTokenizer {
     py::object owned_int(uint32_t v) const { return int_obj(v); }
 
     std::unique_ptr<Tokenizer> tok_;
+    std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
     std::vector<py::object> ints_;
     py::object zero_pair_;
     int32_t cls_id_ = 0, sep_id_ = 0;
