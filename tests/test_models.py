@@ -427,3 +427,18 @@ def test_inference_mode_and_autograd_paths_agree(tmp_path):
     close(a.hidden_states[-1], b.hidden_states[-1], inputs["attention_mask"], atol=1e-5)
     b.logits.sum().backward()
     assert fast.bert.encoder.layer[0].attention.self.query.weight.grad is not None
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_inputs_embeds_and_position_ids(family, tmp_path):
+    config = save_hf(family, "Model", tmp_path)
+    hf, fast = load_both(family, "Model", tmp_path)
+    inputs = batch_inputs(config)
+    mask = inputs["attention_mask"]
+    embeds = hf.embeddings.word_embeddings(inputs["input_ids"]).detach()
+    positions = torch.arange(13).flip(0)[None].expand(4, -1) + config.pad_token_id + 1
+    with torch.no_grad():
+        for extra in ({"inputs_embeds": embeds}, {"input_ids": inputs["input_ids"], "position_ids": positions}):
+            a = hf(attention_mask=mask, **extra)
+            b = fast(attention_mask=mask, **extra)
+            close(a.last_hidden_state, b.last_hidden_state, mask)
