@@ -500,7 +500,13 @@ def test_added_tokens_decoder_flags(model_dir, tmp_path):
     for text in texts:
         check_call(fb, hf, text, **ALL_FIELDS)
         assert fb.tokenize(text) == hf.tokenize(text), repr(text)
-    assert len(fb) == len(hf)
+    assert len(fb) == len(hf) and fb.get_vocab() == hf.get_vocab()
+    ids = [101, 30522, 30523, 30524, 103, 7592, 102]
+    assert fb.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    for skip in (False, True):
+        assert fb.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+        assert fb.convert_ids_to_tokens(ids, skip_special_tokens=skip) == \
+            hf.convert_ids_to_tokens(ids, skip_special_tokens=skip)
 
 
 def _json_added(jj, content, **flags):
