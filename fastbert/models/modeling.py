@@ -289,7 +289,8 @@ def _resolve_dtype(dtype, config, state) -> Optional[torch.dtype]:
         if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"dtype must be a torch.dtype, 'auto' or a name like 'float16', got {dtype!r}")
         return getattr(torch, dtype)
-    named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    # transformers 5 calls it `dtype` (reading the old `torch_dtype` only logs a deprecation warning)
+    named = config.dtype if hasattr(config, "dtype") else getattr(config, "torch_dtype", None)
     if isinstance(named, torch.dtype):
         return named
     if isinstance(named, str) and isinstance(getattr(torch, named, None), torch.dtype):
