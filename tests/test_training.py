@@ -7,6 +7,7 @@ batches. Gradients are compared per parameter, by name: |g_fast - g_hf| / |g_hf|
 Question answering is compared with a loss that ignores padded positions: transformers' built-in QA
 loss also scores the logits of padding positions, which fastbert does not compute (it never runs the
 encoder on padding); the built-in losses agree on an unpadded batch, checked here too."""
+import importlib
 import math
 
 import pytest
@@ -369,10 +370,70 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, head, tmp_path,
     assert run()[1] == len(layers)
 
 
+# ---- through the Triton kernels ---------------------------------------------------------------------------
+@pytest.fixture
+def triton_path(monkeypatch):
+    """Every fastbert op on its Triton kernel: on CPU in Triton's interpreter (conftest sets
+    TRITON_INTERPRET=1 without a GPU). -> the list of dispatch decisions taken."""
+    pytest.importorskip("triton", reason="the Triton path needs the triton package")
+    from fastbert.ops import _dispatch
+    if not _dispatch.interpreting():
+        pytest.skip("forcing CPU tensors onto the kernels needs TRITON_INTERPRET=1 (a GPU machine runs "
+                    "the kernels through the models' CUDA tests instead)")
+    calls = []
+
+    def forced(backend, *tensors):
+        calls.append(_dispatch.use_triton("triton", *tensors))
+        return calls[-1]
+
+    for op in ("attention", "add_layer_norm", "bias_gelu"):
+        monkeypatch.setattr(importlib.import_module(f"fastbert.ops.{op}"), "use_triton", forced)
+    return calls
+
+
+@pytest.mark.parametrize("family,head", [("bert", "ForSequenceClassification"), ("electra", "ForMaskedLM")])
+def test_gradients_through_the_triton_kernels(family, head, tmp_path, triton_path):
+    """Forward and backward kernels (attention, bias+GELU erf/tanh, add+LayerNorm) in a whole model:
+    transformers' loss and gradients."""
+    save_checkpoint(family, head, tmp_path)
+    hf, fast = load_both(family, head, tmp_path)
+    inputs = make_batch(hf.config, head, seed=0)
+    losses = [training_loss(m, head, inputs) for m in (hf, fast)]
+    assert triton_path and all(triton_path), "the ops did not take the Triton path"
+    assert_close(*losses)
+    for loss in losses:
+        loss.backward()
+    assert_grads_match(hf, fast)
+
+
+def test_kernel_attention_dropout_replays_under_checkpointing(tmp_path, triton_path):
+    """The attention kernel's dropout seed comes from torch's generator, so torch.manual_seed fixes
+    it and checkpointing's recompute sees the same mask: equal gradients with and without."""
+    save_checkpoint("bert", "ForMaskedLM", tmp_path, **DROPOUT["bert"])
+    fast = fastbert.AutoModelForMaskedLM.from_pretrained(tmp_path).train()
+    inputs = make_batch(fast.config, "ForMaskedLM", seed=0, batch=2, seq=8)  # small: the interpreter is slow
+
+    def grads(seed):
+        fast.zero_grad()
+        torch.manual_seed(seed)
+        fast(**inputs).loss.backward()
+        return grads_of(fast)
+
+    plain, other = grads(3), grads(4)
+    fast.gradient_checkpointing_enable()
+    ckpt = grads(3)
+    assert triton_path and all(triton_path)
+    name = "bert.encoder.layer.0.attention.self.query.weight"
+    assert rel_err(other[name], plain[name]) > 1e-3, "dropout did not change with the seed"
+    for n in plain:
+        torch.testing.assert_close(ckpt[n], plain[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
 # ---- transformers.Trainer ---------------------------------------------------------------------------------
 def test_transformers_trainer_drop_in(tmp_path):
     """fastbert's model in transformers.Trainer: trains, lowers the loss, and logs the same losses
     as the transformers model it was loaded from, step by step."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
     head = "ForSequenceClassification"
     save_checkpoint("bert", head, tmp_path / "ckpt")
     hf, fast = load_both("bert", head, tmp_path / "ckpt")
