@@ -92,6 +92,8 @@ class PyTokenizer {
         if (py::isinstance<py::str>(vocab)) {
             try {
                 v = Vocab::from_file(vocab.cast<std::string>());
+            } catch (const std::invalid_argument& e) {
+                throw py::value_error(e.what());
             } catch (const std::runtime_error& e) {
                 PyErr_SetFromErrnoWithFilename(PyExc_OSError, vocab.cast<std::string>().c_str());
                 throw py::error_already_set();

@@ -16,7 +16,20 @@ Vocab Vocab::from_file(const std::string& path) {
     ss << in.rdbuf();
     const std::string data = ss.str();
     std::vector<std::string> tokens;
+    auto valid_utf8 = [&](size_t b, size_t e) {
+        for (size_t i = b; i < e;) {
+            const unsigned char c = static_cast<unsigned char>(data[i]);
+            size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+            if (!n || i + n > e) return false;
+            for (size_t k = 1; k < n; ++k)
+                if ((static_cast<unsigned char>(data[i + k]) & 0xC0) != 0x80) return false;
+            i += n;
+        }
+        return true;
+    };
     auto add_line = [&](size_t b, size_t e) {
+        if (!valid_utf8(b, e))
+            throw std::invalid_argument(path + ": line " + std::to_string(tokens.size() + 1) + " is not valid UTF-8");
         // trim trailing White_Space, as Rust's str::trim_end
         while (e > b) {
             size_t j = e - 1;

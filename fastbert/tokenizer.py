@@ -150,6 +150,7 @@ class BertTokenizer:
         self.truncation_side = truncation_side
         self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
         self.name_or_path = name_or_path
+        source_path = kwargs.pop("_source_path", None)  # tokenizer.json, for error messages
         self.init_kwargs = dict(kwargs)
         specials = {"unk_token": unk_token, "sep_token": sep_token, "pad_token": pad_token,
                     "cls_token": cls_token, "mask_token": mask_token}
@@ -173,15 +174,24 @@ class BertTokenizer:
         self._special_contents = {a["content"] for a in self._added if a.get("special", False)}
         self._num_threads = self._resolve_threads(num_threads)
         resolved_strip = self.do_lower_case if strip_accents is None else bool(strip_accents)
-        self._core = _C.Tokenizer(
+        source_name = vocab_file if vocab is None else (source_path or "the vocabulary")
+        try:
+            self._core = self._make_core(source, resolved_strip, clean_text, unk_token)
+        except ValueError as e:
+            if "unknown token" in str(e):
+                raise ValueError(f"{source_name}: {e}") from None
+            raise
+        self._base_size = self._core.base_size()
+        self._core.set_specials(self._id_or(self.cls_token, 0), self._id_or(self.sep_token, 0))
+        self._warned_long = False
+
+    def _make_core(self, source, resolved_strip, clean_text, unk_token):
+        return _C.Tokenizer(
             source, self.do_lower_case, resolved_strip, self.tokenize_chinese_chars, bool(clean_text),
             _token_str(unk_token) or "[UNK]", "##", 100,
             [(a["content"], bool(a.get("lstrip", False)), bool(a.get("rstrip", False)),
               bool(a.get("single_word", False)), bool(a.get("normalized", not a.get("special", False))))
              for a in self._added])
-        self._base_size = self._core.base_size()
-        self._core.set_specials(self._id_or(self.cls_token, 0), self._id_or(self.sep_token, 0))
-        self._warned_long = False
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
@@ -224,6 +234,7 @@ class BertTokenizer:
                 raise ValueError(f"{tok_json_path}: not a WordPiece tokenizer (model type {model.get('type')!r})")
             vocab = model["vocab"]
             kwargs["vocab"] = vocab if isinstance(vocab, dict) else [v[0] if isinstance(v, list) else v for v in vocab]
+            kwargs["_source_path"] = tok_json_path
             for a in tj.get("added_tokens") or []:
                 added[int(a["id"])] = dict(a)
         elif os.path.isfile(vocab_path):
