@@ -117,10 +117,6 @@ def _run_child(cases):
 # test lets them pass; the strict-xfail regression tests below fail once they are fixed, so the
 # entries here go then.
 KNOWN = {
-    "config.json": ("a bad dtype string in config.json raises transformers' AttributeError "
-                    "(module 'torch' has no attribute 'float38'), a dropout of 3.1 torch's ValueError, "
-                    "neither a ConfigError naming the file",
-                    r"^(AttributeError: module 'torch' has no attribute|ValueError: dropout probability)"),
     "vocab.txt": ("a vocab.txt without [UNK] raises ValueError without the file name; a line that is not "
                   "UTF-8 loads and fails later (UnicodeDecodeError in convert_ids_to_tokens)",
                   r"^(ValueError: the vocabulary has no unknown token|UnicodeDecodeError: )"),
@@ -166,7 +162,6 @@ def test_corrupted_file_raises_clean_error(outcomes, name):
     assert ok < n * 0.7, f"{ok} of {n} corrupted {name} loads succeeded"
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN["config.json"][0])
 @pytest.mark.parametrize("key,value", [("dtype", "float38"), ("hidden_dropout_prob", 3.1)])
 def test_regression_bad_value_in_config(pristine, tmp_path, key, value):
     from fastbert.models import BertModel

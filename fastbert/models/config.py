@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 # model_type -> family file that implements it
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "albert")
 # hidden_act -> bias_gelu's `approximate`, or "relu" for a plain torch ReLU
@@ -67,10 +69,15 @@ def config_from_dict(data: dict, source: str = "config"):
         raise ConfigError(f"{source}: model_type {model_type!r} is not supported; "
                           f"fastbert supports {MODEL_TYPES}")
     fields = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version")}
+    for key in ("dtype", "torch_dtype"):
+        value = fields.get(key)
+        if value not in (None, "auto") and not (isinstance(value, str) and
+                                                isinstance(getattr(torch, value, None), torch.dtype)):
+            raise ConfigError(f"{source}: {key}={value!r} is not a torch dtype name (e.g. 'float32')")
     try:
         config = AutoConfig.for_model(model_type, **fields)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{source}: invalid {model_type} config: {e}") from e
+    except Exception as e:  # transformers raises several types for bad values; name the file
+        raise ConfigError(f"{source}: invalid {model_type} config ({type(e).__name__}: {e})") from e
     check_supported(config, source)
     return config
 
@@ -101,6 +108,19 @@ def check_supported(config, source: str = "config") -> None:
         if groups < 1 or groups > layers:
             raise ConfigError(f"{source}: num_hidden_groups={groups} must be in [1, num_hidden_layers={layers}]")
     d = resolve(config)
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+                 "classifier_dropout_prob", "dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout",
+                 "summary_last_dropout", "summary_first_dropout"):
+        p = getattr(config, name, None)
+        if p is not None and not (isinstance(p, (int, float)) and 0 <= p <= 1):
+            raise ConfigError(f"{source}: {name}={p!r} is not a probability in [0, 1]")
+    for name in ("vocab_size", "hidden_size", "embedding_size", "num_heads", "num_layers", "intermediate_size",
+                 "max_position_embeddings"):
+        v = getattr(d, name)
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
+    if d.pad_token_id is not None and not 0 <= d.pad_token_id < d.vocab_size:
+        raise ConfigError(f"{source}: pad_token_id={d.pad_token_id} is outside the vocabulary (size {d.vocab_size})")
     if d.hidden_size % d.num_heads:
         raise ConfigError(f"{source}: hidden size {d.hidden_size} is not a multiple of "
                           f"the number of attention heads {d.num_heads}")
