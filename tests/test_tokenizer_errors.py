@@ -136,3 +136,19 @@ def test_eight_python_threads_share_one_tokenizer(model_dir, num_threads):
             for key in want[1]:
                 assert np.array_equal(got[1][key], want[1][key]), f"thread {i}: padded {key} differs"
             assert got[2] == want[2] and got[3] == want[3], f"thread {i}: encode/decode differ"
+
+
+def test_many_small_batches_from_threads(tok):
+    """Back-to-back small batches from several threads: a batch never sees another batch's work."""
+    docs = corpus.multilingual_texts(30_000) + tc.EDGE_STRINGS
+    batches = [docs[i:i + 1 + i % 5] for i in range(0, len(docs), 3)]
+    serial = [tok(b)["input_ids"] for b in batches]
+
+    def work(offset):
+        return [(i, tok(batches[i])["input_ids"]) for i in range(offset, len(batches), 4)]
+
+    for _ in range(2):
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            for part in pool.map(work, range(4)):
+                for i, ids in part:
+                    assert ids == serial[i], f"batch {i} differs when run concurrently"
