@@ -597,6 +597,20 @@ def test_repeated_words(vocab_dir, flags):
         assert fb(texts[i])["input_ids"] == want["input_ids"][i], f"document {i} alone"
 
 
+def test_pickle_and_deepcopy(cased_dir):
+    """BertTokenizerFast survives pickle and deepcopy (DataLoader workers under spawn, datasets.map
+    fingerprints): so must fastbert's, overrides included."""
+    import copy
+    import pickle
+
+    fb, hf = pair(cased_dir, do_lower_case=False, model_max_length=40)
+    texts = tc.EDGE_STRINGS + corpus.multilingual_texts(10_000)
+    for clone in (pickle.loads(pickle.dumps(fb)), copy.deepcopy(fb)):
+        assert_same_encoding(clone(texts, truncation=True, **ALL_FIELDS), hf(texts, truncation=True, **ALL_FIELDS),
+                             f"{type(clone).__name__} after pickle/deepcopy")
+        assert clone.model_max_length == 40 and len(clone) == len(hf)
+
+
 # ---- real text in full ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("vocab", ["uncased", "cased"])
