@@ -188,7 +188,8 @@ def _run(model_dir, texts, quick, device, dtype, repeats, compile, onnx, progres
             except Exception as exc:
                 rows["torch.compile(transformers)"] = {"error": f"{type(exc).__name__}: {exc}"}
         else:
-            rows["torch.compile(transformers)"] = {"note": "skipped (quick run)", "skipped": True}
+            rows["torch.compile(transformers)"] = {"note": "skipped (quick run)" if quick else "skipped (compile=False)",
+                                                  "skipped": True}
         if onnx and device == "cpu" and dtype == "float32":
             say("ONNX export")
             try:
