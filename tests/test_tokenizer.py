@@ -601,6 +601,32 @@ def test_repeated_words(vocab_dir, flags):
         assert fb(texts[i])["input_ids"] == want["input_ids"][i], f"document {i} alone"
 
 
+def test_outputs_stay_valid_after_more_calls(vocab_dir):
+    """Arrays handed out earlier (row views, slices, torch tensors, their numpy views, buffers) keep
+    their values while later calls run, however the tokenizer recycles its output memory."""
+    import gc
+
+    fb, hf = pair(vocab_dir)
+    a, b = corpus.english_lines(40_000), corpus.multilingual_texts(40_000)
+    kw = dict(padding="max_length", truncation=True, max_length=64)
+    want = hf(a, return_tensors="np", **kw)
+    row = fb(a, return_tensors="np", **kw)["input_ids"][3]
+    ids_pt = fb(a, return_tensors="pt", **kw)["input_ids"]
+    mask_slice = fb(a, return_tensors="np", **kw)["attention_mask"][:, :10]
+    types_view = fb(a, return_tensors="pt", **kw)["token_type_ids"].numpy()
+    buffer = memoryview(fb(a, return_tensors="np", **kw)["input_ids"])
+    gc.collect()
+    for _ in range(10):
+        fb(b, return_tensors="np", **kw)
+        fb(b, return_tensors="pt", **kw)
+    gc.collect()
+    assert np.array_equal(row, want["input_ids"][3])
+    assert np.array_equal(ids_pt.numpy(), want["input_ids"])
+    assert np.array_equal(mask_slice, want["attention_mask"][:, :10])
+    assert np.array_equal(types_view, want["token_type_ids"])
+    assert np.array_equal(np.asarray(buffer), want["input_ids"])
+
+
 def test_pickle_and_deepcopy(cased_dir):
     """BertTokenizerFast survives pickle and deepcopy (DataLoader workers under spawn, datasets.map
     fingerprints): so must fastbert's, overrides included."""
