@@ -139,3 +139,12 @@ def test_bench_smoke_writes_json_and_png(tmp_path):
     fast_rows = [r for r in data["results"] if r["fastbert"]]
     assert fast_rows and all(r["check"] == "ok" and r["value"] > 0 for r in fast_rows)
     assert any(r["speedup"] for r in data["results"])
+
+
+def test_default_output_dir_inside_and_outside_the_checkout(tmp_path, monkeypatch):
+    from fastbert.benchmarks import suite
+
+    monkeypatch.chdir(REPO / "tests")
+    assert suite.default_output_dir() == REPO / "bench" / "results"
+    monkeypatch.chdir(tmp_path)
+    assert suite.default_output_dir() == tmp_path.resolve() / "fastbert-bench"
