@@ -62,6 +62,10 @@ bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, b
         encode_normalized(text, len, char_base, offsets, s, out, limit);
         return out.ids.size() <= limit;
     }
+    if (!offsets && s.chunks) {
+        encode_chunks(text, len, s, out, limit);
+        return out.ids.size() <= limit;
+    }
     pre_.run(text, len, char_base, offsets, s.pre, [&](const Word& w) {
         const size_t first = out.ids.size();
         if (!offsets) {
@@ -80,6 +84,39 @@ bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, b
         return out.ids.size() <= limit;
     });
     return out.ids.size() <= limit;
+}
+
+void Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const {
+    size_t i = 0;
+    while (i < len && out.ids.size() <= limit) {
+        // skip the separators, then take the chunk up to the next one
+        while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r')) ++i;
+        size_t j = i;
+        while (j < len && !(text[j] == ' ' || text[j] == '\n' || text[j] == '\t' || text[j] == '\r')) ++j;
+        if (j == i) break;
+        const char* c = text + i;
+        const size_t n = j - i;
+        i = j;
+        if (n > ChunkCache::kMaxKey) {
+            pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
+                wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
+                return out.ids.size() <= limit;
+            });
+            continue;
+        }
+        const uint64_t h = hash_bytes(c, n);
+        size_t count = 0;
+        if (const int32_t* ids = s.chunks->find(c, n, h, &count)) {
+            out.ids.insert(out.ids.end(), ids, ids + count);
+            continue;
+        }
+        const size_t first = out.ids.size();
+        pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
+            wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
+            return true;  // whole chunks only: they are cached
+        });
+        s.chunks->put(c, n, h, out.ids.data() + first, out.ids.size() - first);
+    }
 }
 
 void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
@@ -198,27 +235,32 @@ void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(siz
     pool_->run(n, fn);
 }
 
-WordCache* Tokenizer::take_cache() {
+Tokenizer::ThreadCache* Tokenizer::take_cache() {
     {
         std::lock_guard<std::mutex> lock(cache_mu_);
         if (!caches_.empty()) {
-            WordCache* c = caches_.back().release();
+            ThreadCache* c = caches_.back().release();
             caches_.pop_back();
             return c;
         }
     }
-    return new WordCache();
+    return new ThreadCache();
 }
 
-void Tokenizer::give_cache(WordCache* c) {
+void Tokenizer::give_cache(ThreadCache* c) {
     std::lock_guard<std::mutex> lock(cache_mu_);
     caches_.emplace_back(c);
 }
 
 void Tokenizer::clear_cache() {
+    // emptied in place: their memory stays mapped, so the next batch does not pay to map it again
     std::lock_guard<std::mutex> lock(cache_mu_);
-    caches_.clear();
+    for (auto& c : caches_) {
+        std::fill(c->words.slots.begin(), c->words.slots.end(), WordCache::Entry{});
+        c->chunks.clear();
+    }
 }
+
 
 void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out) {
     const size_t n = in.size();
@@ -229,12 +271,14 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
     parallel(chunks, num_threads, [&](size_t c) {
         const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
         Scratch s;
-        s.cache = take_cache();
+        ThreadCache* tc = take_cache();
+        s.cache = &tc->words;
+        s.chunks = &tc->chunks;
         struct Give {
             Tokenizer* t;
-            WordCache* c;
+            ThreadCache* c;
             ~Give() { t->give_cache(c); }
-        } give{this, s.cache};
+        } give{this, tc};
         Rows& rows = out[c];
         // A single sequence cut on the right without overflow rows needs only its first tokens.
         size_t limit = SIZE_MAX;

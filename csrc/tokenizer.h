@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "added_tokens.h"
+#include "chunk_cache.h"
 #include "normalizer.h"
 #include "post_processor.h"
 #include "pre_tokenizer.h"
@@ -62,6 +63,7 @@ class Tokenizer {
         std::vector<uint32_t> spans;
         Encoded a, b;
         WordCache* cache = nullptr;
+        ChunkCache* chunks = nullptr;
     };
     // Appends the tokens of the segments (no special tokens) to out; may stop once out has more
     // than limit tokens (the rest would be truncated away).
@@ -98,12 +100,18 @@ class Tokenizer {
     WordPiece wordpiece_;
     // The pool is made on first parallel use, and made again in a forked child (its threads
     // do not exist there); busy_ lets concurrent callers fall back to their own thread.
-    WordCache* take_cache();
-    void give_cache(WordCache* c);
+    struct ThreadCache {
+        WordCache words;
+        ChunkCache chunks;
+    };
+    ThreadCache* take_cache();
+    void give_cache(ThreadCache* c);
+    // encode_piece without offsets, chunk by chunk through the chunk cache.
+    void encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
 
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;
-    std::vector<std::unique_ptr<WordCache>> caches_;  // idle word caches, one taken per running chunk
+    std::vector<std::unique_ptr<ThreadCache>> caches_;  // idle word caches, one taken per running chunk
     long pool_pid_ = 0;
     std::mutex pool_mu_;
 };

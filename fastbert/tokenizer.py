@@ -112,6 +112,10 @@ def _read_json(path):
         raise ValueError(f"cannot parse {path}: {e}") from e
 
 
+def _rebuild(cls, state):
+    return cls(**state)
+
+
 class BertTokenizer:
     """A WordPiece BERT tokenizer with `transformers.BertTokenizerFast`'s behaviour and API."""
 
@@ -182,6 +186,8 @@ class BertTokenizer:
                 raise ValueError(f"{source_name}: {e}") from None
             raise
         self._base_size = self._core.base_size()
+        self._normalized_ids = {self._core.token_to_id(a["content"]) for a in self._added
+                                if a.get("normalized", not a.get("special", False))}
         self._core.set_specials(self._id_or(self.cls_token, 0), self._id_or(self.sep_token, 0))
         self._warned_long = False
 
@@ -265,6 +271,19 @@ class BertTokenizer:
             return default
         i = self._core.token_to_id(token)
         return default if i is None else i
+
+    def __reduce__(self):
+        # the C++ core is rebuilt from the vocabulary and the settings (pickle, copy.deepcopy)
+        state = dict(vocab=list(self._core.tokens()[:self._core.base_ids()]), do_lower_case=self.do_lower_case,
+                     tokenize_chinese_chars=self.tokenize_chinese_chars, strip_accents=self.strip_accents,
+                     model_max_length=self.model_max_length, padding_side=self.padding_side,
+                     truncation_side=self.truncation_side, clean_text=self.clean_text,
+                     clean_up_tokenization_spaces=self.clean_up_tokenization_spaces,
+                     added_tokens=[dict(a, id=self._core.token_to_id(a["content"])) for a in self._added],
+                     additional_special_tokens=list(self.additional_special_tokens),
+                     num_threads=self._num_threads, name_or_path=self.name_or_path,
+                     **{k: self._special[k] for k in SPECIAL_ATTRS}, **self.init_kwargs)
+        return (_rebuild, (type(self), state))
 
     def clear_cache(self) -> None:
         """Forgets the per-thread word caches (results never depend on them; timings do)."""
@@ -365,11 +384,11 @@ class BertTokenizer:
 
     def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
         if isinstance(ids, (int, np.integer)):
-            return self._core.id_to_token(int(ids))
+            return self._id_to_token(int(ids))
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         skip = set(self.all_special_ids) if skip_special_tokens else set()
-        return [self._core.id_to_token(int(i)) for i in ids if int(i) not in skip]
+        return [self._id_to_token(int(i)) for i in ids if int(i) not in skip]
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         return self._decode_tokens(tokens)
@@ -399,7 +418,7 @@ class BertTokenizer:
             i = int(i)
             if i in skip:
                 continue
-            t = self._core.id_to_token(i)
+            t = self._id_to_token(i)
             if t is not None:
                 tokens.append(t)
         text = self._decode_tokens(tokens)
@@ -437,6 +456,13 @@ class BertTokenizer:
             # an [UNK] made by WordPiece (not found in the text) is just the token
             out.append(piece if matched else self._core.id_to_token(i))
         return out
+
+    def _id_to_token(self, i: int):
+        # HF gives a normalized added token back in its normalized form
+        t = self._core.id_to_token(i)
+        if t is not None and self._normalized_ids and i in self._normalized_ids:
+            return self._normalize_str(t)
+        return t
 
     def _added_by_id(self):
         return {self._core.token_to_id(a["content"]): a for a in self._added}
