@@ -499,7 +499,11 @@ def test_added_tokens_decoder_flags(model_dir, tmp_path):
         "30523": _added("<sw>", single_word=True, special=False), "30524": _added("<r>", rstrip=True)}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
     fb, hf = pair(str(tmp_path))
-    texts = ["a [MASK]", "a   [MASK]b", "NewTok newtok NEWTOK néwtok", "z<r>  q", "x<sw>y <sw> z", "<r>\t[MASK]"]
+    texts = ["a [MASK]", "a   [MASK]b", "NewTok newtok NEWTOK néwtok", "z<r>  q", "x<sw>y <sw> z", "<r>\t[MASK]",
+             # single_word: a word character is what a Unicode regex calls \w (letters, marks, decimal
+             # digits, connector punctuation, joiners); symbols, other numbers, unassigned are not.
+             "\U0001f600<sw>", "©<sw>", "½<sw>", "²<sw>", "Ⅻ<sw>", "\u0301<sw>", "_<sw>", "<sw>\u200d",
+             "\U00018cd6<sw>", "a\u200b<sw>", "٣<sw>", "<sw>‿"]
     check_call(fb, hf, texts, **ALL_FIELDS)
     for text in texts:
         check_call(fb, hf, text, **ALL_FIELDS)
