@@ -376,7 +376,8 @@ def run_suite(cfg: BenchConfig, console=None):
                 raw[section.key] = {"error": traceback.format_exc()}
                 results.append(Result(section.title, "fastbert", "all", fastbert=True, check=ERROR,
                                       note=f"{type(exc).__name__}: {exc}"))
-                bars.update(task, total=1, completed=1, description=f"[red]error: {exc}[/]")
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                bars.update(task, total=1, completed=1, description=f"[red]error: {first[:70]}[/]")
             bars.advance(overall)
         bars.update(overall, description="done")
     add_speedups(results)
