@@ -38,11 +38,7 @@ uint32_t cp_at(const char* s, size_t i) {
     return decode_utf8(p);
 }
 bool is_space(uint32_t c) { return unicode::flags(c) & unicode::kWhitespace; }
-bool is_word_char(uint32_t c) {
-    if (c < 128) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-    const uint8_t f = unicode::flags(c);
-    return !(f & (unicode::kWhitespace | unicode::kPunct | unicode::kControl));
-}
+bool is_word_char(uint32_t c) { return unicode::flags(c) & unicode::kWordChar; }
 
 }  // namespace
 

@@ -130,11 +130,22 @@ class PyTokenizer {
         zero_pair_ = py::make_tuple(0, 0);
     }
 
-    py::tuple encode_batch(py::object texts, py::object pairs, bool split_words, bool add_special_tokens,
-                          int truncation, size_t max_length, size_t stride, bool truncate_left, int padding,
-                          size_t pad_to_multiple_of, bool pad_left, int64_t pad_id, int num_threads,
-                          bool want_type_ids, bool want_attention, bool want_special, bool want_offsets,
-                          bool want_length, bool want_overflow, bool as_numpy) {
+    // opts: the 18 options in the order of kOptionNames (ints/bools), one tuple: a 20-argument
+    // pybind11 signature costs most of this file's compile time.
+    py::tuple encode_batch(py::object texts, py::object pairs, py::tuple opts) {
+        if (py::len(opts) != 18) throw py::value_error("encode_batch: expected 18 options");
+        auto opt = [&](size_t i) { return opts[i].cast<int64_t>(); };
+        const bool split_words = opt(0), add_special_tokens = opt(1);
+        const int truncation = static_cast<int>(opt(2));
+        const size_t max_length = static_cast<size_t>(opt(3)), stride = static_cast<size_t>(opt(4));
+        const bool truncate_left = opt(5);
+        const int padding = static_cast<int>(opt(6));
+        const size_t pad_to_multiple_of = static_cast<size_t>(opt(7));
+        const bool pad_left = opt(8);
+        const int64_t pad_id = opt(9);
+        const int num_threads = static_cast<int>(opt(10));
+        const bool want_type_ids = opt(11), want_attention = opt(12), want_special = opt(13),
+                   want_offsets = opt(14), want_length = opt(15), want_overflow = opt(16), as_numpy = opt(17);
         BatchInput in;
         // Own a reference to each str we point into: another Python thread may change the
         // caller's list while the GIL is released.
@@ -413,12 +424,7 @@ PYBIND11_MODULE(_C, m) {
              py::arg("vocab"), py::arg("lowercase"), py::arg("strip_accents"), py::arg("handle_chinese_chars"),
              py::arg("clean_text"), py::arg("unk_token"), py::arg("continuing_subword_prefix"),
              py::arg("max_input_chars_per_word"), py::arg("added_tokens"))
-        .def("encode_batch", &PyTokenizer::encode_batch, py::arg("texts"), py::arg("pairs"), py::arg("split_words"),
-             py::arg("add_special_tokens"), py::arg("truncation"), py::arg("max_length"), py::arg("stride"),
-             py::arg("truncate_left"), py::arg("padding"), py::arg("pad_to_multiple_of"), py::arg("pad_left"),
-             py::arg("pad_id"), py::arg("num_threads"), py::arg("want_type_ids"), py::arg("want_attention"),
-             py::arg("want_special"), py::arg("want_offsets"), py::arg("want_length"), py::arg("want_overflow"),
-             py::arg("as_numpy"))
+        .def("encode_batch", &PyTokenizer::encode_batch, py::arg("texts"), py::arg("pairs"), py::arg("options"))
         .def("id_to_token", &PyTokenizer::id_to_token)
         .def("token_to_id", &PyTokenizer::token_to_id)
         .def("tokens", &PyTokenizer::tokens)

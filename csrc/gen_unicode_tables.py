@@ -21,6 +21,8 @@ zero differences with tokenizers 0.23:
   added, a capital letter maps to the small letter of the same name (names from unicodedata2 17).
 * Whitespace is the White_Space property: Zs, Zl, Zp, U+0009-U+000D, U+0085.
 * "Chinese characters" are the CJK ranges listed in CJK_RANGES (HF's `is_chinese_char`).
+* Word characters (regex \w, for single_word added tokens) are those of WORD_CATEGORIES plus
+  ZWNJ/ZWJ, at Python's Unicode 14.0 (Other_Alphabetic symbols such as circled letters are missed).
 """
 import os
 import sys
@@ -34,7 +36,10 @@ CATEGORY_VERSION = (8, 0)
 CATEGORY_IN_8_0 = {0x166D: "Po", 0x111C9: "Po", 0x1734: "Mn", 0x1885: "Mo", 0x1886: "Mo", 0xA9BD: "Mc"}
 CJK_RANGES = [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
               (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]
-WS, CONTROL, PUNCT, MN, CJK, HAS_NFD, HAS_LOWER = 1, 2, 4, 8, 16, 32, 64
+WS, CONTROL, PUNCT, MN, CJK, HAS_NFD, HAS_LOWER, WORD = 1, 2, 4, 8, 16, 32, 64, 128
+# Regex \w as the Rust regex crate defines it (Alphabetic, marks, decimal digits, connector
+# punctuation, Join_Control), by category: it decides single_word added-token boundaries.
+WORD_CATEGORIES = {"Lu", "Ll", "Lt", "Lm", "Lo", "Nl", "Mn", "Mc", "Me", "Nd", "Pc"}
 
 
 def main():
@@ -83,6 +88,8 @@ def main():
             f |= PUNCT
         if old(cp) and cat8(cp) == "Mn":
             f |= MN
+        if cat in WORD_CATEGORIES or cp in (0x200C, 0x200D):
+            f |= WORD
         if any(a <= cp <= b for a, b in CJK_RANGES):
             f |= CJK
         if old(cp):

@@ -15,6 +15,7 @@ enum Flag : uint8_t {
     kCjk = 16,        // surrounded by spaces by handle_chinese_chars
     kHasNfd = 32,     // has a canonical decomposition (in kNfd)
     kHasLower = 64,   // lowercase differs (in kLower)
+    kWordChar = 128,  // regex \w (single_word added-token boundaries)
 };
 
 struct Mapping {

@@ -578,12 +578,12 @@ class BertTokenizer:
             else bool(return_token_type_ids)
         want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
             else bool(return_attention_mask)
-        out, longest = self._core.encode_batch(
-            texts, pairs, bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc],
-            int(max_length or 0), int(stride), self.truncation_side == "left", _PADDING[pad],
-            int(pad_to_multiple_of or 0), side == "left", int(self.pad_token_id or 0), self._num_threads,
-            want_types, want_attn, bool(return_special_tokens_mask), bool(return_offsets_mapping),
-            bool(return_length), bool(return_overflowing_tokens), kind is not None)
+        out, longest = self._core.encode_batch(texts, pairs, (
+            bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc], int(max_length or 0),
+            int(stride), self.truncation_side == "left", _PADDING[pad], int(pad_to_multiple_of or 0),
+            side == "left", int(self.pad_token_id or 0), self._num_threads, want_types, want_attn,
+            bool(return_special_tokens_mask), bool(return_offsets_mapping), bool(return_length),
+            bool(return_overflowing_tokens), kind is not None))
         if max_length is None and verbose and not self._warned_long and longest > self.model_max_length:
             logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
                            f"for this model ({longest} > {self.model_max_length}). Running this sequence through "

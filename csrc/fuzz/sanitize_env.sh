@@ -7,14 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=$(realpath -m "$1")
 py=${PYTHON:-.venv/bin/python}
+case $py in /*) ;; */*) py=$PWD/$py ;; esac  # absolute (a venv path is kept as is, not resolved)
 mkdir -p "$dir"
-# The sources only: setup.py, csrc/, the Python package and kernels (fastbert.kernels).
-tar cf - --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md csrc/*.cpp csrc/*.h fastbert kernels \
+# The sources only: setup.py, csrc/, the package, kernels (fastbert.kernels) and tests/ (run from the copy).
+tar cf - --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md csrc/*.cpp csrc/*.h fastbert kernels tests \
     | tar xf - -C "$dir"
 runtime=$(clang++ -print-file-name=libclang_rt.asan-x86_64.so)
 [ -f "$runtime" ] || { echo "no ASan runtime at $runtime" >&2; exit 1; }
 (cd "$dir" && FASTBERT_SANITIZE=1 CC=clang CXX=clang++ LDSHARED="clang++ -shared" \
-    "$OLDPWD/$py" setup.py -q build_ext --inplace -j 2 >/dev/null)
+    "$py" setup.py -q build_ext --inplace -j 2 >/dev/null)
 ls "$dir"/fastbert/_C*.so >/dev/null
 symbolizer=$(command -v llvm-symbolizer || ls /usr/lib/llvm-*/bin/llvm-symbolizer 2>/dev/null | tail -1 || true)
 cat > "$dir/env.sh" <<ENV
