@@ -6,8 +6,11 @@ sources in ``csrc/`` and installs the Triton kernels in ``kernels/`` as ``fastbe
 import os
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+
+# Compile the csrc/ sources in parallel (one job per core; NPY_NUM_BUILD_JOBS overrides).
+ParallelCompile("NPY_NUM_BUILD_JOBS").install()
 
 
 def _compile_args():
