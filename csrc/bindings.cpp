@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -18,6 +19,22 @@ namespace py = pybind11;
 using namespace fastbert;
 
 namespace {
+
+// Runs f with the GIL released. Deliberately not py::gil_scoped_release: at interpreter exit a
+// daemon thread that takes the GIL back is ended by a forced unwind (pthread_exit), which aborts
+// the process if it crosses a noexcept destructor such as gil_scoped_release's.
+template <class F>
+void without_gil(F&& f) {
+    PyThreadState* state = PyEval_SaveThread();
+    std::exception_ptr error;
+    try {
+        f();
+    } catch (...) {
+        error = std::current_exception();
+    }
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+}
 
 // Output buffers handed back to the tokenizer when their numpy arrays die, so the next batch
 // writes into memory whose pages are already mapped: fresh multi-MB arrays cost more in page
@@ -191,14 +208,10 @@ class PyTokenizer {
         cfg.overflow = want_overflow;
 
         std::vector<Rows> rows;
-        {
-            py::gil_scoped_release nogil;
-            try {
-                tok_->encode_batch(in, cfg, num_threads, rows);
-            } catch (const TruncationError& e) {
-                py::gil_scoped_acquire gil;
-                throw py::value_error(e.what());
-            }
+        try {
+            without_gil([&] { tok_->encode_batch(in, cfg, num_threads, rows); });
+        } catch (const TruncationError& e) {
+            throw py::value_error(e.what());
         }
         // padded width: "longest" looks at the rows HF pads by (main rows), "max_length" is fixed
         size_t total = 0, longest = 0, shortest = SIZE_MAX;
@@ -234,10 +247,7 @@ class PyTokenizer {
             po.special = mk(want_special, "special_tokens_mask");
             po.offsets = mk(want_offsets, "offset_mapping", true);
             PadSpec ps{width, pad_left, static_cast<int32_t>(pad_id)};
-            {
-                py::gil_scoped_release nogil;
-                tok_->fill_padded(rows, ps, po, num_threads);
-            }
+            without_gil([&] { tok_->fill_padded(rows, ps, po, num_threads); });
         } else {
             // Thousands of new lists would trigger the cyclic GC again and again while we build
             // them; none of them can be part of a cycle, so pause it for the duration.

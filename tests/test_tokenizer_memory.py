@@ -63,7 +63,8 @@ def test_stream_in_chunks_keeps_rss_bounded(tok):
     for n in list(range(500, 12_000, 250)) * 2:
         tok(["a b"] * n, padding="max_length", max_length=128, return_tensors="np")
     pool_mb = (rss_bytes() - before) / MB
-    assert pool_mb < 64 + 32, f"filling the buffer pool took {pool_mb:.0f} MB (its cap is 64 MB)"
+    # 64 MB of pooled buffers plus the allocator's own slack (glibc keeps freed arenas mapped)
+    assert pool_mb < 64 + 64, f"filling the buffer pool took {pool_mb:.0f} MB (its cap is 64 MB)"
     samples = []
     for i, chunk in enumerate(chunks(STREAM_MB, CHUNK_MB)):
         # both output paths: padded numpy and ragged lists (with offsets)
