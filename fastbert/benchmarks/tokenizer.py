@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
 import statistics
 import time
-from importlib import metadata
-from pathlib import Path
 
 import numpy as np
 
 from fastbert.benchmarks import corpus
+from fastbert.benchmarks import env
+from fastbert.benchmarks.env import cpu_model
 
 PATHS = {"ids": "ids", "padded128": "padded"}  # path name -> Peer method
 MAX_LENGTH = 128
@@ -36,28 +35,12 @@ BASELINE = "nanotoken"
 _VERSIONED = ("fastbert", "nanotoken", "tokenizers", "transformers", "numpy")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device() -> str:
-    return f"cpu: {_cpu_model()} ({os.cpu_count()} cores)"
+    return f"cpu: {cpu_model()} ({os.cpu_count()} cores)"
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for dist in _VERSIONED:
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return env.versions(_VERSIONED)
 
 
 def default_texts(quick: bool = False, smoke: bool = False) -> dict[str, list[str]]:
