@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 import fastbert.ops as ops
 from fastbert.kernels import add_layer_norm as kernel
+from gpu_compile import compile_for_gpu
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 DTYPES = list(TOL)
@@ -218,38 +219,6 @@ def test_validation(args, kwargs, match):
         ops.add_layer_norm(*args, **kwargs)
 
 
-# Compile the kernels for an sm_90 GPU without one (Triton's own compiler and ptxas, no driver):
-# catches what the interpreter lets through, such as non-constexpr globals or type errors.
-_COMPILE = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import fastbert.kernels.{module} as k
-for name, constexprs, types in json.loads(sys.argv[1]):
-    fn = getattr(k, name)
-    sig = {{a: "constexpr" if a in constexprs else types.get(a, "*fp16" if a.endswith("_ptr") else "i32")
-           for a in fn.arg_names}}
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                   options={{"num_warps": 4}})
-    print("compiled", name, constexprs)
-"""
-
-
-def _compile_for_gpu(module, cases, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE.format(module=module), json.dumps(cases)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("this Triton install has no ptxas to compile for a GPU")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled") == len(cases)
-
-
 def test_kernels_compile_for_a_gpu(tmp_path):
     fp32 = {name: "*fp32" for name in ("mean_ptr", "rstd_ptr", "dwp_ptr", "dbp_ptr", "r_ptr", "dr_ptr")}
     fp32.update(eps="fp32", p="fp32")
@@ -257,4 +226,4 @@ def test_kernels_compile_for_a_gpu(tmp_path):
            for on in (False, True)]
     bwd = [("_add_layer_norm_bwd_kernel", dict(HAS_DSUM=on, DROPOUT=on, STORE_DR=on, BLOCK_M=4, BLOCK_N=1024), fp32)
            for on in (False, True)]
-    _compile_for_gpu("add_layer_norm", fwd + bwd, tmp_path)
+    compile_for_gpu("add_layer_norm", fwd + bwd, tmp_path)
