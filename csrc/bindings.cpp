@@ -147,10 +147,11 @@ class PyTokenizer {
         zero_pair_ = py::make_tuple(0, 0);
     }
 
-    // opts: the 18 options in the order of kOptionNames (ints/bools), one tuple: a 20-argument
-    // pybind11 signature costs most of this file's compile time.
+    // opts: the 19 options in the order read below (ints/bools), one tuple: a 21-argument
+    // pybind11 signature costs most of this file's compile time. want_words (word index per
+    // token, -1 -> None) needs want_offsets and gives lists: only the alignment methods ask.
     py::tuple encode_batch(py::object texts, py::object pairs, py::tuple opts) {
-        if (py::len(opts) != 18) throw py::value_error("encode_batch: expected 18 options");
+        if (py::len(opts) != 19) throw py::value_error("encode_batch: expected 19 options");
         auto opt = [&](size_t i) { return opts[i].cast<int64_t>(); };
         const bool split_words = opt(0), add_special_tokens = opt(1);
         const int truncation = static_cast<int>(opt(2));
@@ -162,8 +163,11 @@ class PyTokenizer {
         const int64_t pad_id = opt(9);
         const int num_threads = static_cast<int>(opt(10));
         const bool want_type_ids = opt(11), want_attention = opt(12), want_special = opt(13),
-                   want_offsets = opt(14), want_length = opt(15), want_overflow = opt(16), as_numpy = opt(17);
+                   want_offsets = opt(14), want_length = opt(15), want_overflow = opt(16), as_numpy = opt(17),
+                   want_words = opt(18);
+        if (want_words && !want_offsets) throw py::value_error("encode_batch: word ids need offsets");
         BatchInput in;
+        in.split_words = split_words;
         // Own a reference to each str we point into: another Python thread may change the
         // caller's list while the GIL is released.
         struct Keep {
@@ -205,6 +209,7 @@ class PyTokenizer {
         cfg.stride = stride;
         cfg.truncate_left = truncate_left;
         cfg.offsets = want_offsets;
+        cfg.words = want_words;
         cfg.overflow = want_overflow;
 
         std::vector<Rows> rows;
@@ -231,7 +236,7 @@ class PyTokenizer {
         if (!padding) width = total ? widest : 0;
 
         py::dict out;
-        if (as_numpy && rect) {
+        if (as_numpy && rect && !want_words) {
             auto mk = [&](bool want, const char* key, bool pairs2 = false) -> int64_t* {
                 if (!want) return nullptr;
                 std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(total), static_cast<py::ssize_t>(width)};
@@ -255,7 +260,7 @@ class PyTokenizer {
             const int gc_was_enabled = PyGC_Disable();
 #endif
             build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
-                        want_special, want_offsets, out);
+                        want_special, want_offsets, want_words, out);
 #if PY_VERSION_HEX >= 0x030A0000
             if (gc_was_enabled) PyGC_Enable();
 #endif
@@ -340,9 +345,10 @@ class PyTokenizer {
     }
 
     void build_lists(const std::vector<Rows>& rows, size_t total, size_t width, bool pad_left, int64_t pad_id,
-                     bool want_type_ids, bool want_attention, bool want_special, bool want_offsets, py::dict& out) {
+                     bool want_type_ids, bool want_attention, bool want_special, bool want_offsets, bool want_words,
+                     py::dict& out) {
         py::list ids(total), types(want_type_ids ? total : 0), attn(want_attention ? total : 0),
-            special(want_special ? total : 0), offs(want_offsets ? total : 0);
+            special(want_special ? total : 0), offs(want_offsets ? total : 0), words(want_words ? total : 0);
         // Row lists hold only ints, so they can never be part of a reference cycle: untracking
         // them (as CPython does for such tuples and dicts) keeps the cyclic GC from walking
         // every row of every batch the user keeps.
@@ -402,6 +408,17 @@ class PyTokenizer {
                     }
                     PyList_SET_ITEM(offs.ptr(), k, l);
                 }
+                if (want_words) {
+                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    for (size_t t = 0; t < w; ++t) {
+                        const int32_t word = (t >= lo && t < lo + len) ? rs.words[s0 + t - lo] : -1;
+                        PyObject* v = word < 0 ? (Py_INCREF(Py_None), Py_None)
+                                               : int_obj(static_cast<size_t>(word)).release().ptr();
+                        PyList_SET_ITEM(l, t, v);
+                    }
+                    done(l);
+                    PyList_SET_ITEM(words.ptr(), k, l);
+                }
             }
         }
         Py_DECREF(pad);
@@ -410,6 +427,7 @@ class PyTokenizer {
         if (want_attention) out["attention_mask"] = attn;
         if (want_special) out["special_tokens_mask"] = special;
         if (want_offsets) out["offset_mapping"] = offs;
+        if (want_words) out["word_ids"] = words;
     }
 
     PyObject* cached(int32_t id) const { return ints_[static_cast<size_t>(id)].ptr(); }

@@ -46,6 +46,7 @@ void emit_row(const Encoded& a, Window wa, const Encoded* b, Window wb, const Po
             out.offsets.push_back(0);
             out.offsets.push_back(0);
         }
+        if (cfg.words) out.words.push_back(-1);
     };
     auto seq = [&](const Encoded& e, Window w, uint8_t type) {
         out.ids.insert(out.ids.end(), e.ids.begin() + w.first, e.ids.begin() + w.second);
@@ -53,6 +54,7 @@ void emit_row(const Encoded& a, Window wa, const Encoded* b, Window wb, const Po
         out.special.insert(out.special.end(), w.second - w.first, 0);
         if (cfg.offsets)
             out.offsets.insert(out.offsets.end(), e.offsets.begin() + 2 * w.first, e.offsets.begin() + 2 * w.second);
+        if (cfg.words) out.words.insert(out.words.end(), e.words.begin() + w.first, e.words.begin() + w.second);
     };
     if (cfg.add_special_tokens) special(cfg.cls_id, 0);
     seq(a, wa, 0);

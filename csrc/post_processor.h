@@ -8,13 +8,16 @@
 
 namespace fastbert {
 
-// One sequence after WordPiece: ids and (optionally) character offsets, 2 per token.
+// One sequence after WordPiece: ids and (optionally) character offsets, 2 per token, and word
+// indices, 1 per token (HF's word_ids: the pre-token, added token or given word it came from).
 struct Encoded {
     std::vector<int32_t> ids;
     std::vector<uint32_t> offsets;
+    std::vector<int32_t> words;
     void clear() {
         ids.clear();
         offsets.clear();
+        words.clear();
     }
 };
 
@@ -28,6 +31,7 @@ struct PostConfig {
     size_t stride = 0;
     bool truncate_left = false;
     bool offsets = false;
+    bool words = false;     // word indices too (needs offsets: only the offset paths track words)
     bool overflow = false;  // keep the overflow rows (return_overflowing_tokens)
 };
 
@@ -37,6 +41,7 @@ struct Rows {
     std::vector<uint8_t> type_ids;
     std::vector<uint8_t> special;
     std::vector<uint32_t> offsets;  // 2 per token when asked for
+    std::vector<int32_t> words;     // 1 per token when asked for, -1 for special tokens
     std::vector<size_t> start{0};
     std::vector<int32_t> item;      // input index of each row
     std::vector<uint8_t> main;      // 1 for the first row of an input, 0 for overflow rows

@@ -81,6 +81,7 @@ bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, b
             out.offsets.push_back(w.orig[b]);
             out.offsets.push_back(w.orig[e - 1] + 1);
         }
+        s.mark_word(out);
         return out.ids.size() <= limit;
     });
     return out.ids.size() <= limit;
@@ -161,6 +162,7 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
                     out.offsets.push_back(orig[char_at + w.orig[sb]]);
                     out.offsets.push_back(orig[char_at + w.orig[se - 1]] + 1);
                 }
+            s.mark_word(out);
             return out.ids.size() <= limit;
         });
     };
@@ -175,6 +177,7 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
             out.offsets.push_back(orig[chars]);
             out.offsets.push_back(orig[chars + mchars - 1] + 1);
         }
+        s.mark_word(out);
         chars += mchars;
         pos = m.end;
     }
@@ -183,7 +186,9 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
 
 void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
                        size_t limit) const {
+    s.next_word = 0;
     for (size_t k = 0; k < nseg && out.ids.size() <= limit; ++k) {
+        s.segment = static_cast<int32_t>(k);
         const char* text = segs[k].data();
         const size_t len = segs[k].size();
         auto piece = [&](size_t begin, size_t end, uint32_t char_base) {
@@ -206,6 +211,7 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
                 out.offsets.push_back(chars);
                 out.offsets.push_back(chars + mchars);
             }
+            s.mark_word(out);
             chars += mchars;
             pos = m.end;
         }
@@ -263,6 +269,7 @@ void Tokenizer::clear_cache() {
 
 
 void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out) {
+    if (cfg.words && !cfg.offsets) throw std::invalid_argument("word tracking needs offsets");
     const size_t n = in.size();
     const bool pair = !in.b.empty();
     size_t chunks = 1;
@@ -271,6 +278,8 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
     parallel(chunks, num_threads, [&](size_t c) {
         const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
         Scratch s;
+        s.words = cfg.words;
+        s.split_words = in.split_words;
         ThreadCache* tc = take_cache();
         s.cache = &tc->words;
         s.chunks = &tc->chunks;

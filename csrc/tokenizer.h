@@ -32,6 +32,7 @@ struct BatchInput {
     std::vector<std::string_view> segs;
     std::vector<uint32_t> a{0};
     std::vector<uint32_t> b;
+    bool split_words = false;  // segments are the user's words (is_split_into_words)
     size_t size() const { return a.size() - 1; }
 };
 
@@ -64,9 +65,18 @@ class Tokenizer {
         Encoded a, b;
         WordCache* cache = nullptr;
         ChunkCache* chunks = nullptr;
+        // word tracking (offset paths only): each word's tokens get split_words ? its segment
+        // index : a running count of pre-tokens and added tokens in the sequence
+        bool words = false, split_words = false;
+        int32_t next_word = 0, segment = 0;
+        void mark_word(Encoded& out) {
+            if (!words) return;
+            out.words.resize(out.ids.size(), split_words ? segment : next_word);
+            ++next_word;
+        }
     };
     // Appends the tokens of the segments (no special tokens) to out; may stop once out has more
-    // than limit tokens (the rest would be truncated away).
+    // than limit tokens (the rest would be truncated away). Word indices (s.words) restart at 0.
     void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
                 size_t limit = SIZE_MAX) const;
 

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastbert import _C
+from fastbert.alignment import AlignmentSource, CharSpan, Encoding, TokenSpan
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,13 @@ def _token_str(v) -> str | None:
 
 
 class BatchEncoding(dict):
-    """Model inputs as a dict with attribute access, like transformers.BatchEncoding."""
+    """Model inputs as a dict with attribute access, like transformers.BatchEncoding, with the
+    alignment methods of a fast tokenizer's output (word_ids, sequence_ids, tokens, char_to_token,
+    ...), computed on first use (fastbert/alignment.py)."""
+
+    _source = None      # AlignmentSource: how to encode this batch again with alignment data
+    _encodings = None   # list[Encoding] once computed
+    _n_sequences = None
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -60,11 +67,106 @@ class BatchEncoding(dict):
         except KeyError:
             raise AttributeError(name) from None
 
+    def __getitem__(self, item):
+        if isinstance(item, str):
+            return dict.__getitem__(self, item)
+        if self.encodings is not None and isinstance(item, (int, slice)):
+            return self._encodings[item]
+        if isinstance(item, slice):
+            return {k: v[item] for k, v in self.items()}
+        raise KeyError("Invalid key. Only three types of key are available: (1) string, (2) integers for "
+                       "backend Encoding, and (3) slices for data subsetting.")
+
     def __getstate__(self):
-        return {"data": dict(self)}
+        # the re-encoding source holds the tokenizer: alignment data travels only once computed
+        return {"data": dict(self), "encodings": self._encodings, "n_sequences": self._n_sequences}
 
     def __setstate__(self, state):
         self.update(state["data"])
+        self._encodings = state.get("encodings")
+        self._n_sequences = state.get("n_sequences")
+
+    # ------------------------------------------------------------------------------ alignment
+    @property
+    def n_sequences(self) -> int | None:
+        return self._n_sequences
+
+    @property
+    def is_fast(self) -> bool:
+        return self._encodings is not None or self._source is not None
+
+    @property
+    def encodings(self) -> list[Encoding] | None:
+        if self._encodings is None and self._source is not None:
+            self._encodings = self._source.encodings()
+            self._source = None
+        return self._encodings
+
+    def _row(self, method: str, batch_index: int) -> Encoding:
+        if self.encodings is None:
+            raise ValueError(f"{method}() is not available: this BatchEncoding was not made by "
+                             "fastbert.BertTokenizer.__call__ (or was unpickled before its alignment was computed)")
+        return self._encodings[batch_index]
+
+    def _split(self, method: str, first: int, second: int | None) -> tuple[int, int]:
+        # transformers' (batch_index, index) / (index) forms; it has no negative indices here
+        batch_index, index = (0, first) if second is None else (first, second)
+        if batch_index < 0 or index < 0:
+            raise AttributeError(f"{method}(): negative indices are not supported (as in transformers), got "
+                                 f"batch index {batch_index}, index {index}")
+        return batch_index, index
+
+    def tokens(self, batch_index: int = 0) -> list[str]:
+        return self._row("tokens", batch_index).tokens
+
+    def sequence_ids(self, batch_index: int = 0) -> list[int | None]:
+        return self._row("sequence_ids", batch_index).sequence_ids
+
+    def word_ids(self, batch_index: int = 0) -> list[int | None]:
+        return self._row("word_ids", batch_index).word_ids
+
+    def words(self, batch_index: int = 0) -> list[int | None]:
+        warnings.warn("`BatchEncoding.words()` property is deprecated and should be replaced with the identical, "
+                      "but more self-explanatory `BatchEncoding.word_ids()` property.", FutureWarning, stacklevel=2)
+        return self.word_ids(batch_index)
+
+    def token_to_sequence(self, batch_or_token_index: int, token_index: int | None = None) -> int:
+        self._row("token_to_sequence", 0)
+        b, t = self._split("token_to_sequence", batch_or_token_index, token_index)
+        return self._encodings[b].token_to_sequence(t)
+
+    def token_to_word(self, batch_or_token_index: int, token_index: int | None = None) -> int:
+        self._row("token_to_word", 0)
+        b, t = self._split("token_to_word", batch_or_token_index, token_index)
+        return self._encodings[b].token_to_word(t)
+
+    def word_to_tokens(self, batch_or_word_index: int, word_index: int | None = None,
+                       sequence_index: int = 0) -> TokenSpan | None:
+        self._row("word_to_tokens", 0)
+        b, w = self._split("word_to_tokens", batch_or_word_index, word_index)
+        span = self._encodings[b].word_to_tokens(w, sequence_index)
+        return TokenSpan(*span) if span is not None else None
+
+    def token_to_chars(self, batch_or_token_index: int, token_index: int | None = None) -> CharSpan | None:
+        b, t = (0, batch_or_token_index) if token_index is None else (batch_or_token_index, token_index)
+        span = self._row("token_to_chars", b).token_to_chars(t)
+        return CharSpan(*span) if span is not None else None
+
+    def char_to_token(self, batch_or_char_index: int, char_index: int | None = None, sequence_index: int = 0) -> int:
+        b, c = (0, batch_or_char_index) if char_index is None else (batch_or_char_index, char_index)
+        return self._row("char_to_token", b).char_to_token(c, sequence_index)
+
+    def word_to_chars(self, batch_or_word_index: int, word_index: int | None = None,
+                      sequence_index: int = 0) -> CharSpan:
+        b, w = (0, batch_or_word_index) if word_index is None else (batch_or_word_index, word_index)
+        span = self._row("word_to_chars", b).word_to_chars(w, sequence_index)
+        if span is None:  # transformers fails here too (CharSpan(*None)), with a less clear message
+            raise TypeError(f"word_to_chars(): word {w} of sequence {sequence_index} has no tokens in row {b}")
+        return CharSpan(*span)
+
+    def char_to_word(self, batch_or_char_index: int, char_index: int | None = None, sequence_index: int = 0) -> int:
+        b, c = (0, batch_or_char_index) if char_index is None else (batch_or_char_index, char_index)
+        return self._row("char_to_word", b).char_to_word(c, sequence_index)
 
     def to(self, device, non_blocking: bool = False) -> "BatchEncoding":
         for k, v in self.items():
@@ -100,6 +202,15 @@ def _as_tensor(key, value, kind):
         return value
     import torch
     return torch.from_numpy(value)
+
+
+def _freeze(texts, split_words):
+    # str is immutable; the lists holding them (and pre-split words) may change after the call
+    if texts is None:
+        return None
+    if split_words:
+        return tuple(tuple(words) for words in texts)
+    return texts if isinstance(texts, tuple) else tuple(texts)
 
 
 def _read_json(path):
@@ -446,16 +557,37 @@ class BertTokenizer:
             if a is None or pair is not None:
                 out.append(self._core.id_to_token(i))
                 continue
-            # HF's token string for an added token is the matched text, stripped spaces included
-            piece = text[offsets[k][0]:offsets[k][1]]
-            if a.get("normalized", not a.get("special", False)):
-                piece = self._normalize_str(piece)
-                matched = piece.strip() == self._normalize_str(a["content"])
-            else:
-                matched = piece.strip() == a["content"]
-            # an [UNK] made by WordPiece (not found in the text) is just the token
-            out.append(piece if matched else self._core.id_to_token(i))
+            out.append(self._added_token_string(a, i, text[offsets[k][0]:offsets[k][1]]))
         return out
+
+    def _alignment_tokens(self, ids, offsets, seq, words, attention, text, pair, split_words) -> list[str]:
+        # Encoding.tokens: vocabulary strings, the pad token on padding, and for an added token
+        # found in the text the text it matched (as tokenize() gives it)
+        added = self._added_by_id()
+        out = []
+        for k, i in enumerate(ids):
+            a = added.get(i) if seq[k] is not None else None
+            if not attention[k]:
+                out.append(self.pad_token)
+                continue
+            if a is None:
+                out.append(self._core.id_to_token(i))
+                continue
+            source = text if seq[k] == 0 else pair
+            if split_words:
+                source = source[words[k]]
+            out.append(self._added_token_string(a, i, source[offsets[k][0]:offsets[k][1]]))
+        return out
+
+    def _added_token_string(self, a, i, piece):
+        # HF's token string for an added token is the matched text, stripped spaces included
+        if a.get("normalized", not a.get("special", False)):
+            piece = self._normalize_str(piece)
+            matched = piece.strip() == self._normalize_str(a["content"])
+        else:
+            matched = piece.strip() == a["content"]
+        # an [UNK] made by WordPiece (not found in the text) is just the token
+        return piece if matched else self._core.id_to_token(i)
 
     def _id_to_token(self, i: int):
         # HF gives a normalized added token back in its normalized form
@@ -578,12 +710,13 @@ class BertTokenizer:
             else bool(return_token_type_ids)
         want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
             else bool(return_attention_mask)
-        out, longest = self._core.encode_batch(texts, pairs, (
+        options = (
             bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc], int(max_length or 0),
             int(stride), self.truncation_side == "left", _PADDING[pad], int(pad_to_multiple_of or 0),
             side == "left", int(self.pad_token_id or 0), self._num_threads, want_types, want_attn,
             bool(return_special_tokens_mask), bool(return_offsets_mapping), bool(return_length),
-            bool(return_overflowing_tokens), kind is not None))
+            bool(return_overflowing_tokens), kind is not None, False)
+        out, longest = self._core.encode_batch(texts, pairs, options)
         if max_length is None and verbose and not self._warned_long and longest > self.model_max_length:
             logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
                            f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
@@ -594,12 +727,17 @@ class BertTokenizer:
             if "offset_mapping" in enc and not isinstance(enc["offset_mapping"], np.ndarray):
                 enc["offset_mapping"] = [[list(p) for p in row] for row in enc["offset_mapping"]]
             enc.convert_to_tensors(kind)
-            return enc
-        numpy_keys = [k for k, v in enc.items() if isinstance(v, np.ndarray)]
-        for k in numpy_keys:  # padded numpy rows -> lists (only when the C++ side made arrays)
-            enc[k] = enc[k].tolist()
-        if not batched and not return_overflowing_tokens:
-            enc = BatchEncoding({k: (v[0] if v and isinstance(v[0], list) else v) for k, v in enc.items()})
+        else:
+            numpy_keys = [k for k, v in enc.items() if isinstance(v, np.ndarray)]
+            for k in numpy_keys:  # padded numpy rows -> lists (only when the C++ side made arrays)
+                enc[k] = enc[k].tolist()
+            if not batched and not return_overflowing_tokens:
+                enc = BatchEncoding({k: (v[0] if v and isinstance(v[0], list) else v) for k, v in enc.items()})
+        if texts:
+            # alignment (word_ids() ...) is computed on first use from a frozen copy of the input
+            enc._source = AlignmentSource(self, _freeze(texts, is_split_into_words), _freeze(pairs, is_split_into_words),
+                                          options, bool(is_split_into_words), bool(return_overflowing_tokens))
+            enc._n_sequences = 1 if pairs is None else 2
         return enc
 
     # ---------------------------------------------------------------------------------- saving
