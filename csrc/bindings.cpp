@@ -272,6 +272,14 @@ class PyTokenizer {
                 for (size_t r = 0; r < rs.rows(); ++r) lengths[k++] = int_obj(std::max(rs.len(r), padding ? width : 0));
             out["length"] = lengths;
         }
+        if (want_words) {  // alignment: which windows of A and B each row holds
+            py::list windows(total);
+            size_t k = 0;
+            for (const Rows& rs : rows)
+                for (size_t r = 0; r < rs.rows(); ++r)
+                    windows[k++] = py::make_tuple(int_obj(rs.window[2 * r]), int_obj(rs.window[2 * r + 1]));
+            out["windows"] = windows;
+        }
         if (want_overflow) {
             py::list mapping(total);
             size_t k = 0;

@@ -36,8 +36,14 @@ std::vector<Window> windows(size_t len, size_t max_len, size_t stride, bool left
     return w;
 }
 
-void emit_row(const Encoded& a, Window wa, const Encoded* b, Window wb, const PostConfig& cfg, int32_t item,
-              bool main, Rows& out) {
+void emit_row(const Encoded& a, const std::vector<Window>& was, size_t ia, const Encoded* b,
+              const std::vector<Window>& wbs, size_t ib, const PostConfig& cfg, int32_t item, Rows& out) {
+    const Window wa = was[ia], wb = wbs[ib];
+    const bool main = ia == 0 && ib == 0;
+    if (cfg.words) {
+        out.window.push_back(static_cast<uint32_t>(ia));
+        out.window.push_back(static_cast<uint32_t>(ib));
+    }
     auto special = [&](int32_t id, uint8_t type) {
         out.ids.push_back(id);
         out.type_ids.push_back(type);
@@ -115,18 +121,17 @@ void post_process(const Encoded& a, const Encoded* b, const PostConfig& cfg, int
             }
         }
     }
-    const Encoded* pb = b;
-    emit_row(a, wa[0], pb, wb[0], cfg, item, true, out);
+    emit_row(a, wa, 0, b, wb, 0, cfg, item, out);
     if (!cfg.overflow) return;
     // Encoding::merge_with order: each overflow of A with B's main window then with B's overflows,
     // then A's main window with each overflow of B.
     for (size_t i = 1; i < wa.size(); ++i) {
-        emit_row(a, wa[i], pb, wb[0], cfg, item, false, out);
+        emit_row(a, wa, i, b, wb, 0, cfg, item, out);
         if (b)
-            for (size_t j = 1; j < wb.size(); ++j) emit_row(a, wa[i], pb, wb[j], cfg, item, false, out);
+            for (size_t j = 1; j < wb.size(); ++j) emit_row(a, wa, i, b, wb, j, cfg, item, out);
     }
     if (b)
-        for (size_t j = 1; j < wb.size(); ++j) emit_row(a, wa[0], pb, wb[j], cfg, item, false, out);
+        for (size_t j = 1; j < wb.size(); ++j) emit_row(a, wa, 0, b, wb, j, cfg, item, out);
 }
 
 }  // namespace fastbert

@@ -45,6 +45,7 @@ struct Rows {
     std::vector<size_t> start{0};
     std::vector<int32_t> item;      // input index of each row
     std::vector<uint8_t> main;      // 1 for the first row of an input, 0 for overflow rows
+    std::vector<uint32_t> window;   // with words: the row's windows of A and B, 2 per row (0: main)
     size_t rows() const { return item.size(); }
     size_t len(size_t r) const { return start[r + 1] - start[r]; }
 };

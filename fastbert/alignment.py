@@ -124,13 +124,13 @@ class AlignmentSource:
 
     __slots__ = ("tokenizer", "texts", "pairs", "options", "split_words", "flatten_overflow")
 
-    def __init__(self, tokenizer, texts, pairs, options, split_words, flatten_overflow):
+    def __init__(self, tokenizer, texts, pairs, options, flatten_overflow):
         self.tokenizer = tokenizer
         self.texts = texts
         self.pairs = pairs
-        self.options = options
-        self.split_words = split_words
-        self.flatten_overflow = flatten_overflow
+        self.options = options  # the encode_batch options of the call
+        self.split_words = bool(options[0])
+        self.flatten_overflow = bool(flatten_overflow)
 
     def encodings(self) -> list[Encoding]:
         tok = self.tokenizer
@@ -146,12 +146,25 @@ class AlignmentSource:
             rows.append((item, self._row(out, k, item, pad_left, n_seq, opts[1])))
         main: list[Encoding] = []
         flat: list[Encoding] = []
+        by_a: dict[int, Encoding] = {}        # this item's rows (A_i, B_0)
+        by_b: dict[int, list[Encoding]] = {}  # this item's rows (A_i, B_j), i >= 1, by j
         for k, (item, enc) in enumerate(rows):
             if k == 0 or rows[k - 1][0] != item:
                 main.append(enc)
+                by_a, by_b = {}, {}
             else:
                 main[-1].overflowing.append(enc)
             flat.append(enc)
+            # Encoding::merge_with nests one level more when both sequences overflow: (A_i, B_0) holds
+            # (A_i, B_j) for j >= 1, and (A_0, B_j) holds (A_i, B_j) for i >= 1 (rows come in that order)
+            i, j = out["windows"][k]
+            if not j:
+                by_a[i] = enc
+            elif i:
+                by_a[i].overflowing.append(enc)
+                by_b.setdefault(j, []).append(enc)
+            else:
+                enc.overflowing.extend(by_b.get(j, ()))
         return flat if self.flatten_overflow else main
 
     def _row(self, out, k, item, pad_left, n_seq, specials) -> Encoding:

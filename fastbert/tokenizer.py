@@ -5,6 +5,7 @@ overflow windows, padding), with the batch work done in C++ on a thread pool wit
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -57,11 +58,14 @@ class BatchEncoding(dict):
     alignment methods of a fast tokenizer's output (word_ids, sequence_ids, tokens, char_to_token,
     ...), computed on first use (fastbert/alignment.py)."""
 
-    _source = None      # AlignmentSource: how to encode this batch again with alignment data
-    _encodings = None   # list[Encoding] once computed
-    _n_sequences = None
+    # _source: AlignmentSource arguments (how to encode this batch again with alignment data);
+    # _encodings: list[Encoding] once computed. Slots: setting them on every call stays cheap.
+    __slots__ = ("_source", "_encodings", "_n_sequences", "__dict__")
+    _ALIGNMENT_SLOTS = frozenset(("_source", "_encodings", "_n_sequences"))
 
     def __getattr__(self, name: str) -> Any:
+        if name in BatchEncoding._ALIGNMENT_SLOTS:  # not set: nothing to align
+            return None
         try:
             return self[name]
         except KeyError:
@@ -79,16 +83,31 @@ class BatchEncoding(dict):
 
     def __getstate__(self):
         # the re-encoding source holds the tokenizer: alignment data travels only once computed
-        return {"data": dict(self), "encodings": self._encodings, "n_sequences": self._n_sequences}
+        return {"data": dict(self), "encodings": self._encodings,
+                "n_sequences": self._n_sequences if self._encodings is not None else None}
 
     def __setstate__(self, state):
         self.update(state["data"])
         self._encodings = state.get("encodings")
         self._n_sequences = state.get("n_sequences")
 
+    def __copy__(self):
+        new = BatchEncoding(self)
+        new._source, new._encodings, new._n_sequences = self._source, self._encodings, self._n_sequences
+        return new
+
+    def __deepcopy__(self, memo):
+        new = BatchEncoding({k: copy.deepcopy(v, memo) for k, v in self.items()})
+        # the source is the tokenizer and immutable input: shared, not copied
+        new._source, new._n_sequences = self._source, self._n_sequences
+        new._encodings = copy.deepcopy(self._encodings, memo)
+        return new
+
     # ------------------------------------------------------------------------------ alignment
     @property
     def n_sequences(self) -> int | None:
+        if self._n_sequences is None and self._source is not None:
+            return 1 if self._source[2] is None else 2
         return self._n_sequences
 
     @property
@@ -98,7 +117,8 @@ class BatchEncoding(dict):
     @property
     def encodings(self) -> list[Encoding] | None:
         if self._encodings is None and self._source is not None:
-            self._encodings = self._source.encodings()
+            self._n_sequences = self.n_sequences
+            self._encodings = AlignmentSource(*self._source).encodings()
             self._source = None
         return self._encodings
 
@@ -734,10 +754,11 @@ class BertTokenizer:
             if not batched and not return_overflowing_tokens:
                 enc = BatchEncoding({k: (v[0] if v and isinstance(v[0], list) else v) for k, v in enc.items()})
         if texts:
-            # alignment (word_ids() ...) is computed on first use from a frozen copy of the input
-            enc._source = AlignmentSource(self, _freeze(texts, is_split_into_words), _freeze(pairs, is_split_into_words),
-                                          options, bool(is_split_into_words), bool(return_overflowing_tokens))
-            enc._n_sequences = 1 if pairs is None else 2
+            # alignment (word_ids() ...) is computed on first use, from the input as it is now: the
+            # caller's lists (and pre-split words) may change, the str in them cannot
+            if batched or is_split_into_words:
+                texts, pairs = _freeze(texts, is_split_into_words), _freeze(pairs, is_split_into_words)
+            enc._source = (self, texts, pairs, options, return_overflowing_tokens)
         return enc
 
     # ---------------------------------------------------------------------------------- saving
