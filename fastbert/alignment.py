@@ -140,16 +140,14 @@ class AlignmentSource:
         out, _ = tok._core.encode_batch(self.texts, self.pairs, tuple(opts))
         pad_left = bool(opts[8])
         n_seq = 1 if self.pairs is None else 2
-        rows = []
-        for k in range(len(out["input_ids"])):
-            item = out["overflow_to_sample_mapping"][k]
-            rows.append((item, self._row(out, k, item, pad_left, n_seq, opts[1])))
         main: list[Encoding] = []
         flat: list[Encoding] = []
         by_a: dict[int, Encoding] = {}        # this item's rows (A_i, B_0)
         by_b: dict[int, list[Encoding]] = {}  # this item's rows (A_i, B_j), i >= 1, by j
-        for k, (item, enc) in enumerate(rows):
-            if k == 0 or rows[k - 1][0] != item:
+        items = out["overflow_to_sample_mapping"]
+        for k, item in enumerate(items):
+            enc = self._row(out, k, item, pad_left, n_seq, opts[1])
+            if k == 0 or items[k - 1] != item:
                 main.append(enc)
                 by_a, by_b = {}, {}
             else:

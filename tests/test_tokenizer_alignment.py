@@ -9,6 +9,7 @@ import pickle
 import shutil
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import fastbert
 from fastbert.benchmarks import corpus
@@ -152,8 +153,10 @@ def test_pair_without_special_tokens(toks):
           padding_side="left")
 
 
-@pytest.mark.parametrize("text", tc.GOLDEN + ["Hello, world! Ça va? Ünïcödé café naïve", "野口里佳中文字 CJK混合text",
-                                              "don't e-mail U.S.A. x1y2", "", "   "])
+MIXED = ["Hello, world! Ça va? Ünïcödé café naïve", "野口里佳中文字 CJK混合text", "don't e-mail U.S.A. x1y2", "", "   "]
+
+
+@pytest.mark.parametrize("text", tc.GOLDEN + MIXED)
 def test_golden_cjk_accents(toks, text):
     fb, hf = toks
     check(fb, hf, text)
@@ -171,10 +174,23 @@ def test_added_tokens(added_toks):
              "<r>\t[MASK]", "[CLS] hello [SEP] world [PAD]", "[UNK] [mask]"]
     check(fb, hf, texts, padding=True)
     check(fb, hf, texts, texts[::-1], truncation="longest_first", max_length=12, padding=True)
+    check(fb, hf, [["a", "[MASK]", "NewTok", "x<sw>", "<r> z"]], is_split_into_words=True)
 
 
-@pytest.mark.parametrize("kwargs", [{}, dict(truncation="only_first", max_length=9, stride=2, return_overflowing_tokens=True,
-                                             padding=True, padding_side="left")])
+@settings(derandomize=True, max_examples=100, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(batch=tc.batches)
+def test_hypothesis_word_ids(toks, batch):
+    # every character class (whitespace, controls, combining marks, CJK, punctuation, specials in text)
+    fb, hf = toks
+    got, want = fb(batch, batch[::-1], padding=True), hf(batch, batch[::-1], padding=True)
+    for i in range(len(batch)):
+        assert (got.word_ids(i), got.sequence_ids(i), got.tokens(i)) == \
+            (want.word_ids(i), want.sequence_ids(i), want.tokens(i)), (batch[i], batch[::-1][i])
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(truncation="only_first", max_length=9, stride=2, padding=True,
+                                             return_overflowing_tokens=True, padding_side="left")])
 def test_split_into_words(toks, kwargs):
     fb, hf = toks
     words = [["Hello,", "world!", "", "UNwant\u00e9d,running", "野口里佳", "[MASK]", "x"], ["one"], ["  ", "a b"]]
