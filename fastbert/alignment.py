@@ -145,8 +145,9 @@ class AlignmentSource:
         by_a: dict[int, Encoding] = {}        # this item's rows (A_i, B_0)
         by_b: dict[int, list[Encoding]] = {}  # this item's rows (A_i, B_j), i >= 1, by j
         items = out["overflow_to_sample_mapping"]
+        tables = tok._token_tables()
         for k, item in enumerate(items):
-            enc = self._row(out, k, item, pad_left, n_seq, opts[1])
+            enc = self._row(out, k, item, pad_left, n_seq, opts[1], tables)
             if k == 0 or items[k - 1] != item:
                 main.append(enc)
                 by_a, by_b = {}, {}
@@ -165,7 +166,7 @@ class AlignmentSource:
                 enc.overflowing.extend(by_b.get(j, ()))
         return flat if self.flatten_overflow else main
 
-    def _row(self, out, k, item, pad_left, n_seq, specials) -> Encoding:
+    def _row(self, out, k, item, pad_left, n_seq, specials, tables) -> Encoding:
         tok = self.tokenizer
         ids = out["input_ids"][k]
         types = out["token_type_ids"][k]
@@ -183,8 +184,8 @@ class AlignmentSource:
             start_b = start_a + counts[0] + (1 if specials else 0)
             ranges[1] = range(start_b, start_b + counts[1])
         tokens = tok._alignment_tokens(ids, offsets, seq, words, attn, self._text(item, 0),
-                                       self._text(item, 1) if n_seq == 2 else None, self.split_words)
-        return Encoding(ids, types, tokens, [tuple(o) for o in offsets], attn, special, words, seq, ranges)
+                                       self._text(item, 1) if n_seq == 2 else None, self.split_words, tables)
+        return Encoding(ids, types, tokens, offsets, attn, special, words, seq, ranges)  # offsets: tuples
 
     def _text(self, item, sequence):
         texts = self.texts if sequence == 0 else self.pairs

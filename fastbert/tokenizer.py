@@ -580,24 +580,23 @@ class BertTokenizer:
             out.append(self._added_token_string(a, i, text[offsets[k][0]:offsets[k][1]]))
         return out
 
-    def _alignment_tokens(self, ids, offsets, seq, words, attention, text, pair, split_words) -> list[str]:
+    def _alignment_tokens(self, ids, offsets, seq, words, attention, text, pair, split_words, tables) -> list[str]:
         # Encoding.tokens: vocabulary strings, the pad token on padding, and for an added token
-        # found in the text the text it matched (as tokenize() gives it)
-        added = self._added_by_id()
-        out = []
-        for k, i in enumerate(ids):
-            a = added.get(i) if seq[k] is not None else None
-            if not attention[k]:
-                out.append(self.pad_token)
-                continue
-            if a is None:
-                out.append(self._core.id_to_token(i))
+        # found in the text the text it matched (as tokenize() gives it). tables: _token_tables()
+        vocab, added, pad = tables
+        out = [vocab[i] if m else pad for i, m in zip(ids, attention)]
+        for k in [k for k, i in enumerate(ids) if i in added]:
+            if seq[k] is None:  # [CLS] / [SEP] of the template
                 continue
             source = text if seq[k] == 0 else pair
             if split_words:
                 source = source[words[k]]
-            out.append(self._added_token_string(a, i, source[offsets[k][0]:offsets[k][1]]))
+            out[k] = self._added_token_string(added[ids[k]], ids[k], source[offsets[k][0]:offsets[k][1]])
         return out
+
+    def _token_tables(self):
+        # once per batch: id -> token string, added tokens by id, the pad token
+        return self._core.tokens(), self._added_by_id(), self.pad_token
 
     def _added_token_string(self, a, i, piece):
         # HF's token string for an added token is the matched text, stripped spaces included
