@@ -87,36 +87,92 @@ bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, b
     return out.ids.size() <= limit;
 }
 
+namespace {
+
+inline bool is_separator(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+// The length (1..15) of the chunk at p when a separator ends it within p's 16 readable bytes,
+// else 0. Eight bytes at a time: the lowest byte below 0x21 (SWAR "has less than", exact for
+// the lowest byte) is where the chunk may end; no loop over bytes, no branch per byte.
+inline size_t short_chunk_len(const char* p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    constexpr uint64_t kOnes = 0x0101010101010101ull, kHigh = 0x8080808080808080ull;
+    const uint64_t a = load64(p), b = load64(p + 8);
+    const uint64_t ma = (a - 0x21 * kOnes) & ~a & kHigh, mb = (b - 0x21 * kOnes) & ~b & kHigh;
+    size_t n;
+    if (ma) n = static_cast<size_t>(__builtin_ctzll(ma)) / 8;
+    else if (mb) n = 8 + static_cast<size_t>(__builtin_ctzll(mb)) / 8;
+    else return 0;
+    return is_separator(p[n]) ? n : 0;  // a control character inside a chunk: the slow way
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
+}  // namespace
+
 void Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const {
-    size_t i = 0;
-    while (i < len && out.ids.size() <= limit) {
-        // skip the separators, then take the chunk up to the next one
-        while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r')) ++i;
-        size_t j = i;
-        while (j < len && !(text[j] == ' ' || text[j] == '\n' || text[j] == '\t' || text[j] == '\r')) ++j;
-        if (j == i) break;
-        const char* c = text + i;
-        const size_t n = j - i;
-        i = j;
-        if (n > ChunkCache::kMaxKey) {
-            pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
-                wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
-                return out.ids.size() <= limit;
-            });
-            continue;
-        }
-        const uint64_t h = hash_bytes(c, n);
-        size_t count = 0;
-        if (const int32_t* ids = s.chunks->find(c, n, h, &count)) {
-            out.ids.insert(out.ids.end(), ids, ids + count);
-            continue;
-        }
-        const size_t first = out.ids.size();
+    ChunkCache& cache = *s.chunks;
+    auto tokenize_chunk = [&](const char* c, size_t n, bool whole) {
         pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
             wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
-            return true;  // whole chunks only: they are cached
+            return whole || out.ids.size() <= limit;  // cached chunks must be whole
         });
-        s.chunks->put(c, n, h, out.ids.data() + first, out.ids.size() - first);
+    };
+    // Chunks are found a batch ahead and their cache slots prefetched: a probe then rarely waits
+    // for memory (the slot load was the single hottest instruction when chunks went one by one).
+    constexpr size_t kAhead = 16;
+    struct Next {
+        size_t at, n;
+        ShortChunk key;
+    } next[kAhead];
+    size_t i = 0;
+    while (i < len && out.ids.size() <= limit) {
+        size_t m = 0;
+        while (m < kAhead && i < len) {
+            // skip the separators, then take the chunk up to the next one
+            while (i < len && is_separator(text[i])) ++i;
+            if (i == len) break;
+            const char* c = text + i;
+            Next& x = next[m++];
+            x.at = i;
+            x.n = len - i >= 16 ? short_chunk_len(c) : 0;
+            if (x.n) {
+                x.key = ShortChunk::of16(c, x.n);
+            } else {
+                while (x.n < len - i && !is_separator(c[x.n])) ++x.n;
+                x.key = x.n <= ShortChunk::kMax ? ShortChunk::of(c, x.n) : ShortChunk{};
+            }
+            if (x.n <= ShortChunk::kMax) cache.prefetch(x.key);
+            i += x.n;
+        }
+        for (size_t k = 0; k < m && out.ids.size() <= limit; ++k) {
+            const char* c = text + next[k].at;
+            const size_t n = next[k].n;
+            size_t count = 0;
+            const size_t first = out.ids.size();
+            if (n <= ShortChunk::kMax) {
+                if (const int32_t* ids = cache.find(next[k].key, &count)) {
+                    for (size_t t = 0; t < count; ++t) out.ids.push_back(ids[t]);
+                    continue;
+                }
+                tokenize_chunk(c, n, true);
+                cache.put(next[k].key, out.ids.data() + first, out.ids.size() - first);
+                continue;
+            }
+            if (n > ChunkCache::kMaxKey) {
+                tokenize_chunk(c, n, false);
+                continue;
+            }
+            const uint64_t h = hash_bytes(c, n);
+            if (const int32_t* ids = cache.find(c, n, h, &count)) {
+                out.ids.insert(out.ids.end(), ids, ids + count);
+                continue;
+            }
+            tokenize_chunk(c, n, true);
+            cache.put(c, n, h, out.ids.data() + first, out.ids.size() - first);
+        }
     }
 }
 
@@ -307,6 +363,19 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
     });
 }
 
+namespace {
+
+// One padded row: pad before (left padding), the values, pad after; each element written once
+// (filling the row first and then overwriting it doubled the stores to an output of many MB).
+template <class V>
+inline void pad_row(int64_t* d, size_t width, size_t lo, size_t len, int64_t pad, V value) {
+    std::fill(d, d + lo, pad);
+    for (size_t t = 0; t < len; ++t) d[lo + t] = static_cast<int64_t>(value(t));
+    std::fill(d + lo + len, d + width, pad);
+}
+
+}  // namespace
+
 void Tokenizer::fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, const PadOut& out, int num_threads) {
     std::vector<size_t> first_row(rows.size() + 1, 0);
     for (size_t c = 0; c < rows.size(); ++c) first_row[c + 1] = first_row[c] + rows[c].rows();
@@ -316,33 +385,24 @@ void Tokenizer::fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, c
         for (size_t r = 0; r < rs.rows(); ++r) {
             const size_t row = first_row[c] + r;
             const size_t len = rs.len(r), s0 = rs.start[r];
-            const size_t pad_n = W - len;
-            const size_t lo = pad.left ? pad_n : 0;  // first real position
+            const size_t lo = pad.left ? W - len : 0;  // first real position
             const size_t base = row * W;
             if (out.ids) {
-                int64_t* d = out.ids + base;
-                std::fill(d, d + W, static_cast<int64_t>(pad.pad_id));
-                for (size_t t = 0; t < len; ++t) d[lo + t] = rs.ids[s0 + t];
+                const int32_t* v = rs.ids.data() + s0;
+                pad_row(out.ids + base, W, lo, len, pad.pad_id, [v](size_t t) { return v[t]; });
             }
             if (out.type_ids) {
-                int64_t* d = out.type_ids + base;
-                std::fill(d, d + W, 0);
-                for (size_t t = 0; t < len; ++t) d[lo + t] = rs.type_ids[s0 + t];
+                const uint8_t* v = rs.type_ids.data() + s0;
+                pad_row(out.type_ids + base, W, lo, len, 0, [v](size_t t) { return v[t]; });
             }
-            if (out.attention) {
-                int64_t* d = out.attention + base;
-                std::fill(d, d + W, 0);
-                std::fill(d + lo, d + lo + len, 1);
-            }
+            if (out.attention) pad_row(out.attention + base, W, lo, len, 0, [](size_t) { return 1; });
             if (out.special) {
-                int64_t* d = out.special + base;
-                std::fill(d, d + W, 1);
-                for (size_t t = 0; t < len; ++t) d[lo + t] = rs.special[s0 + t];
+                const uint8_t* v = rs.special.data() + s0;
+                pad_row(out.special + base, W, lo, len, 1, [v](size_t t) { return v[t]; });
             }
             if (out.offsets) {
-                int64_t* d = out.offsets + 2 * base;
-                std::fill(d, d + 2 * W, 0);
-                for (size_t t = 0; t < 2 * len; ++t) d[2 * lo + t] = rs.offsets[2 * s0 + t];
+                const uint32_t* v = rs.offsets.data() + 2 * s0;
+                pad_row(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
             }
         }
     });

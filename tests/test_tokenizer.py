@@ -605,6 +605,52 @@ def test_repeated_words(vocab_dir, flags):
         assert fb(texts[i])["input_ids"] == want["input_ids"][i], f"document {i} alone"
 
 
+def _chunk_pool_documents(seed, n_docs):
+    """Documents of whitespace-separated chunks 1-70 bytes long (around the chunk cache's 15/16 and
+    64/65-byte limits), many giving more than three tokens (punctuation, digits), some with control
+    characters inside, separated by any of space, TAB, LF, CR; every chunk repeats many times."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = list("abcdefghijklmnopqrstuvwxyz") + list(".,:;()[]-'") + list("0123456789") + ["é", "中", "\x01", "\x00"]
+
+    def chunk():
+        size, out = rng.choice([1, 2, 3, 4, 7, 8, 9, 14, 15, 16, 17, 30, 63, 64, 65, 70]), ""
+        while len(out.encode()) < size:
+            out += rng.choice(alphabet)
+        return out
+
+    pool = [chunk() for _ in range(800)]
+    pool += [w.upper() for w in pool[:100]]
+
+    def doc():
+        parts = []
+        for _ in range(rng.randint(1, 80)):
+            parts += [rng.choice(pool), rng.choice([" ", " ", " ", "\t", "\n", "\r", "  ", " \r\n"])]
+        return "".join(parts[:-1] if rng.random() < 0.5 else parts)
+    return [doc() for _ in range(n_docs)]
+
+
+def test_repeated_chunks(vocab_dir):
+    """Chunks seen again and again on the paths without offsets (where a chunk cache may answer):
+    ids, and truncated + padded numpy; cold, warm, and one document at a time."""
+    fb, hf = pair(vocab_dir)
+    texts = _chunk_pool_documents(11, 400)
+    fb.clear_cache()
+    want = compare_batch(fb, hf, texts, "chunk pool")
+    compare_batch(fb, hf, texts, "chunk pool, again", want=want)
+    for i in range(0, len(texts), 40):
+        assert fb(texts[i])["input_ids"] == want["input_ids"][i], f"document {i} alone"
+    kw = dict(padding="max_length", truncation=True, max_length=48, return_tensors="np")
+    want_np = hf(texts, **kw)
+    for label in ("cold", "warm"):
+        if label == "cold":
+            fb.clear_cache()
+        got = fb(texts, **kw)
+        for key in want_np:
+            assert np.array_equal(got[key], want_np[key]), f"padded {key}, {label}"
+
+
 def test_outputs_stay_valid_after_more_calls(vocab_dir):
     """Arrays handed out earlier (row views, slices, torch tensors, their numpy views, buffers) keep
     their values while later calls run, however the tokenizer recycles its output memory."""
