@@ -97,11 +97,10 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         return;
     }
     const size_t first = ids.size();
-    std::vector<uint32_t> local;
     std::vector<uint32_t>* sp = spans;
     if (!sp) {
-        local.reserve(2 * WordCache::kMaxIds);
-        sp = &local;
+        cache.spans.clear();
+        sp = &cache.spans;
     }
     const size_t span_first = sp->size();
     tokenize(word, ids, sp, h);

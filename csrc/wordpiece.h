@@ -25,6 +25,7 @@ struct WordCache {
         int32_t ids[kMaxIds];
     };
     std::vector<Entry> slots = std::vector<Entry>(kSlots, Entry{});
+    std::vector<uint32_t> spans;  // scratch: piece spans of a missed word (no allocation per miss)
 };
 
 class WordPiece {
