@@ -63,7 +63,7 @@ bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, b
         return out.ids.size() <= limit;
     }
     if (!offsets && s.chunks) {
-        encode_chunks(text, len, s, out, limit);
+        encode_cached(text, len, s, out, limit);
         return out.ids.size() <= limit;
     }
     pre_.run(text, len, char_base, offsets, s.pre, [&](const Word& w) {
@@ -112,7 +112,27 @@ inline size_t short_chunk_len(const char* p) {
 
 }  // namespace
 
-void Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const {
+void Tokenizer::encode_cached(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const {
+    const size_t first = out.ids.size();
+    if (!s.texts || !TextCache::fits(len) || first > limit) {
+        encode_chunks(text, len, s, out, limit);
+        return;
+    }
+    size_t from = 0;
+    TextCache::Hit hit;
+    if (s.texts->find(text, len, hit)) {
+        // no more ids than the truncation limit keeps (the rest would be cut off again)
+        const size_t take = limit == SIZE_MAX ? hit.count : std::min(hit.count, limit + 1 - first);
+        out.ids.insert(out.ids.end(), hit.ids, hit.ids + take);
+        if (hit.done == len || out.ids.size() > limit) return;
+        from = hit.done;  // a truncated encoding was cached and more is needed now: continue it
+    }
+    const Progress p = encode_chunks(text + from, len - from, s, out, limit);
+    s.texts->put(text, len, from + p.bytes, out.ids.data() + first, p.ids - first);
+}
+
+Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out,
+                                             size_t limit) const {
     ChunkCache& cache = *s.chunks;
     auto tokenize_chunk = [&](const char* c, size_t n, bool whole) {
         pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
@@ -127,6 +147,7 @@ void Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded&
         size_t at, n;
         ShortChunk key;
     } next[kAhead];
+    Progress done{0, out.ids.size()};
     size_t i = 0;
     while (i < len && out.ids.size() <= limit) {
         size_t m = 0;
@@ -155,25 +176,27 @@ void Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded&
             if (n <= ShortChunk::kMax) {
                 if (const int32_t* ids = cache.find(next[k].key, &count)) {
                     for (size_t t = 0; t < count; ++t) out.ids.push_back(ids[t]);
-                    continue;
+                } else {
+                    tokenize_chunk(c, n, true);
+                    cache.put(next[k].key, out.ids.data() + first, out.ids.size() - first);
                 }
-                tokenize_chunk(c, n, true);
-                cache.put(next[k].key, out.ids.data() + first, out.ids.size() - first);
-                continue;
-            }
-            if (n > ChunkCache::kMaxKey) {
+            } else if (n > ChunkCache::kMaxKey) {
                 tokenize_chunk(c, n, false);
-                continue;
+                if (out.ids.size() > limit) break;  // perhaps cut inside the chunk: not done
+            } else {
+                const uint64_t h = hash_bytes(c, n);
+                if (const int32_t* ids = cache.find(c, n, h, &count)) {
+                    out.ids.insert(out.ids.end(), ids, ids + count);
+                } else {
+                    tokenize_chunk(c, n, true);
+                    cache.put(c, n, h, out.ids.data() + first, out.ids.size() - first);
+                }
             }
-            const uint64_t h = hash_bytes(c, n);
-            if (const int32_t* ids = cache.find(c, n, h, &count)) {
-                out.ids.insert(out.ids.end(), ids, ids + count);
-                continue;
-            }
-            tokenize_chunk(c, n, true);
-            cache.put(c, n, h, out.ids.data() + first, out.ids.size() - first);
+            done = Progress{next[k].at + n, out.ids.size()};
         }
     }
+    if (out.ids.size() <= limit) done = Progress{len, out.ids.size()};  // every chunk went in
+    return done;
 }
 
 void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
@@ -320,6 +343,7 @@ void Tokenizer::clear_cache() {
     for (auto& c : caches_) {
         std::fill(c->words.slots.begin(), c->words.slots.end(), WordCache::Entry{});
         c->chunks.clear();
+        c->texts.clear();
     }
 }
 
@@ -339,6 +363,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
         ThreadCache* tc = take_cache();
         s.cache = &tc->words;
         s.chunks = &tc->chunks;
+        s.texts = &tc->texts;
         struct Give {
             Tokenizer* t;
             ThreadCache* c;

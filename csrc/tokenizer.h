@@ -13,6 +13,7 @@
 #include "normalizer.h"
 #include "post_processor.h"
 #include "pre_tokenizer.h"
+#include "text_cache.h"
 #include "thread_pool.h"
 #include "vocab.h"
 #include "wordpiece.h"
@@ -65,6 +66,7 @@ class Tokenizer {
         Encoded a, b;
         WordCache* cache = nullptr;
         ChunkCache* chunks = nullptr;
+        TextCache* texts = nullptr;
         // word tracking (offset paths only): each word's tokens get split_words ? its segment
         // index : a running count of pre-tokens and added tokens in the sequence
         bool words = false, split_words = false;
@@ -113,11 +115,17 @@ class Tokenizer {
     struct ThreadCache {
         WordCache words;
         ChunkCache chunks;
+        TextCache texts;
     };
     ThreadCache* take_cache();
     void give_cache(ThreadCache* c);
-    // encode_piece without offsets, chunk by chunk through the chunk cache.
-    void encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
+    // encode_piece without offsets: through the text cache, then chunk by chunk through the chunk cache.
+    void encode_cached(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
+    // How far encode_chunks got: text bytes (up to a chunk end) and out.ids' size for them.
+    struct Progress {
+        size_t bytes, ids;
+    };
+    Progress encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
 
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;

@@ -651,6 +651,23 @@ def test_repeated_chunks(vocab_dir):
             assert np.array_equal(got[key], want_np[key]), f"padded {key}, {label}"
 
 
+def test_repeated_texts_cut_then_longer(vocab_dir):
+    """Whole texts seen again (where a text cache may answer) after a call that truncated them: a
+    later call with a longer limit, or none, must get the rest too; also texts split by an added
+    token, and pairs."""
+    fb, hf = pair(vocab_dir)
+    texts = _chunk_pool_documents(12, 300)
+    texts += [a + " [SEP] " + b for a, b in zip(texts[:50], texts[50:100])]
+    fb.clear_cache()
+    for kw in (dict(truncation=True, max_length=24), dict(truncation=True, max_length=100), {},
+               dict(truncation=True, max_length=24), dict(truncation=True, max_length=300)):
+        compare_batch(fb, hf, texts, f"texts again, {kw}", **kw)
+    pairs = texts[100:150]
+    for kw in (dict(truncation=True, max_length=64), {}):
+        got, want = fb(texts[:50], pairs, **kw), hf(texts[:50], pairs, **kw)
+        assert got["input_ids"] == want["input_ids"], f"pairs, {kw}"
+
+
 def test_outputs_stay_valid_after_more_calls(vocab_dir):
     """Arrays handed out earlier (row views, slices, torch tensors, their numpy views, buffers) keep
     their values while later calls run, however the tokenizer recycles its output memory."""
