@@ -34,7 +34,7 @@ struct ShortChunk {
 
 class ChunkCache {
  public:
-    static constexpr size_t kSlots = size_t{1} << 15, kMaxKey = 64, kMaxIds = 48;
+    static constexpr size_t kSlots = size_t{1} << 12, kMaxKey = 64, kMaxIds = 48;  // 16..64-byte chunks: rare
     static constexpr size_t kShortSlots = size_t{1} << 15, kInline = 3;
     static constexpr size_t kArenaBytes = size_t{4} << 20;  // then everything is dropped at once
 

@@ -96,6 +96,12 @@ class StrMap {
         // most WordPiece probes miss: a 64 KB bit filter answers them without touching the table
         const uint64_t bit = h >> (64 - kFilterBits);
         if (!(filter_[bit >> 6] >> (bit & 63) & 1)) return -1;
+        return find_in_table(p, n, h);
+    }
+    // The same without the filter: for a probe that usually hits (a whole word), where the filter
+    // would be one more memory access.
+    int32_t find_in_table(const char* p, size_t n, uint64_t h) const {
+        if (slots_.empty()) return -1;
         size_t i = h & mask_;
         for (;;) {
             const Slot& s = slots_[i];

@@ -45,7 +45,7 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         }
         int32_t id = -1;
         while (end > start) {
-            id = (start == 0 && end == n) ? map.find(s, n, word_hash) : map.find(s + start, end - start);
+            id = (start == 0 && end == n) ? map.find_in_table(s, n, word_hash) : map.find(s + start, end - start);
             if (id >= 0) break;
             --end;
             while (end > start && is_cont_byte(s[end])) --end;
