@@ -224,6 +224,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (!overflow) CHECK(nrows == in.size());
 
+    // The caches (chunks, whole texts) answer only without offsets: the same input again (cached
+    // now), and with offsets (never cached), must give the same ids.
+    if (!offsets) {
+        for (bool with_offsets : {false, true}) {
+            PostConfig again = cfg;
+            again.offsets = with_offsets;
+            std::vector<Rows> rows2;
+            tok.encode_batch(in, again, threads ? 2 : 1, rows2);
+            std::vector<int32_t> a, b;
+            for (const Rows& rs : rows) a.insert(a.end(), rs.ids.begin(), rs.ids.end());
+            for (const Rows& rs : rows2) b.insert(b.end(), rs.ids.begin(), rs.ids.end());
+            CHECK(a == b);
+        }
+    }
+
     // Padding into flat buffers must reproduce the rows.
     const size_t W = widest + (mode >> 5);
     std::vector<int64_t> ids(nrows * W), tt(nrows * W), att(nrows * W), sp(nrows * W), off(2 * nrows * W);
