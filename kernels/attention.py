@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fastbert.kernels._autotune import launch_tuned
+
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
 SEQ_BUCKET_CAP = 4096
@@ -376,8 +378,8 @@ def attention_fwd(q, k, v, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=
     if out.numel() == 0:
         return out, lse.fill_(float("inf"))
     grid = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_M"]))  # noqa: E731
-    _attention_fwd_kernel[grid](
-        out, lse, q, k, v, mask, cu,
+    launch_tuned(
+        _attention_fwd_kernel, grid, out, lse, q, k, v, mask, cu,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *mstride,
         heads, max_seqlen, meta.pop("sm_scale"), meta.pop("dropout_p"), meta.pop("seed"), **meta)
     return out, lse
@@ -403,6 +405,6 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
     scalars = (*mstride, heads, max_seqlen, meta.pop("sm_scale"), meta.pop("dropout_p"), meta.pop("seed"))
     grid_n = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_N"]))  # noqa: E731
     grid_m = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_M"]))  # noqa: E731
-    _attention_bwd_dkdv_kernel[grid_n](dk, dv, *args, *_strides4(dk), *scalars, **meta)
-    _attention_bwd_dq_kernel[grid_m](dq, *args, *_strides4(dq), *scalars, **meta)
+    launch_tuned(_attention_bwd_dkdv_kernel, grid_n, dk, dv, *args, *_strides4(dk), *scalars, **meta)
+    launch_tuned(_attention_bwd_dq_kernel, grid_m, dq, *args, *_strides4(dq), *scalars, **meta)
     return dq, dk, dv

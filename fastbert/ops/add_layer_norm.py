@@ -97,6 +97,11 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
     if use_triton(backend, *tensors):
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0 else 0
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            # nothing to differentiate: skip autograd.Function's per-call host cost (inference)
+            from fastbert.kernels.add_layer_norm import add_layer_norm_fwd
+            y, s, _, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, return_sum, float(dropout_p), seed)
+            return (y, s) if return_sum else y
         return _AddLayerNorm.apply(x, residual, weight, bias, eps, return_sum, float(dropout_p), seed)
     if dropout_p > 0:
         gen = None if seed is None else torch.Generator(device=x.device).manual_seed(seed)

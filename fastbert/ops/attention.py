@@ -160,17 +160,30 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
     return out.index_select(0, mask.flatten().nonzero().squeeze(1)).to(q.dtype)
 
 
+def _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
+    """(out, lse, kernel options) of the Triton forward; the options replay the same call backward."""
+    from fastbert.kernels import attention as kernel
+    if key_mask is not None:
+        key_mask = (key_mask != 0).to(torch.int8)                    # once, for both passes
+    opts = dict(scale=scale, key_mask=key_mask, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                dropout_p=dropout_p, seed=seed)
+    out, lse = kernel.attention_fwd(q, k, v, **opts)
+    return out, lse, opts
+
+
+def _flash(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # nothing to differentiate: skip autograd.Function's per-call host cost (inference)
+        return _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)[0]
+    return _FlashAttention.apply(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
+
+
 class _FlashAttention(torch.autograd.Function):
     """The Triton forward and backward; key_mask (padded) or cu_seqlens (varlen) selects the layout."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
-        from fastbert.kernels import attention as kernel
-        if key_mask is not None:
-            key_mask = (key_mask != 0).to(torch.int8)                # once, for both passes
-        opts = dict(scale=scale, key_mask=key_mask, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                    dropout_p=dropout_p, seed=seed)
-        out, lse = kernel.attention_fwd(q, k, v, **opts)
+        out, lse, opts = _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.opts = opts
         return out
@@ -210,7 +223,7 @@ def attention(q, k, v, attention_mask=None, *, scale: Optional[float] = None, ba
     _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
-        return _FlashAttention.apply(q, k, v, attention_mask, None, None, scale, dropout_p,
+        return _flash(q, k, v, attention_mask, None, None, scale, dropout_p,
                                      _seed(dropout_p, generator))
     return attention_ref(q, k, v, attention_mask, scale, dropout_p=dropout_p, generator=generator)
 
@@ -224,7 +237,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
     _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
-        return _FlashAttention.apply(q, k, v, None, cu_seqlens, int(max_seqlen), scale, dropout_p,
+        return _flash(q, k, v, None, cu_seqlens, int(max_seqlen), scale, dropout_p,
                                      _seed(dropout_p, generator))
     return varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p=dropout_p,
                                 generator=generator)

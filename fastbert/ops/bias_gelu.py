@@ -59,5 +59,9 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, approximate: str = "none",
                              "got float64; use backend='torch'")
         backend = "torch"
     if use_triton(backend, x, bias):
+        if not (torch.is_grad_enabled() and (x.requires_grad or bias.requires_grad)):
+            # nothing to differentiate: skip autograd.Function's per-call host cost (inference)
+            from fastbert.kernels.bias_gelu import bias_gelu_fwd
+            return bias_gelu_fwd(x, bias, approximate == "tanh")
         return _BiasGelu.apply(x, bias, approximate == "tanh")
     return bias_gelu_ref(x, bias, approximate)
