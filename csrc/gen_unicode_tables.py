@@ -16,6 +16,17 @@ zero differences with tokenizers 0.23:
 * Unassigned code points (Cn) are NOT removed by clean_text. Cc characters are removed even when
   they are White_Space (U+000B, U+000C, U+0085); only TAB, LF and CR become spaces.
 * NFD decompositions (used only for strip_accents) are those of code points assigned by 8.0.
+* Canonical combining classes (NFD's canonical ordering, strip_accents only) are those of the code
+  points assigned by Unicode 9.0, the version of the tables in HF's `unicode-normalization-alignments`
+  crate. Measured: U+08D4 (9.0) is reordered, U+1DF6 (10.0) and U+08D3 (11.0) are not; every code
+  point with a class > 0 today (912), between marks of classes 1..230, gives the same ids and
+  offsets in BertTokenizerFast and fastbert. A class never changes once assigned (Unicode's
+  stability policy), so the table is Python's classes limited to Age <= 9.0. Checked against
+  unicodedata2 9.0.0.post4 itself (its sdist builds on Python 3.11 with an empty `ucnhash.h` and
+  `Py_SET_TYPE(&UCD_Type, &PyType_Type)`): the same 814 code points and classes; unicodedata2
+  17.0.1 agrees on every code point assigned by 9.0. A decomposition is starters, then marks
+  (asserted below), and HOLDS_MARK flags the code points whose NFD has a mark that must wait for
+  the sort: the normalizer relies on both.
 * Lowercasing is Rust's `char::to_lowercase`, full mappings at Unicode 17.0: Python 3.11's
   `str.lower` (Unicode 14) for code points assigned by 14.0; for the code points Unicode 15-17
   added, a capital letter maps to the small letter of the same name (names from unicodedata2 17).
@@ -33,10 +44,11 @@ import unicodedata2
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unicode_tables.cpp")
 CATEGORY_VERSION = (8, 0)
+CCC_VERSION = (9, 0)
 CATEGORY_IN_8_0 = {0x166D: "Po", 0x111C9: "Po", 0x1734: "Mn", 0x1885: "Mo", 0x1886: "Mo", 0xA9BD: "Mc"}
 CJK_RANGES = [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
               (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]
-WS, CONTROL, PUNCT, MN, CJK, HAS_NFD, HAS_LOWER, WORD = 1, 2, 4, 8, 16, 32, 64, 128
+WS, CONTROL, PUNCT, MN, CJK, HAS_NFD, HAS_LOWER, WORD, HOLDS_MARK = 1, 2, 4, 8, 16, 32, 64, 128, 256
 # Regex \w as the Rust regex crate defines it (Alphabetic, marks, decimal digits, connector
 # punctuation, Join_Control), by category: it decides single_word added-token boundaries.
 WORD_CATEGORIES = {"Lu", "Ll", "Lt", "Lm", "Lo", "Nl", "Mn", "Mc", "Me", "Nd", "Pc"}
@@ -73,6 +85,7 @@ def main():
         return ch
 
     flags = [0] * 0x110000
+    ccc = [0] * 0x110000
     nfd, low = {}, {}
     for cp in range(0x110000):
         if 0xD800 <= cp < 0xE000:
@@ -92,6 +105,8 @@ def main():
             f |= WORD
         if any(a <= cp <= b for a, b in CJK_RANGES):
             f |= CJK
+        if age.get(cp, (99, 0)) <= CCC_VERSION:
+            ccc[cp] = ud.combining(ch)
         if old(cp):
             d = ud.normalize("NFD", ch)
             if d != ch:
@@ -103,17 +118,44 @@ def main():
             low[cp] = lo
         flags[cp] = f
 
-    # two-stage table: 256-entry blocks, deduplicated
-    blocks, index = {}, []
-    for b in range(0x110000 // 256):
-        key = tuple(flags[b * 256:(b + 1) * 256])
-        index.append(blocks.setdefault(key, len(blocks)))
+    # HOLDS_MARK: under strip_accents the NFD of cp has a mark that waits for canonical ordering, one
+    # that takes an original position (the first code point) or that strip_accents keeps; a later
+    # mark that is stripped (the accent of é) changes nothing wherever it is sorted.
+    for cp in range(0x110000):
+        d = nfd.get(cp, chr(cp))
+        if any(ccc[ord(c)] and (i == 0 or not flags[ord(c)] & MN) for i, c in enumerate(d)):
+            flags[cp] |= HOLDS_MARK
+    for cp, d in nfd.items():
+        classes = [ccc[ord(c)] for c in d]
+        first_mark = next((i for i, k in enumerate(classes) if k), len(classes))
+        assert not any(k == 0 for k in classes[first_mark:]), f"U+{cp:04X}: a starter after a mark"
+    # the normalizer's fixed output buffer (Normalizer::kMaxOut) holds any decomposition, lowercased
+    assert max(len(d) for d in nfd.values()) * max(len(v) for v in low.values()) <= 32
+    assert max(len(v) for v in low.values()) <= 3
+    assert all(ccc[cp] == 0 for cp in range(0x300)), "the normalizer skips the class lookup below U+0300"
+    assert not any(ccc[cp] and flags[cp] & (WS | CONTROL | PUNCT | CJK) for cp in range(0x110000))
+    # a CJK ideograph normalizes to one code point (the normalizer isolates code points one by one)
+    assert all(len(nfd.get(cp, chr(cp))) == 1 and cp not in low for cp in range(0x110000) if flags[cp] & CJK)
+
+    def two_stage(values, end):
+        """256-entry blocks of values[0..end), deduplicated: (block index per block, blocks)."""
+        blocks, index = {}, []
+        for b in range(end // 256):
+            key = tuple(values[b * 256:(b + 1) * 256])
+            index.append(blocks.setdefault(key, len(blocks)))
+        return index, blocks
+
+    index, blocks = two_stage(flags, 0x110000)
+    ccc_end = (max(cp for cp in range(0x110000) if ccc[cp]) // 256 + 1) * 256
+    ccc_index, ccc_blocks = two_stage(ccc, ccc_end)
+    assert len(ccc_blocks) <= 256
+    assert not any(next(iter(ccc_blocks))), "combining_class() takes block 0 for all starters"
     lines = [
         "// GENERATED by csrc/gen_unicode_tables.py -- do not edit by hand.",
         "// Regenerate: pip install unicode-age==18.0.0.0 unicodedata2==17.0.1 &&",
         "//             python3.11 csrc/gen_unicode_tables.py",
         "// Rules (measured against HF tokenizers on every code point): categories and NFD of",
-        "// Unicode 8.0, lowercase of Unicode 17.0; see the generator's docstring.",
+        "// Unicode 8.0, combining classes of 9.0, lowercase of 17.0; see the generator's docstring.",
         '#include "unicode_tables.h"',
         "",
         "namespace fastbert {",
@@ -124,8 +166,18 @@ def main():
     for i in range(0, len(index), 24):
         lines.append("    " + ",".join(str(v) for v in index[i:i + 24]) + ",")
     lines.append("};")
-    lines.append(f"const uint8_t kStage2[{len(blocks) * 256}] = {{")
+    lines.append(f"const uint16_t kStage2[{len(blocks) * 256}] = {{")
     for key in blocks:
+        for i in range(0, 256, 32):
+            lines.append("    " + ",".join(str(v) for v in key[i:i + 32]) + ",")
+    lines.append("};")
+    lines.append(f"const uint32_t kCccEnd = {ccc_end:#x};")
+    lines.append(f"const uint8_t kCccStage1[{len(ccc_index)}] = {{")
+    for i in range(0, len(ccc_index), 24):
+        lines.append("    " + ",".join(str(v) for v in ccc_index[i:i + 24]) + ",")
+    lines.append("};")
+    lines.append(f"const uint8_t kCccStage2[{len(ccc_blocks) * 256}] = {{")
+    for key in ccc_blocks:
         for i in range(0, 256, 32):
             lines.append("    " + ",".join(str(v) for v in key[i:i + 32]) + ",")
     lines.append("};")
@@ -150,7 +202,8 @@ def main():
     lines += ["", "}  // namespace unicode", "}  // namespace fastbert", ""]
     with open(OUT, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
-    print(f"wrote {OUT}: {len(blocks)} blocks, {len(nfd)} decompositions, {len(low)} lowercase mappings")
+    print(f"wrote {OUT}: {len(blocks)} blocks, {len(nfd)} decompositions, {len(low)} lowercase mappings, "
+          f"{sum(1 for k in ccc if k)} combining classes in {len(ccc_blocks)} blocks")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 namespace fastbert {
 namespace unicode {
 
-enum Flag : uint8_t {
+enum Flag : uint16_t {
     kWhitespace = 1,  // White_Space property: split point, clean_text maps it to ' '
     kControl = 2,     // removed by clean_text (Cc/Cf/Co of Unicode 8.0, NUL, U+FFFD)
     kPunct = 4,       // isolated by the pre-tokenizer (ASCII symbols + P* of Unicode 8.0)
@@ -16,6 +16,7 @@ enum Flag : uint8_t {
     kHasNfd = 32,     // has a canonical decomposition (in kNfd)
     kHasLower = 64,   // lowercase differs (in kLower)
     kWordChar = 128,  // regex \w (single_word added-token boundaries)
+    kHoldsMark = 256,  // strip_accents: its NFD has a combining mark that waits for canonical ordering
 };
 
 struct Mapping {
@@ -25,7 +26,10 @@ struct Mapping {
 };
 
 extern const uint16_t kStage1[];
-extern const uint8_t kStage2[];
+extern const uint16_t kStage2[];
+extern const uint32_t kCccEnd;
+extern const uint8_t kCccStage1[];
+extern const uint8_t kCccStage2[];
 extern const Mapping kNfd[];
 extern const size_t kNfdSize;
 extern const uint32_t kNfdPool[];
@@ -33,9 +37,16 @@ extern const Mapping kLower[];
 extern const size_t kLowerSize;
 extern const uint32_t kLowerPool[];
 
-inline uint8_t flags(uint32_t cp) {
+inline uint16_t flags(uint32_t cp) {
     if (cp >= 0x110000) return 0;
     return kStage2[static_cast<size_t>(kStage1[cp >> 8]) * 256 + (cp & 255)];
+}
+
+// Canonical combining class of Unicode 9.0 (the NFD of HF's normalizer); 0 for a starter.
+inline uint8_t combining_class(uint32_t cp) {
+    if (cp < 0x300 || cp >= kCccEnd) return 0;  // the generator checks there is none below U+0300
+    const uint8_t block = kCccStage1[cp >> 8];   // block 0 is all starters (U+0000..U+00FF)
+    return block ? kCccStage2[static_cast<size_t>(block) * 256 + (cp & 255)] : 0;
 }
 
 // The mapping of cp in a sorted table, or nullptr.
