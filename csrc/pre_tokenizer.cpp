@@ -13,7 +13,7 @@ PreTokenizer::PreTokenizer(const Normalizer& norm) : norm_(norm) {
             ascii_class_[c] = kDrop;
             continue;
         }
-        const uint8_t f = unicode::flags(out[0]);
+        const uint16_t f = unicode::flags(out[0]);
         ascii_map_[c] = static_cast<char>(out[0]);
         ascii_class_[c] = (f & unicode::kWhitespace) ? kSpace : (f & unicode::kPunct) ? kPunctChar : kWordChar;
     }

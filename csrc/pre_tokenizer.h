@@ -59,6 +59,7 @@ class PreTokenizer {
     struct Scratch {
         Buffer word;
         std::vector<uint32_t> orig;
+        PendingMarks marks;
     };
 
     // text[0..len) starts at character index char_base of the original text. Calls emit(const Word&),
@@ -137,63 +138,107 @@ void PreTokenizer::run(const char* text, size_t len, uint32_t char_base, bool tr
     const unsigned char* end = p + len;
     uint32_t ci = char_base;
     uint32_t out[Normalizer::kMaxOut];
-    while (p < end && more) {
-        const unsigned char b = *p;
-        if (b < 0x80) {
-            switch (ascii_class_[b]) {
-                case kWordChar: {
-                    // a run of ASCII word characters, copied (lowercased) in one go
-                    const unsigned char* q = p + 1;
-                    while (q < end && *q < 0x80 && ascii_class_[*q] == kWordChar) ++q;
-                    const size_t run = static_cast<size_t>(q - p);
-                    if (!nchars) wstart = ci;
-                    const size_t at = w.size();
-                    if (w.capacity() < at + run) w.reserve(2 * (at + run));
-                    char* d = w.data() + at;
-                    for (size_t k = 0; k < run; ++k) d[k] = ascii_map_[p[k]];
-                    w.commit(at + run);
-                    if (track)
-                        for (size_t k = 0; k < run; ++k) orig.push_back(ci + static_cast<uint32_t>(k));
-                    nchars += run;
-                    ci += static_cast<uint32_t>(run);
-                    wend = ci;
-                    p = q;
+    // Combining marks the normalizer holds back (strip_accents: NFD's canonical ordering) come out
+    // of s.marks.ready one per pass, so the code at the bottom that splits what the normalizer
+    // gives exists once (a second copy made the ASCII loop slower). Text without such marks runs
+    // the ASCII loop and normalize() as before.
+    bool held = false;  // marks wait in s.marks
+    size_t ready = 0, ready_end = 0;  // s.marks.ready[ready..ready_end) still to split
+    while (more) {
+        const uint32_t* o = out;
+        int n;
+        uint32_t at;
+        bool isolate = false;
+        if (ready < ready_end) {
+            const PendingMarks::Out& r = s.marks.ready[ready++];
+            o = &r.cp;
+            n = 1;
+            at = r.at;
+            isolate = r.isolate;
+        } else {
+            if (held && (p == end || (*p < 0x80 && ascii_class_[*p] != kDrop))) {
+                // the end, or an ASCII character: a starter (unless clean_text removes it)
+                norm_.drain_marks(s.marks);
+                held = false;
+                ready = 0;
+                ready_end = s.marks.ready.size();
+                continue;
+            }
+            if (held) {  // before a non-ASCII character, or an ASCII one clean_text removes
+                if (*p < 0x80) {
+                    ++p;
+                    ++ci;
                     continue;
                 }
-                case kSpace:
-                    flush();
-                    break;
-                case kPunctChar:
-                    flush();
-                    add(static_cast<uint32_t>(ascii_map_[b]), ci);
-                    flush();
-                    break;
-                default:
-                    break;
+            } else {
+                while (p < end && *p < 0x80 && more) {
+                    const unsigned char b = *p;
+                    switch (ascii_class_[b]) {
+                        case kWordChar: {
+                            // a run of ASCII word characters, copied (lowercased) in one go
+                            const unsigned char* q = p + 1;
+                            while (q < end && *q < 0x80 && ascii_class_[*q] == kWordChar) ++q;
+                            const size_t run = static_cast<size_t>(q - p);
+                            if (!nchars) wstart = ci;
+                            const size_t at = w.size();
+                            if (w.capacity() < at + run) w.reserve(2 * (at + run));
+                            char* d = w.data() + at;
+                            for (size_t k = 0; k < run; ++k) d[k] = ascii_map_[p[k]];
+                            w.commit(at + run);
+                            if (track)
+                                for (size_t k = 0; k < run; ++k) orig.push_back(ci + static_cast<uint32_t>(k));
+                            nchars += run;
+                            ci += static_cast<uint32_t>(run);
+                            wend = ci;
+                            p = q;
+                            continue;
+                        }
+                        case kSpace:
+                            flush();
+                            break;
+                        case kPunctChar:
+                            flush();
+                            add(static_cast<uint32_t>(ascii_map_[b]), ci);
+                            flush();
+                            break;
+                        default:
+                            break;
+                    }
+                    ++p;
+                    ++ci;
+                }
+                if (p == end || !more) break;
             }
-            ++p;
-            ++ci;
-            continue;
+            const uint32_t cp = decode_utf8(p);
+            at = ci++;
+            Normalizer::Result r;
+            if (held || (r = norm_.normalize(cp, out)).marks) {
+                norm_.feed_marks(cp, at, s.marks);  // marks wait, or cp has one
+                held = !s.marks.empty();
+                ready = 0;
+                ready_end = s.marks.ready.size();
+                continue;
+            }
+            n = r.n;
+            isolate = r.isolate;
         }
-        const uint32_t cp = decode_utf8(p);
-        Normalizer::Result r = norm_.normalize(cp, out);
-        if (r.isolate) flush();
-        for (int i = 0; i < r.n; ++i) {
-            const uint8_t f = unicode::flags(out[i]);
+        if (isolate) flush();
+        for (int i = 0; i < n; ++i) {
+            const uint16_t f = unicode::flags(o[i]);
             if (f & unicode::kWhitespace) {
                 flush();
             } else if (f & unicode::kPunct) {
                 flush();
-                add(out[i], ci);
+                add(o[i], at);
                 flush();
             } else {
-                add(out[i], ci);
+                add(o[i], at);
             }
         }
-        if (r.isolate) flush();
-        ++ci;
+        if (isolate) flush();
     }
     if (more) flush();
+    if (held) s.marks.clear();  // stopped early: the next text starts with none
 }
 
 }  // namespace fastbert

@@ -39,16 +39,16 @@ Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedT
         }
         // HF matches a normalized token by its normalized content
         std::string content;
+        auto take = [&](const uint32_t* out, int n, uint32_t, bool isolate) {
+            if (isolate) content.push_back(' ');
+            for (int i = 0; i < n; ++i) append_utf8(content, out[i]);
+            if (isolate) content.push_back(' ');
+        };
+        PendingMarks marks;
         const unsigned char* p = reinterpret_cast<const unsigned char*>(t.content.data());
         const unsigned char* end = p + t.content.size();
-        uint32_t out[Normalizer::kMaxOut];
-        while (p < end) {
-            const uint32_t cp = decode_utf8(p);
-            Normalizer::Result r = normalizer_.normalize(cp, out);
-            if (r.isolate) content.push_back(' ');
-            for (int i = 0; i < r.n; ++i) append_utf8(content, out[i]);
-            if (r.isolate) content.push_back(' ');
-        }
+        while (p < end) normalizer_.feed(decode_utf8(p), 0, marks, take);
+        normalizer_.drain(marks, take);
         t.content = content;
         normalized.push_back(t);
     }
@@ -206,27 +206,25 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
     std::vector<uint32_t>& orig = s.norm_orig;
     n.clear();
     orig.clear();
+    auto take = [&](const uint32_t* out, int count, uint32_t at, bool isolate) {
+        if (isolate) {
+            n.push_back(' ');
+            orig.push_back(at);
+        }
+        for (int i = 0; i < count; ++i) {
+            append_utf8(n, out[i]);
+            orig.push_back(at);
+        }
+        if (isolate) {
+            n.push_back(' ');
+            orig.push_back(at);
+        }
+    };
+    s.marks.clear();
     const unsigned char* p = reinterpret_cast<const unsigned char*>(text);
     const unsigned char* end = p + len;
-    uint32_t ci = char_base;
-    uint32_t buf[Normalizer::kMaxOut];
-    while (p < end) {
-        const uint32_t cp = decode_utf8(p);
-        Normalizer::Result r = normalizer_.normalize(cp, buf);
-        if (r.isolate) {
-            n.push_back(' ');
-            orig.push_back(ci);
-        }
-        for (int i = 0; i < r.n; ++i) {
-            append_utf8(n, buf[i]);
-            orig.push_back(ci);
-        }
-        if (r.isolate) {
-            n.push_back(' ');
-            orig.push_back(ci);
-        }
-        ++ci;
-    }
+    for (uint32_t ci = char_base; p < end; ++ci) normalizer_.feed(decode_utf8(p), ci, s.marks, take);
+    normalizer_.drain(s.marks, take);
     // 2. find the normalized added tokens; 3. split and WordPiece the rest (already normalized)
     added_normalized_.find(n.data(), n.size(), s.norm_matches);
     size_t pos = 0, chars = 0;

@@ -62,6 +62,7 @@ class Tokenizer {
         std::vector<AddedTokens::Match> matches, norm_matches;
         PreTokenizer::Buffer norm;          // normalized text (normalized added tokens only)
         std::vector<uint32_t> norm_orig;    // its characters' original indices
+        PendingMarks marks;                 // its combining marks waiting for a starter
         std::vector<uint32_t> spans;
         Encoded a, b;
         WordCache* cache = nullptr;
