@@ -111,6 +111,10 @@ class StrMap {
             i = (i + 1) & mask_;
         }
     }
+    // Starts loading the table slot of hash h (a lookup will follow after other work).
+    void prefetch(uint64_t h) const {
+        if (!slots_.empty()) __builtin_prefetch(&slots_[h & mask_]);
+    }
     size_t max_len() const { return max_len_; }
     size_t size() const { return count_; }
 

@@ -83,6 +83,9 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         tokenize(word, ids, spans, h);
         return;
     }
+    // a missed word probes the vocabulary with this hash first: start that load now, so that it
+    // overlaps the cache probe instead of following it
+    first_.prefetch(h);
     WordCache::Entry& e = cache.slots[(h >> 40) & (WordCache::kSlots - 1)];
     if (e.len == word.len && e.tag == static_cast<uint32_t>(h) && equal_bytes(e.key, word.data, word.len)) {
         ids.insert(ids.end(), e.ids, e.ids + e.n);
