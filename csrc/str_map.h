@@ -1,6 +1,7 @@
 // Open-addressing hash map from byte strings to int32 ids: the vocabulary lookup of the
 // WordPiece hot loop (one hash, usually one probe, one memcmp; no std::string built per query).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -82,8 +83,10 @@ class StrMap {
             }
             i = (i + 1) & mask_;
         }
-        slots_[i] = Slot{static_cast<uint32_t>(h), static_cast<uint32_t>(pool_.size()),
-                         static_cast<uint32_t>(key.size()), id};
+        Slot slot{static_cast<uint32_t>(h), id, static_cast<uint32_t>(pool_.size()),
+                  static_cast<uint32_t>(key.size()), {}};
+        std::memcpy(slot.key, key.data(), std::min(key.size(), kInline));
+        slots_[i] = slot;
         const uint64_t bit = h >> (64 - kFilterBits);
         filter_[bit >> 6] |= uint64_t{1} << (bit & 63);
         pool_.append(key.data(), key.size());
@@ -106,7 +109,8 @@ class StrMap {
         for (;;) {
             const Slot& s = slots_[i];
             if (s.id < 0) return -1;
-            if (s.tag == static_cast<uint32_t>(h) && s.len == n && equal_bytes(pool_.data() + s.off, p, n))
+            if (s.tag == static_cast<uint32_t>(h) && s.len == n &&
+                equal_bytes(n <= kInline ? s.key : pool_.data() + s.off, p, n))
                 return s.id;
             i = (i + 1) & mask_;
         }
@@ -120,11 +124,15 @@ class StrMap {
 
  private:
     static constexpr int kFilterBits = 19;
-    struct Slot {  // 16 bytes: the table stays small enough to live in cache
+    static constexpr size_t kInline = 16;
+    // 32 bytes: a key of up to 16 bytes (nearly every vocabulary entry) is compared in the slot
+    // itself, so a hit costs one memory access, not a second one into the pool
+    struct Slot {
         uint32_t tag = 0;  // low hash bits
+        int32_t id = -1;
         uint32_t off = 0;
         uint32_t len = 0;
-        int32_t id = -1;
+        char key[kInline] = {};  // the key's first bytes
     };
     std::string_view view(const Slot& s) const { return std::string_view(pool_.data() + s.off, s.len); }
     void grow() {
