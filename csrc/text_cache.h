@@ -14,7 +14,7 @@ namespace fastbert {
 
 class TextCache {
  public:
-    static constexpr size_t kMinBytes = 16, kMaxBytes = size_t{64} << 10, kSlots = 4096;
+    static constexpr size_t kMinBytes = 16, kMaxBytes = size_t{64} << 10, kSlots = 8192;
     static constexpr size_t kArenaBytes = size_t{4} << 20;  // then everything is dropped at once
 
     struct Hit {
@@ -26,27 +26,33 @@ class TextCache {
 
     bool find(const char* p, size_t n, Hit& hit) const {
         const uint64_t h = sample_hash(p, n);
-        const Slot& s = slots_[h & (kSlots - 1)];
-        if (s.hash != h || s.len != n || std::memcmp(arena_.data() + s.off, p, n) != 0) return false;
+        const size_t i = lookup(p, n, h);
+        if (i == kSlots || !slots_[i].len) return false;
+        const Slot& s = slots_[i];
         hit = Hit{reinterpret_cast<const int32_t*>(arena_.data() + align(s.off + n)), s.count, s.done};
         return true;
     }
     void put(const char* p, size_t n, size_t done, const int32_t* ids, size_t count) {
         const size_t need = align(n) + count * sizeof(int32_t);
         if (need > kArenaBytes / 4) return;
-        if (arena_.size() + need > kArenaBytes) clear();
+        if (arena_.size() + need > kArenaBytes || entries_ >= kSlots / 2) clear();
+        const uint64_t h = sample_hash(p, n);
+        const size_t i = lookup(p, n, h);
+        if (i == kSlots) return;
         if (arena_.capacity() < kArenaBytes) arena_.reserve(kArenaBytes);
         const size_t off = arena_.size();  // always 4-aligned
         arena_.resize(off + need);
         std::memcpy(arena_.data() + off, p, n);
         if (count) std::memcpy(arena_.data() + align(off + n), ids, count * sizeof(int32_t));
-        const uint64_t h = sample_hash(p, n);
-        slots_[h & (kSlots - 1)] = Slot{h, static_cast<uint32_t>(off), static_cast<uint32_t>(n),
-                                        static_cast<uint32_t>(done), static_cast<uint32_t>(count)};
+        Slot& s = slots_[i];
+        if (!s.len) ++entries_;  // else the same text, now further along: replaced
+        s = Slot{h, static_cast<uint32_t>(off), static_cast<uint32_t>(n), static_cast<uint32_t>(done),
+                  static_cast<uint32_t>(count)};
     }
     void clear() {
         std::fill(slots_.begin(), slots_.end(), Slot{});
         arena_.clear();
+        entries_ = 0;
     }
 
  private:
@@ -55,6 +61,19 @@ class TextCache {
         uint32_t off = 0, len = 0, done = 0, count = 0;  // len 0: empty
     };
     static size_t align(size_t x) { return (x + 3) & ~size_t{3}; }
+    static constexpr size_t kProbes = 8;
+    // The slot holding this text, or the empty slot where it would go (linear probing; the table
+    // is at most half full, and entries are only ever dropped all at once).
+    // Gives up (kSlots) after kProbes slots: texts that differ only where the hash does not look
+    // (templates) share a hash, and must not make every lookup compare with all of them.
+    size_t lookup(const char* p, size_t n, uint64_t h) const {
+        size_t i = h & (kSlots - 1);
+        for (size_t k = 0; k < kProbes; ++k, i = (i + 1) & (kSlots - 1)) {
+            const Slot& s = slots_[i];
+            if (!s.len || (s.hash == h && s.len == n && std::memcmp(arena_.data() + s.off, p, n) == 0)) return i;
+        }
+        return kSlots;
+    }
     // The length and 40 bytes from the start, middle and end: O(1) per text; a full comparison
     // confirms every hit.
     static uint64_t sample_hash(const char* p, size_t n) {
@@ -67,6 +86,7 @@ class TextCache {
     }
     std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
     std::vector<char> arena_;
+    size_t entries_ = 0;
 };
 
 }  // namespace fastbert
