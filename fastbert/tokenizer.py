@@ -238,9 +238,61 @@ def _read_json(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot parse {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _vocab_list(vocab: dict, where: str) -> list[str]:
+    # tokenizer.json ids may have gaps, which HF keeps (a gap id decodes to nothing). A gap slot
+    # holds the token of the highest id: a repeated token maps to its last position, so the slot
+    # has no token of its own, as a line repeated in vocab.txt. Shared ids are ambiguous: refused.
+    by_id: dict[int, str] = {}
+    for t, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"{where}: the id of token {t!r} must be an int, got {type(i).__name__} {i!r}")
+        if i < 0:
+            raise ValueError(f"{where}: token {t!r} has a negative id {i}")
+        if i in by_id:
+            raise ValueError(f"{where}: tokens {by_id[i]!r} and {t!r} have the same id {i}")
+        by_id[i] = t
+    if not by_id:
+        return []
+    top = max(by_id)
+    if top >= 2 * len(by_id) + 1024:
+        raise ValueError(f"{where}: token {by_id[top]!r} has id {top}, far beyond the {len(by_id)} tokens")
+    tokens = [by_id[top]] * (top + 1)
+    for i, t in by_id.items():
+        tokens[i] = t
+    return tokens
+
+
+def _added_entry(a, where: str, i=None) -> dict:
+    # an added token from tokenizer.json / added_tokens_decoder: a dict with a str content and an int id
+    i = a.get("id") if i is None and isinstance(a, dict) else i
+    try:
+        i = int(i)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: an added token needs an int id, got {a!r}") from None
+    if not isinstance(a, dict) or not isinstance(a.get("content"), str):
+        raise ValueError(f"{where}: added token {i} needs a str 'content', got {a!r}")
+    return dict(a, id=i)
+
+
+def _config_value(key: str, value, where: str):
+    # tokenizer_config.json values, typed as transformers reads them: bool("no") would be True
+    if key in ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces", "strip_accents"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+    elif key == "model_max_length":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: model_max_length must be an int, got {value!r}")
+    return value
 
 
 def _rebuild(cls, state):
@@ -271,7 +323,7 @@ class BertTokenizer:
                 raise OSError(f"vocabulary file not found: {vocab_file}")
             source: Any = vocab_file
         elif isinstance(vocab, dict):
-            source = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+            source = _vocab_list(vocab, kwargs.get("_source_path") or "vocab")
         else:
             source = list(vocab)
         self.do_lower_case = bool(do_lower_case)
@@ -345,13 +397,14 @@ class BertTokenizer:
         else:
             raise OSError(f"tokenizer path not found: {path} (expected a directory with vocab.txt or "
                           "tokenizer.json, or one of those files)")
-        config = _read_json(os.path.join(directory, "tokenizer_config.json")) or {}
+        config_path = os.path.join(directory, "tokenizer_config.json")
+        config = _read_json(config_path) or {}
         special_map = _read_json(os.path.join(directory, "special_tokens_map.json")) or {}
         kwargs: dict[str, Any] = {}
         for k in ("do_lower_case", "tokenize_chinese_chars", "strip_accents", "model_max_length",
                   "padding_side", "truncation_side", "clean_up_tokenization_spaces"):
             if k in config and config[k] is not None:
-                kwargs[k] = config[k]
+                kwargs[k] = _config_value(k, config[k], config_path)
         if "strip_accents" in config:
             kwargs["strip_accents"] = config["strip_accents"]
         for k in SPECIAL_ATTRS:
@@ -367,19 +420,22 @@ class BertTokenizer:
         tj = _read_json(tok_json_path) if (file is None or file == tok_json_path) else None
         if tj is not None:
             model = tj.get("model") or {}
-            if model.get("type", "WordPiece") != "WordPiece" or "vocab" not in model:
-                raise ValueError(f"{tok_json_path}: not a WordPiece tokenizer (model type {model.get('type')!r})")
+            if not isinstance(model, dict) or model.get("type", "WordPiece") != "WordPiece" or "vocab" not in model:
+                kind = model.get("type") if isinstance(model, dict) else type(model).__name__
+                raise ValueError(f"{tok_json_path}: not a WordPiece tokenizer (model type {kind!r})")
             vocab = model["vocab"]
             kwargs["vocab"] = vocab if isinstance(vocab, dict) else [v[0] if isinstance(v, list) else v for v in vocab]
             kwargs["_source_path"] = tok_json_path
             for a in tj.get("added_tokens") or []:
-                added[int(a["id"])] = dict(a)
+                a = _added_entry(a, tok_json_path)
+                added[a["id"]] = a
         elif os.path.isfile(vocab_path):
             kwargs["vocab_file"] = vocab_path
         else:
             raise OSError(f"no vocab.txt or tokenizer.json in {directory}")
         for id_str, a in (config.get("added_tokens_decoder") or {}).items():
-            added[int(id_str)] = dict(a, id=int(id_str))
+            a = _added_entry(a, config_path, id_str)
+            added[a["id"]] = a
         kwargs["added_tokens"] = [dict(a, id=i) for i, a in sorted(added.items())]
         kwargs["name_or_path"] = path
         kwargs.update(overrides)
