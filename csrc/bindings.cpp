@@ -102,6 +102,9 @@ py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const
 // A Python-owned tokenizer: the C++ tokenizer plus cached Python ints for building lists.
 class PyTokenizer {
  public:
+    // the most output cells (rows x padded width) a batch may ask for: beyond it (or an overflow
+    // of rows x width x 8 bytes) the allocation could never succeed
+    static constexpr size_t kMaxCells = size_t{1} << 40;
     PyTokenizer(py::object vocab, bool lowercase, bool strip_accents, bool handle_chinese_chars, bool clean_text,
                 const std::string& unk_token, const std::string& prefix, size_t max_chars,
                 const std::vector<std::tuple<std::string, bool, bool, bool, bool>>& added) {
@@ -183,7 +186,7 @@ class PyTokenizer {
         in.a.reserve(n + 1);
         in.segs.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            add_item(items[i], i, split_words, in, keep.refs);
+            add_item(items[i], "batch", i, split_words, in, keep.refs);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
         }
         if (!pairs.is_none()) {
@@ -196,7 +199,7 @@ class PyTokenizer {
             in.b.reserve(n + 1);
             in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             for (size_t i = 0; i < n; ++i) {
-                add_item(pitems[i], i, split_words, in, keep.refs);
+                add_item(pitems[i], "text_pair", i, split_words, in, keep.refs);
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
         }
@@ -234,6 +237,15 @@ class PyTokenizer {
             for (size_t r = 0; r < rs.rows(); ++r) widest = std::max(widest, rs.len(r));
         const bool rect = padding ? widest <= width : (total == 0 || widest == shortest);
         if (!padding) width = total ? widest : 0;
+        // padding="max_length" with max_length=2**40: a MemoryError that names the shape, never a
+        // size that overflows or an allocation that fails halfway through the outputs
+        if (total && width > kMaxCells / total) {
+            const std::string msg = "cannot pad " + std::to_string(total) + " rows to " + std::to_string(width) +
+                                    " tokens: the outputs would not fit in memory (check max_length / "
+                                    "pad_to_multiple_of)";
+            PyErr_SetString(PyExc_MemoryError, msg.c_str());
+            throw py::error_already_set();
+        }
 
         py::dict out;
         if (as_numpy && rect && !want_words) {
@@ -259,8 +271,15 @@ class PyTokenizer {
 #if PY_VERSION_HEX >= 0x030A0000
             const int gc_was_enabled = PyGC_Disable();
 #endif
-            build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
-                        want_special, want_offsets, want_words, out);
+            try {
+                build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
+                            want_special, want_offsets, want_words, out);
+            } catch (...) {
+#if PY_VERSION_HEX >= 0x030A0000
+                if (gc_was_enabled) PyGC_Enable();
+#endif
+                throw;
+            }
 #if PY_VERSION_HEX >= 0x030A0000
             if (gc_was_enabled) PyGC_Enable();
 #endif
@@ -315,10 +334,18 @@ class PyTokenizer {
         return py::int_(v);
     }
 
-    void add_text(py::handle h, size_t index, BatchInput& in, std::vector<PyObject*>& keep) {
+    // "batch item 3" / "text_pair item 3" or, for a pre-split word (word >= 0), "word 2 of batch item 3";
+    // made only on error
+    static std::string where(const char* what, size_t index, long word) {
+        const std::string item = std::string(what) + " item " + std::to_string(index);
+        return word < 0 ? item : "word " + std::to_string(word) + " of " + item;
+    }
+
+    void add_text(py::handle h, const char* what, size_t index, long word, BatchInput& in,
+                  std::vector<PyObject*>& keep) {
         if (!PyUnicode_Check(h.ptr()))
-            throw py::type_error("batch item " + std::to_string(index) + " is " +
-                                 std::string(Py_TYPE(h.ptr())->tp_name) + ", not str");
+            throw py::type_error(where(what, index, word) + " is " + std::string(Py_TYPE(h.ptr())->tp_name) +
+                                 ", not str");
         Py_ssize_t len = 0;
         const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &len);
         if (!p) {
@@ -329,27 +356,29 @@ class PyTokenizer {
                 if (c >= 0xD800 && c < 0xE000) {
                     char buf[16];
                     snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(c));
-                    throw py::value_error("batch item " + std::to_string(index) + " has a lone surrogate " + buf +
-                                          " at character " + std::to_string(j) + "; it cannot be encoded as UTF-8");
+                    throw py::value_error(where(what, index, word) + " has a lone surrogate " + buf + " at character " +
+                                          std::to_string(j) + "; it cannot be encoded as UTF-8");
                 }
             }
-            throw py::value_error("batch item " + std::to_string(index) + " cannot be encoded as UTF-8");
+            throw py::value_error(where(what, index, word) + " cannot be encoded as UTF-8");
         }
         Py_INCREF(h.ptr());
         keep.push_back(h.ptr());
         in.segs.emplace_back(p, static_cast<size_t>(len));
     }
 
-    void add_item(py::handle h, size_t index, bool split_words, BatchInput& in, std::vector<PyObject*>& keep) {
+    void add_item(py::handle h, const char* what, size_t index, bool split_words, BatchInput& in,
+                  std::vector<PyObject*>& keep) {
         if (!split_words) {
-            add_text(h, index, in, keep);
+            add_text(h, what, index, -1, in, keep);
             return;
         }
         if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr()))
-            throw py::type_error("batch item " + std::to_string(index) + " is " +
+            throw py::type_error(where(what, index, -1) + " is " +
                                  std::string(Py_TYPE(h.ptr())->tp_name) +
                                  ", not a list of words (is_split_into_words=True)");
-        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, index, in, keep);
+        long k = 0;
+        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, what, index, k++, in, keep);
     }
 
     void build_lists(const std::vector<Rows>& rows, size_t total, size_t width, bool pad_left, int64_t pad_id,
@@ -377,30 +406,30 @@ class PyTokenizer {
                         PyList_SET_ITEM(list, t, v);
                     }
                 };
-                PyObject* l = PyList_New(static_cast<Py_ssize_t>(w));
+                PyObject* l = new_list(w);
                 fill(l, pad, [&](size_t i) { return cached(rs.ids[i]); });
                 done(l);
                 PyList_SET_ITEM(ids.ptr(), k, l);
                 if (want_type_ids) {
-                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    l = new_list(w);
                     fill(l, zero, [&](size_t i) { return rs.type_ids[i] ? one : zero; });
                     done(l);
                     PyList_SET_ITEM(types.ptr(), k, l);
                 }
                 if (want_attention) {
-                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    l = new_list(w);
                     fill(l, zero, [&](size_t) { return one; });
                     done(l);
                     PyList_SET_ITEM(attn.ptr(), k, l);
                 }
                 if (want_special) {
-                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    l = new_list(w);
                     fill(l, one, [&](size_t i) { return rs.special[i] ? one : zero; });
                     done(l);
                     PyList_SET_ITEM(special.ptr(), k, l);
                 }
                 if (want_offsets) {
-                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    l = new_list(w);
                     for (size_t t = 0; t < w; ++t) {
                         PyObject* v;
                         if (t >= lo && t < lo + len) {
@@ -417,7 +446,7 @@ class PyTokenizer {
                     PyList_SET_ITEM(offs.ptr(), k, l);
                 }
                 if (want_words) {
-                    l = PyList_New(static_cast<Py_ssize_t>(w));
+                    l = new_list(w);
                     for (size_t t = 0; t < w; ++t) {
                         const int32_t word = (t >= lo && t < lo + len) ? rs.words[s0 + t - lo] : -1;
                         PyObject* v = word < 0 ? (Py_INCREF(Py_None), Py_None)
@@ -436,6 +465,13 @@ class PyTokenizer {
         if (want_special) out["special_tokens_mask"] = special;
         if (want_offsets) out["offset_mapping"] = offs;
         if (want_words) out["word_ids"] = words;
+    }
+
+    // A row list; on failure (MemoryError set) the exception propagates instead of a NULL write.
+    static PyObject* new_list(size_t n) {
+        PyObject* l = PyList_New(static_cast<Py_ssize_t>(n));
+        if (!l) throw py::error_already_set();
+        return l;
     }
 
     PyObject* cached(int32_t id) const { return ints_[static_cast<size_t>(id)].ptr(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 namespace fastbert {
@@ -14,7 +15,10 @@ using Window = std::pair<size_t, size_t>;  // [start, stop) token range
 std::vector<Window> windows(size_t len, size_t max_len, size_t stride, bool left) {
     if (max_len >= len) return {{0, len}};
     if (max_len == 0) return {{0, 0}, {0, len}};
-    if (stride >= max_len) throw TruncationError("stride must be strictly less than the truncation length");
+    if (stride >= max_len)
+        throw TruncationError("stride (" + std::to_string(stride) + ") must be strictly less than the length this "
+                              "sequence is truncated to (" + std::to_string(max_len) +
+                              " = max_length minus the special tokens and the other sequence's tokens)");
     const size_t step = max_len - stride;
     std::vector<Window> w;
     if (!left) {

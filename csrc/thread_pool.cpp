@@ -3,16 +3,25 @@
 namespace fastbert {
 
 ThreadPool::ThreadPool(int num_threads) {
-    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    try {
+        for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    } catch (...) {
+        // the system refused a thread: the started ones must be joined, or their destructors terminate
+        stop();
+        throw;
+    }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop(); }
+
+void ThreadPool::stop() {
     {
         std::lock_guard<std::mutex> lock(mu_);
         stop_ = true;
     }
     wake_.notify_all();
     for (std::thread& t : workers_) t.join();
+    workers_.clear();
 }
 
 void ThreadPool::drain() {

@@ -25,6 +25,7 @@ class ThreadPool {
  private:
     void worker_loop();
     void drain();
+    void stop();  // ends and joins the workers
 
     std::vector<std::thread> workers_;
     std::mutex mu_;
