@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import operator
 import os
 import warnings
 from typing import Any, Iterable
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 VERY_LARGE_INTEGER = int(1e30)  # transformers' "no maximum length"
 LARGE_INTEGER = int(1e20)
+_MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))  # a pool this size still starts; 10**6 threads do not
+_MAX_SIZE = 2**62  # a length C++ takes as "no limit" (an int64 holds it, a size never reaches it)
 SPECIAL_ATTRS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 DEFAULT_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                     "cls_token": "[CLS]", "mask_token": "[MASK]"}
@@ -224,6 +227,39 @@ def _as_tensor(key, value, kind):
     return torch.from_numpy(value)
 
 
+def _count(name: str, value) -> int | None:
+    # max_length / stride / pad_to_multiple_of reach C++ as sizes: a float or a negative value
+    # is an error here (as in transformers), never a silent round or a wrapped-around size; beyond
+    # _MAX_SIZE all sizes mean the same (no limit) and fit C++'s int64
+    if value is None or (type(value) is int and 0 <= value <= _MAX_SIZE):  # the common case, cheaply
+        return value
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return min(n, _MAX_SIZE)
+
+
+def _token_id(value, position: int) -> int:
+    # an id for decode / convert_ids_to_tokens: no silent int() of 101.5, no negative id dropped
+    try:
+        i = operator.index(value)
+    except TypeError:
+        raise TypeError(f"token id at position {position} must be an int, got {type(value).__name__} {value!r}") \
+            from None
+    if i < 0:
+        raise ValueError(f"token id at position {position} is negative: {i}")
+    return i
+
+
+def _kind(value) -> str:
+    # a type name for error messages, with the fix for array-likes (numpy, pandas)
+    name = type(value).__name__
+    return f"{name} (convert it with .tolist())" if hasattr(value, "tolist") else name
+
+
 def _freeze(texts, split_words):
     # str is immutable; the lists holding them (and pre-split words) may change after the call
     if texts is None:
@@ -333,6 +369,8 @@ class BertTokenizer:
         self.model_max_length = VERY_LARGE_INTEGER if model_max_length is None else int(model_max_length)
         if padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        if truncation_side not in ("right", "left"):
+            raise ValueError(f"truncation_side must be 'right' or 'left', got {truncation_side!r}")
         self.padding_side = padding_side
         self.truncation_side = truncation_side
         self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
@@ -448,9 +486,12 @@ class BertTokenizer:
                 return max(1, len(os.sched_getaffinity(0)))
             except AttributeError:
                 return max(1, os.cpu_count() or 1)
-        n = int(n)
-        if n < 1:
-            raise ValueError(f"num_threads must be >= 1, got {n}")
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise TypeError(f"num_threads must be an int or None, got {type(n).__name__} {n!r}") from None
+        if not 1 <= n <= _MAX_THREADS:
+            raise ValueError(f"num_threads must be between 1 and {_MAX_THREADS}, got {n}")
         return n
 
     def _id_or(self, token, default):
@@ -565,19 +606,33 @@ class BertTokenizer:
         if tokens is None:
             return None
         if isinstance(tokens, str):
-            i = self._core.token_to_id(tokens)
+            try:
+                i = self._core.token_to_id(tokens)
+            except TypeError:  # pybind11 could not make UTF-8 of it: say which character
+                tokens.encode("utf-8")
+                raise
             return self._core.token_to_id(self.unk_token) if i is None else i
+        if not isinstance(tokens, Iterable):
+            raise TypeError(f"tokens must be a str or a list of str, got {_kind(tokens)}")
+        tokens = list(tokens)
+        for k, t in enumerate(tokens):
+            if not isinstance(t, str):
+                raise TypeError(f"token {k} is {type(t).__name__}, not str")
         return [self.convert_tokens_to_ids(t) for t in tokens]
 
     def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
-        if isinstance(ids, (int, np.integer)):
-            return self._id_to_token(int(ids))
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
+        if isinstance(ids, int):  # also a numpy or 0-d torch scalar
+            return self._id_to_token(_token_id(ids, 0))
         skip = set(self.all_special_ids) if skip_special_tokens else set()
-        return [self._id_to_token(int(i)) for i in ids if int(i) not in skip]
+        ids = [_token_id(i, k) for k, i in enumerate(ids)]
+        return [self._id_to_token(i) for i in ids if i not in skip]
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        for k, t in enumerate(tokens):
+            if not isinstance(t, str):
+                raise TypeError(f"token {k} is {type(t).__name__}, not str")
         return self._decode_tokens(tokens)
 
     @staticmethod
@@ -599,10 +654,15 @@ class BertTokenizer:
             token_ids = token_ids.tolist()
         if isinstance(token_ids, int):
             token_ids = [token_ids]
+        if isinstance(token_ids, (list, tuple)) and token_ids and isinstance(token_ids[0], (list, tuple)):
+            # a batch of sequences: transformers' decode gives one string per sequence
+            return self.batch_decode(token_ids, skip_special_tokens, clean_up_tokenization_spaces)
+        if isinstance(token_ids, str) or not isinstance(token_ids, Iterable):
+            raise TypeError(f"token_ids must be an int or a sequence of ints, got {_kind(token_ids)}")
         skip = {self._core.token_to_id(t) for t in self._special_contents} if skip_special_tokens else set()
         tokens = []
-        for i in token_ids:
-            i = int(i)
+        for k, i in enumerate(token_ids):
+            i = _token_id(i, k)
             if i in skip:
                 continue
             t = self._id_to_token(i)
@@ -617,6 +677,9 @@ class BertTokenizer:
                      clean_up_tokenization_spaces: bool | None = None, **kwargs) -> list[str]:
         if hasattr(sequences, "tolist"):
             sequences = sequences.tolist()
+        if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], (int, np.integer)):
+            # one flat sequence: transformers decodes it as a single sequence (with a deprecation warning)
+            return [self.decode(sequences, skip_special_tokens, clean_up_tokenization_spaces)]
         return [self.decode(s, skip_special_tokens, clean_up_tokenization_spaces) for s in sequences]
 
     # -------------------------------------------------------------------------------- encoding
@@ -666,7 +729,7 @@ class BertTokenizer:
 
     def _id_to_token(self, i: int):
         # HF gives a normalized added token back in its normalized form
-        t = self._core.id_to_token(i)
+        t = self._core.id_to_token(i) if i <= _MAX_SIZE else None  # beyond the vocabulary, as HF
         if t is not None and self._normalized_ids and i in self._normalized_ids:
             return self._normalize_str(t)
         return t
@@ -721,14 +784,14 @@ class BertTokenizer:
                                    "has no predefined maximum length. Default to no padding.")
                     pad = "do_not_pad"
                 else:
-                    max_length = self.model_max_length
+                    max_length = _count("model_max_length", self.model_max_length)
             if trunc != "do_not_truncate":
                 if self.model_max_length > LARGE_INTEGER:
                     logger.warning("Asking to truncate to max_length but no maximum length is provided and the "
                                    "model has no predefined maximum length. Default to no truncation.")
                     trunc = "do_not_truncate"
                 else:
-                    max_length = self.model_max_length
+                    max_length = _count("model_max_length", self.model_max_length)
         if pad != "do_not_pad" and (self.pad_token is None or self.pad_token_id is None):
             raise ValueError("Asking to pad but the tokenizer does not have a padding token. Please select a "
                              "token to use as `pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` "
@@ -748,27 +811,38 @@ class BertTokenizer:
                  return_length: bool = False, verbose: bool = True, **kwargs) -> BatchEncoding:
         if text is None:
             raise ValueError("You need to specify `text`.")
+        max_length, stride = _count("max_length", max_length), _count("stride", stride) or 0
+        pad_to_multiple_of = _count("pad_to_multiple_of", pad_to_multiple_of)
         pad, trunc, max_length = self._strategies(padding, truncation, max_length, pad_to_multiple_of)
         if is_split_into_words:
             batched = isinstance(text, (list, tuple)) and bool(text) and isinstance(text[0], (list, tuple))
         else:
             batched = isinstance(text, (list, tuple))
             if not batched and not isinstance(text, str):
-                raise TypeError(f"text must be a str or a list of str, got {type(text).__name__}")
+                raise TypeError(f"text must be a str or a list of str, got {_kind(text)}")
         if batched:
             if isinstance(text_pair, str):
                 raise TypeError("when tokenizing batches of text, `text_pair` must be a list or tuple with the "
                                 "same length as `text`.")
+            if text_pair is not None and not isinstance(text_pair, (list, tuple)):
+                raise TypeError("text_pair must be a list or tuple with the same length as text, got "
+                                f"{_kind(text_pair)}")
             if text_pair is not None and len(text) != len(text_pair):
                 raise ValueError(f"batch length of `text`: {len(text)} does not match batch length of "
                                  f"`text_pair`: {len(text_pair)}.")
             texts, pairs = text, text_pair
         else:
+            wanted = (list, tuple) if is_split_into_words else str
+            if text_pair is not None and not isinstance(text_pair, wanted):
+                raise TypeError(f"text_pair must be {'a list of words' if is_split_into_words else 'a str'} "
+                                f"like text, got {_kind(text_pair)}")
             texts = [text]
             pairs = [text_pair] if text_pair else None
         side = padding_side if padding_side is not None else self.padding_side
         if side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
+        if self.truncation_side not in ("left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {self.truncation_side!r}")
         kind = _enum_value(return_tensors)
         if kind not in (None, "np", "pt"):
             raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {kind!r}")
@@ -786,9 +860,9 @@ class BertTokenizer:
         want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
             else bool(return_attention_mask)
         options = (
-            bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc], int(max_length or 0),
-            int(stride), self.truncation_side == "left", _PADDING[pad], int(pad_to_multiple_of or 0),
-            side == "left", int(self.pad_token_id or 0), self._num_threads, want_types, want_attn,
+            bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc], max_length or 0, stride,
+            self.truncation_side == "left", _PADDING[pad], pad_to_multiple_of or 0, side == "left",
+            int(self.pad_token_id or 0), self._num_threads, want_types, want_attn,
             bool(return_special_tokens_mask), bool(return_offsets_mapping), bool(return_length),
             bool(return_overflowing_tokens), kind is not None, False)
         out, longest = self._core.encode_batch(texts, pairs, options)
