@@ -626,7 +626,7 @@ class BertTokenizer:
         if isinstance(ids, int):  # also a numpy or 0-d torch scalar
             return self._id_to_token(_token_id(ids, 0))
         skip = set(self.all_special_ids) if skip_special_tokens else set()
-        ids = [_token_id(i, k) for k, i in enumerate(ids)]
+        ids = [i if type(i) is int and i >= 0 else _token_id(i, k) for k, i in enumerate(ids)]
         return [self._id_to_token(i) for i in ids if i not in skip]
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
@@ -654,15 +654,17 @@ class BertTokenizer:
             token_ids = token_ids.tolist()
         if isinstance(token_ids, int):
             token_ids = [token_ids]
-        if isinstance(token_ids, (list, tuple)) and token_ids and isinstance(token_ids[0], (list, tuple)):
-            # a batch of sequences: transformers' decode gives one string per sequence
-            return self.batch_decode(token_ids, skip_special_tokens, clean_up_tokenization_spaces)
-        if isinstance(token_ids, str) or not isinstance(token_ids, Iterable):
+        if isinstance(token_ids, (list, tuple)):
+            if token_ids and isinstance(token_ids[0], (list, tuple)):
+                # a batch of sequences: transformers' decode gives one string per sequence
+                return self.batch_decode(token_ids, skip_special_tokens, clean_up_tokenization_spaces)
+        elif isinstance(token_ids, str) or not isinstance(token_ids, Iterable):
             raise TypeError(f"token_ids must be an int or a sequence of ints, got {_kind(token_ids)}")
         skip = {self._core.token_to_id(t) for t in self._special_contents} if skip_special_tokens else set()
         tokens = []
         for k, i in enumerate(token_ids):
-            i = _token_id(i, k)
+            if type(i) is not int or i < 0:  # the checks and messages, off the common path
+                i = _token_id(i, k)
             if i in skip:
                 continue
             t = self._id_to_token(i)
