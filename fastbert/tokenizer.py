@@ -893,6 +893,15 @@ class BertTokenizer:
         return enc
 
     # ---------------------------------------------------------------------------------- saving
+    def pad(self, encoded_inputs, padding=True, max_length: int | None = None,
+            pad_to_multiple_of: int | None = None, padding_side: str | None = None,
+            return_attention_mask: bool | None = None, return_tensors=None, verbose: bool = True) -> BatchEncoding:
+        """Pads encodings made without padding (one dict of lists, or a list of dicts such as dataset
+        rows) as transformers' tokenizer.pad does; DataCollatorWithPadding calls this."""
+        from fastbert.tokenizer_pad import pad
+        return pad(self, encoded_inputs, padding, max_length, pad_to_multiple_of, padding_side,
+                   return_attention_mask, return_tensors, verbose)
+
     def save_pretrained(self, save_directory, **kwargs) -> tuple[str, ...]:
         """Writes vocab.txt, tokenizer_config.json and special_tokens_map.json (loadable by fastbert
         and by transformers)."""

