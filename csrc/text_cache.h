@@ -1,7 +1,7 @@
 // Per-thread cache of whole texts (a str, or its part between added tokens) -> their token ids:
 // text encoded again (a corpus in its next epoch, repeated queries) costs one comparison and a
-// copy. A text cut short by truncation is cached with how far it got; a later call that needs
-// more continues from there (chunk boundaries: see chunk_cache.h).
+// copy, from its third time on. A text cut short by truncation is cached with how far it got; a
+// later call that needs more continues from there (chunk boundaries: see chunk_cache.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -27,11 +27,13 @@ class TextCache {
     bool find(const char* p, size_t n, Hit& hit) const {
         const uint64_t h = sample_hash(p, n);
         const size_t i = lookup(p, n, h);
-        if (i == kSlots || !slots_[i].len) return false;
+        if (i == kSlots || !slots_[i].len || slots_[i].off == kSeen) return false;
         const Slot& s = slots_[i];
         hit = Hit{reinterpret_cast<const int32_t*>(arena_.data() + align(s.off + n)), s.count, s.done};
         return true;
     }
+    // A text is stored the second time it is put: the first time only its hash is noted (a single
+    // pass over a corpus, where nothing repeats, copies no text).
     void put(const char* p, size_t n, size_t done, const int32_t* ids, size_t count) {
         const size_t need = align(n) + count * sizeof(int32_t);
         if (need > kArenaBytes / 4) return;
@@ -39,15 +41,20 @@ class TextCache {
         const uint64_t h = sample_hash(p, n);
         const size_t i = lookup(p, n, h);
         if (i == kSlots) return;
+        Slot& s = slots_[i];
+        if (!s.len) {
+            ++entries_;
+            s = Slot{h, kSeen, static_cast<uint32_t>(n), 0, 0};
+            return;
+        }
         if (arena_.capacity() < kArenaBytes) arena_.reserve(kArenaBytes);
         const size_t off = arena_.size();  // always 4-aligned
         arena_.resize(off + need);
         std::memcpy(arena_.data() + off, p, n);
         if (count) std::memcpy(arena_.data() + align(off + n), ids, count * sizeof(int32_t));
-        Slot& s = slots_[i];
-        if (!s.len) ++entries_;  // else the same text, now further along: replaced
+        // seen before, or stored with less of it done: (re)placed
         s = Slot{h, static_cast<uint32_t>(off), static_cast<uint32_t>(n), static_cast<uint32_t>(done),
-                  static_cast<uint32_t>(count)};
+                 static_cast<uint32_t>(count)};
     }
     void clear() {
         std::fill(slots_.begin(), slots_.end(), Slot{});
@@ -62,6 +69,7 @@ class TextCache {
     };
     static size_t align(size_t x) { return (x + 3) & ~size_t{3}; }
     static constexpr size_t kProbes = 8;
+    static constexpr uint32_t kSeen = UINT32_MAX;  // Slot::off of a text seen once, not stored
     // The slot holding this text, or the empty slot where it would go (linear probing; the table
     // is at most half full, and entries are only ever dropped all at once).
     // Gives up (kSlots) after kProbes slots: texts that differ only where the hash does not look
@@ -70,7 +78,9 @@ class TextCache {
         size_t i = h & (kSlots - 1);
         for (size_t k = 0; k < kProbes; ++k, i = (i + 1) & (kSlots - 1)) {
             const Slot& s = slots_[i];
-            if (!s.len || (s.hash == h && s.len == n && std::memcmp(arena_.data() + s.off, p, n) == 0)) return i;
+            if (!s.len || (s.hash == h && s.len == n &&
+                           (s.off == kSeen || std::memcmp(arena_.data() + s.off, p, n) == 0)))
+                return i;
         }
         return kSlots;
     }
