@@ -450,6 +450,10 @@ class BertTokenizer:
             if v is not None:
                 kwargs[k] = v
         extra = special_map.get("additional_special_tokens", config.get("additional_special_tokens"))
+        if not extra:  # transformers >= 5 saves them as extra_special_tokens (a list, or named tokens)
+            extra = special_map.get("extra_special_tokens", config.get("extra_special_tokens"))
+            if isinstance(extra, dict):
+                extra = list(extra.values())
         if extra:
             kwargs["additional_special_tokens"] = extra
         added: dict[int, dict] = {}
@@ -576,10 +580,12 @@ class BertTokenizer:
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
-        out = {k: v for k, v in self._special.items() if v is not None}
-        if self.additional_special_tokens:
-            out["additional_special_tokens"] = list(self.additional_special_tokens)
-        return out
+        # the named tokens only, as in transformers >= 5; the others are extra_special_tokens
+        return {k: v for k, v in self._special.items() if v is not None}
+
+    @property
+    def extra_special_tokens(self) -> list[str]:
+        return list(self.additional_special_tokens)
 
     @property
     def all_special_tokens(self) -> list[str]:
@@ -928,11 +934,14 @@ class BertTokenizer:
                   "truncation_side": self.truncation_side,
                   "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
                   "added_tokens_decoder": dict(sorted(decoder.items(), key=lambda kv: int(kv[0])))}
-        config.update(self.special_tokens_map)
+        specials = dict(self.special_tokens_map)
+        if self.additional_special_tokens:  # the key every transformers version reads
+            specials["additional_special_tokens"] = list(self.additional_special_tokens)
+        config.update(specials)
         config_path = os.path.join(save_directory, "tokenizer_config.json")
         with open(config_path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
         map_path = os.path.join(save_directory, "special_tokens_map.json")
         with open(map_path, "w", encoding="utf-8") as f:
-            json.dump(self.special_tokens_map, f, indent=2, ensure_ascii=False)
+            json.dump(specials, f, indent=2, ensure_ascii=False)
         return vocab_path, config_path, map_path
