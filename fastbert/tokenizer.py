@@ -694,6 +694,8 @@ class BertTokenizer:
     def tokenize(self, text: str, pair: str | None = None, add_special_tokens: bool = False, **kwargs) -> list[str]:
         kwargs.pop("return_offsets_mapping", None)
         enc = self(text, pair, add_special_tokens=add_special_tokens, return_offsets_mapping=True, **kwargs)
+        if pair is not None:  # an added token's text may come from either sequence: the alignment knows which
+            return enc.tokens()
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         if ids and isinstance(ids[0], list):
             ids, offsets = ids[0], offsets[0]
@@ -701,7 +703,7 @@ class BertTokenizer:
         out = []
         for k, i in enumerate(ids):
             a = added.get(i)
-            if a is None or pair is not None:
+            if a is None:
                 out.append(self._core.id_to_token(i))
                 continue
             out.append(self._added_token_string(a, i, text[offsets[k][0]:offsets[k][1]]))
