@@ -503,8 +503,15 @@ def test_added_tokens_decoder_flags(model_dir, tmp_path):
              # single_word: a word character is what a Unicode regex calls \w (letters, marks, decimal
              # digits, connector punctuation, joiners); symbols, other numbers, unassigned are not.
              "\U0001f600<sw>", "©<sw>", "½<sw>", "²<sw>", "Ⅻ<sw>", "\u0301<sw>", "_<sw>", "<sw>\u200d",
-             "\U00018cd6<sw>", "a\u200b<sw>", "٣<sw>", "<sw>‿"]
+             "\U00018cd6<sw>", "a\u200b<sw>", "٣<sw>", "<sw>‿",
+             # Other_Alphabetic symbols are \w (circled and squared letters); \w is Unicode 16.0's:
+             # Sunuwar (16.0) is, letters that 17.0 added are not
+             "Ⓐ<sw>", "<sw>ⓩ", "\U0001f17e<sw>", "\U00011bc4<sw>", "<sw>\u0558", "\u0897<sw>"]
     check_call(fb, hf, texts, **ALL_FIELDS)
+    # every code point of those blocks, on either side
+    blocks = [(0x0540, 0x0560), (0x0890, 0x08a0), (0x2460, 0x2500), (0x11bc0, 0x11c00), (0x1f130, 0x1f190)]
+    around = [c + "<sw>" for a, b in blocks for c in map(chr, range(a, b))]
+    check_call(fb, hf, around + [t[::-1].replace(">ws<", "<sw>") for t in around], **ALL_FIELDS)
     for text in texts:
         check_call(fb, hf, text, **ALL_FIELDS)
         assert fb.tokenize(text) == hf.tokenize(text), repr(text)
