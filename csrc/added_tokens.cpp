@@ -56,13 +56,19 @@ void AddedTokens::find(const char* s, size_t n, std::vector<Match>& out) const {
         for (const AddedToken& t : tokens_) {
             const size_t m = t.content.size();
             if (m > n - i || std::memcmp(s + i, t.content.data(), m) != 0) continue;
+            // HF takes the leftmost-longest match, then moves on past it (not past the whitespace
+            // rstrip takes, so the next match may start in that whitespace); a match that fails
+            // single_word is skipped whole: no shorter token, no match starting inside it.
             size_t begin = i, end = i + m;
+            i = end - 1;
             if (t.single_word) {
                 const bool left_ok = begin == 0 || !is_word_char(cp_before(s, begin));
                 const bool right_ok = end == n || !is_word_char(cp_at(s, end));
-                if (!left_ok || !right_ok) continue;
+                if (!left_ok || !right_ok) break;
             }
-            if (t.lstrip)
+            if (t.lstrip && begin < prev_end)  // lstrip never reaches into the previous match
+                begin = std::min(prev_end, end);
+            else if (t.lstrip)
                 while (begin > prev_end && is_space(cp_before(s, begin))) {
                     size_t j = begin - 1;
                     while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
@@ -75,7 +81,6 @@ void AddedTokens::find(const char* s, size_t n, std::vector<Match>& out) const {
                 }
             out.push_back(Match{begin, end, t.id});
             prev_end = end;
-            i = end - 1;
             break;
         }
     }

@@ -26,7 +26,8 @@ class AddedTokens {
         size_t begin, end;  // bytes, including stripped whitespace
         int32_t id;
     };
-    // Non-overlapping matches in text, left to right.
+    // Matches in text, left to right; a match may begin inside the whitespace the one before it
+    // took with rstrip (begin < the previous end), as in HF.
     void find(const char* text, size_t len, std::vector<Match>& out) const;
     bool empty() const { return tokens_.empty(); }
 

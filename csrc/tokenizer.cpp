@@ -246,8 +246,12 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
     std::vector<AddedTokens::Match> matches = s.norm_matches;
     for (const AddedTokens::Match& m : matches) {
         if (out.ids.size() > limit) return;
-        region(pos, m.begin, chars);
-        chars += count_chars(n.data() + pos, m.begin - pos);
+        if (m.begin >= pos) {
+            region(pos, m.begin, chars);
+            chars += count_chars(n.data() + pos, m.begin - pos);
+        } else {  // begins in the whitespace the previous match took with rstrip
+            chars -= count_chars(n.data() + m.begin, pos - m.begin);
+        }
         const size_t mchars = count_chars(n.data() + m.begin, m.end - m.begin);
         out.ids.push_back(m.id);
         if (offsets) {
@@ -280,8 +284,12 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
         uint32_t chars = 0;
         for (const AddedTokens::Match& m : s.matches) {
             if (out.ids.size() > limit) break;
-            piece(pos, m.begin, chars);
-            chars += static_cast<uint32_t>(count_chars(text + pos, m.begin - pos));
+            if (m.begin >= pos) {
+                piece(pos, m.begin, chars);
+                chars += static_cast<uint32_t>(count_chars(text + pos, m.begin - pos));
+            } else {  // begins in the whitespace the previous match took with rstrip
+                chars -= static_cast<uint32_t>(count_chars(text + m.begin, pos - m.begin));
+            }
             const uint32_t mchars = static_cast<uint32_t>(count_chars(text + m.begin, m.end - m.begin));
             out.ids.push_back(m.id);
             if (offsets) {

@@ -524,6 +524,28 @@ def test_added_tokens_decoder_flags(model_dir, tmp_path):
             hf.convert_ids_to_tokens(ids, skip_special_tokens=skip)
 
 
+@pytest.mark.parametrize("normalized", [False, True])
+def test_added_token_match_order(model_dir, tmp_path, normalized):
+    """HF's added-token search: leftmost-longest, then on past the match itself, not past the
+    whitespace rstrip took (the next match may start in it, offsets overlapping; one with lstrip
+    starts where the previous one ends); a match failing single_word is skipped whole (no shorter
+    token at that place, no match inside it). tokenize() gives the matched text, normalized."""
+    jj = json.load(open(os.path.join(model_dir, "tokenizer.json")))
+    tokens = [("QQA", dict(rstrip=True)), (" X", {}), ("<E>", dict(lstrip=True)), ("ZZAB", dict(single_word=True)),
+              ("AB", {}), ("WWC", dict(single_word=True)), ("WW", {}), ("R9", dict(rstrip=True)),
+              (" Y ", dict(lstrip=True)), ("L9", dict(lstrip=True))]
+    for i, (content, flags) in enumerate(tokens):
+        jj["added_tokens"].append({"id": 30522 + i, **_added(content, normalized=normalized, **flags)})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(jj))
+    fb, hf = pair(str(tmp_path))
+    texts = ["QQA X", "QQA  X y", "QQA\tX", "QQA  <E>", "xZZAB AB", "ZZABc", "a WWCd WW", "WWC", "R9 X",
+             "R9  L9", "QQA  X  <E>", "R9 Y \t", "QQA\u3000 Y  x", " X X X", "R9\t\tX"]
+    check_call(fb, hf, texts, **ALL_FIELDS)
+    for text in texts:
+        check_call(fb, hf, text, **ALL_FIELDS)
+        assert fb.tokenize(text) == hf.tokenize(text), repr(text)
+
+
 def _json_added(jj, content, **flags):
     jj["added_tokens"].append({"id": 30522, **_added(content, **flags)})
 
