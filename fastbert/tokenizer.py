@@ -10,6 +10,7 @@ import json
 import logging
 import operator
 import os
+import unicodedata
 import warnings
 from typing import Any, Iterable
 
@@ -729,11 +730,15 @@ class BertTokenizer:
 
     def _added_token_string(self, a, i, piece):
         # HF's token string for an added token is the matched text, stripped spaces included
+        # (a token's own leading or trailing space is part of its content: compare both stripped)
         if a.get("normalized", not a.get("special", False)):
+            if self.clean_text:  # the normalized text: whitespace is ' ', control characters are gone
+                piece = "".join(" " if c in " \t\n\r" or unicodedata.category(c) == "Zs" else c for c in piece
+                                if c in "\t\n\r" or (c not in "\x00\ufffd" and unicodedata.category(c) not in ("Cc", "Cf")))
             piece = self._normalize_str(piece)
-            matched = piece.strip() == self._normalize_str(a["content"])
+            matched = piece.strip() == self._normalize_str(a["content"]).strip()
         else:
-            matched = piece.strip() == a["content"]
+            matched = piece.strip() == a["content"].strip()
         # an [UNK] made by WordPiece (not found in the text) is just the token
         return piece if matched else self._core.id_to_token(i)
 
