@@ -73,6 +73,7 @@ setup(
             "nanotoken",
             "django",  # its translation catalogs are the multilingual tokenizer corpus
             "accelerate>=1.1",  # transformers.Trainer needs it (tests/test_training.py)
+            "faker", "babel", "emoji",  # held-out multilingual text (tests/test_tokenizer_heldout.py)
         ],
         "bench": [
             "pytest-benchmark>=4",
