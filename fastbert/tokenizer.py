@@ -321,7 +321,8 @@ def _added_entry(a, where: str, i=None) -> dict:
 
 def _config_value(key: str, value, where: str):
     # tokenizer_config.json values, typed as transformers reads them: bool("no") would be True
-    if key in ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces", "strip_accents"):
+    if key in ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces", "strip_accents",
+               "clean_text"):
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
     elif key == "model_max_length":
@@ -441,7 +442,7 @@ class BertTokenizer:
         special_map = _read_json(os.path.join(directory, "special_tokens_map.json")) or {}
         kwargs: dict[str, Any] = {}
         for k in ("do_lower_case", "tokenize_chinese_chars", "strip_accents", "model_max_length",
-                  "padding_side", "truncation_side", "clean_up_tokenization_spaces"):
+                  "padding_side", "truncation_side", "clean_up_tokenization_spaces", "clean_text"):
             if k in config and config[k] is not None:
                 kwargs[k] = _config_value(k, config[k], config_path)
         if "strip_accents" in config:
@@ -940,6 +941,7 @@ class BertTokenizer:
                   "model_max_length": self.model_max_length, "padding_side": self.padding_side,
                   "truncation_side": self.truncation_side,
                   "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
+                  **({} if self.clean_text else {"clean_text": False}),  # fastbert's own option
                   "added_tokens_decoder": dict(sorted(decoder.items(), key=lambda kv: int(kv[0])))}
         specials = dict(self.special_tokens_map)
         if self.additional_special_tokens:  # the key every transformers version reads
