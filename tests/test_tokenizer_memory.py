@@ -38,9 +38,9 @@ def tok():
     return fastbert.BertTokenizer.from_pretrained(gt.get_model_path())
 
 
-def chunks(total_mb, chunk_mb, seed=0):
+def chunks(total_mb, chunk_mb, seed=0, tag="zq"):
     """Lines of English and multilingual text, with made-up words mixed in so that word caches keep
-    seeing words they have not seen before."""
+    seeing words they have not seen before (another tag: other made-up words)."""
     rng = random.Random(seed)
     base = corpus.english_lines()[:2000] + corpus.multilingual_texts(200_000)
     made = 0
@@ -48,7 +48,7 @@ def chunks(total_mb, chunk_mb, seed=0):
         out, size = [], 0
         while size < chunk_mb * MB:
             line = rng.choice(base)
-            line = f"{line} zq{made:x}word {rng.random():.6f}"
+            line = f"{line} {tag}{made:x}word {rng.random():.6f}"
             made += 1
             out.append(line)
             size += len(line.encode("utf-8"))
@@ -65,6 +65,11 @@ def test_stream_in_chunks_keeps_rss_bounded(tok):
     pool_mb = (rss_bytes() - before) / MB
     # 64 MB of pooled buffers plus the allocator's own slack (glibc keeps freed arenas mapped)
     assert pool_mb < 64 + 64, f"filling the buffer pool took {pool_mb:.0f} MB (its cap is 64 MB)"
+    # The word, chunk and text caches are bounded but fill over ~10 MB of new text: fill them with
+    # other text first, so that the stream below sees them full.
+    for chunk in chunks(STREAM_MB / 2, CHUNK_MB, seed=1, tag="wq"):
+        tok(chunk, padding="max_length", truncation=True, max_length=128, return_tensors="np")
+        tok(chunk[::16], return_offsets_mapping=True)
     samples = []
     for i, chunk in enumerate(chunks(STREAM_MB, CHUNK_MB)):
         # both output paths: padded numpy and ragged lists (with offsets)
