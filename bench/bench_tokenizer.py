@@ -97,9 +97,12 @@ def main(argv=None) -> int:
                         help="keep word caches between repeats (default: cleared before each)")
     parser.add_argument("--threads", default="1,all",
                         help="comma-separated thread counts; 'all' = every core (default 1,all)")
+    parser.add_argument("--evict-caches", action="store_true",
+                        help="write 64 MB before every timed call, so each starts on cold CPU caches")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON file")
     args = parser.parse_args(argv)
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
+    tb.EVICT = args.evict_caches
     rows = tb.run(model_dir(), quick=args.quick, threads=threads, warm_cache=args.warm_cache,
                   progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True))
     print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")

@@ -215,6 +215,21 @@ def first_difference(path: str, out, ref, texts) -> str:
 
 # ---- timing -------------------------------------------------------------------------------------------
 
+_SCRATCH = None
+EVICT = False  # set by --evict-caches: every timed call starts on evicted CPU caches
+
+
+def evict_cpu_caches(mb: int = 64) -> None:
+    """Writes a buffer larger than the CPU's caches, so the next call starts as cold as any other.
+    Without it, whichever tokenizer runs right after BertTokenizerFast (the slowest, with the largest
+    working set) starts each round on caches that one evicted, and pays for it alone."""
+    global _SCRATCH
+    if _SCRATCH is None:
+        _SCRATCH = np.empty(mb << 20, dtype=np.uint8)
+    _SCRATCH.fill(len(_SCRATCH) & 0xFF)
+    _SCRATCH.fill(1)
+
+
 def time_interleaved(calls, texts, min_repeats=3, min_seconds=1.0, max_repeats=20):
     """Median seconds of each ``fn(texts)`` in ``calls`` ({name: (fn, before)}), timed in rounds that
     take every tokenizer in turn, so that load from elsewhere on the machine falls on all of them alike.
@@ -222,7 +237,8 @@ def time_interleaved(calls, texts, min_repeats=3, min_seconds=1.0, max_repeats=2
     Each gets one untimed warm-up call, then at least ``min_repeats`` timed calls, more (up to
     ``max_repeats``) until its timed calls add up to ``min_seconds``. ``before`` runs outside the
     timed region ahead of each call (cache clearing, thread settings). Returns {name: (median,
-    repeats, last output)} or {name: exception} for a tokenizer that raised."""
+    repeats, last output)} or {name: exception} for a tokenizer that raised. The order rotates each
+    round; with EVICT every timed call also starts on evicted CPU caches (evict_cpu_caches)."""
     times = {name: [] for name in calls}
     outs, failed = {}, {}
     for name, (fn, before) in calls.items():
@@ -237,13 +253,20 @@ def time_interleaved(calls, texts, min_repeats=3, min_seconds=1.0, max_repeats=2
         t = times[name]
         return name not in failed and (len(t) < min_repeats or (sum(t) < min_seconds and len(t) < max_repeats))
 
+    order = list(calls)
     while any(wants_more(name) for name in calls):
-        for name, (fn, before) in calls.items():
+        # a different first tokenizer each round, so none always runs right after the same one
+        # (after BertTokenizerFast's large working set, the CPU caches are cold)
+        order = order[1:] + order[:1]
+        for name in order:
+            fn, before = calls[name]
             if not wants_more(name):
                 continue
             try:
                 if before:
                     before()
+                if EVICT:
+                    evict_cpu_caches()
                 start = time.perf_counter()
                 outs[name] = fn(texts)
                 times[name].append(time.perf_counter() - start)
