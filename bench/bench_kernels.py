@@ -407,6 +407,8 @@ def bench_models(plan, bench, gen):
 def _bench_model(plan, bench, name, path, gen, shape=None):
     import transformers
 
+    import fastbert
+
     dtype, dev = plan.e2e_dtype, plan.device
     b, s = shape or (plan.e2e_batch, plan.e2e_seq)
     case = f"{name} B{b} S{s} {str(dtype)[6:]}"
@@ -428,7 +430,6 @@ def _bench_model(plan, bench, name, path, gen, shape=None):
     }
     for impl, build in builders.items():
         try:
-            import fastbert
             models[impl] = build()
         except Exception as e:  # report, do not crash the run
             fb_notes[impl] = f"n/a: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"

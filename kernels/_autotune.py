@@ -45,18 +45,15 @@ class _Plan:
         self.names = list(tuner.arg_names)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.keys = list(tuner.keys)
-        self.options = {}  # id(config) -> config.all_kwargs(), built once per config
+        # id(config) -> config.all_kwargs(), built once per config (a Config hashes by building
+        # all_kwargs(), the very cost this saves); the configs live in the autotuner
+        self.options = {}
 
 
-_plans: dict = {}
-
-
-def _plan(tuner):
-    plan = _plans.get(id(tuner))
-    if plan is None or plan.tuner is not tuner:
-        plan = _Plan(tuner)
-        plan.tuner = tuner
-        _plans[id(tuner)] = plan
+def _plan(tuner) -> _Plan:
+    plan = getattr(tuner, "_fastbert_launch_plan", None)  # kept on the autotuner it describes
+    if plan is None:
+        plan = tuner._fastbert_launch_plan = _Plan(tuner)
     return plan
 
 

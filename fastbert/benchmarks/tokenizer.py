@@ -226,7 +226,6 @@ def evict_cpu_caches(mb: int = 64) -> None:
     global _SCRATCH
     if _SCRATCH is None:
         _SCRATCH = np.empty(mb << 20, dtype=np.uint8)
-    _SCRATCH.fill(len(_SCRATCH) & 0xFF)
     _SCRATCH.fill(1)
 
 

@@ -42,3 +42,9 @@ def use_triton(backend: str, *tensors: torch.Tensor) -> bool:
             f"backend='triton' needs CUDA tensors, got tensors on {devices}; on CPU set "
             "TRITON_INTERPRET=1 before triton is imported to run the kernel in Triton's interpreter")
     return True
+
+
+def records_grad(*tensors) -> bool:
+    """True when autograd would record a call on these tensors; otherwise an op can run its forward
+    kernel directly and skip autograd.Function's per-call host cost (inference)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

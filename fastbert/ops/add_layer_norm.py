@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from fastbert.ops._dispatch import use_triton
+from fastbert.ops._dispatch import records_grad, use_triton
 
 MAX_HIDDEN = 8192
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -97,8 +97,7 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
     if use_triton(backend, *tensors):
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0 else 0
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-            # nothing to differentiate: skip autograd.Function's per-call host cost (inference)
+        if not records_grad(*tensors):
             from fastbert.kernels.add_layer_norm import add_layer_norm_fwd
             y, s, _, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, return_sum, float(dropout_p), seed)
             return (y, s) if return_sum else y

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from fastbert.ops._dispatch import use_triton
+from fastbert.ops._dispatch import records_grad, use_triton
 
 MAX_HEAD_DIM = 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -172,8 +172,7 @@ def _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, 
 
 
 def _flash(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        # nothing to differentiate: skip autograd.Function's per-call host cost (inference)
+    if not records_grad(q, k, v):
         return _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)[0]
     return _FlashAttention.apply(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
 

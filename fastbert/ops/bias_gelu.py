@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from fastbert.ops._dispatch import use_triton
+from fastbert.ops._dispatch import records_grad, use_triton
 
 APPROXIMATE = ("none", "tanh")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -59,8 +59,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, approximate: str = "none",
                              "got float64; use backend='torch'")
         backend = "torch"
     if use_triton(backend, x, bias):
-        if not (torch.is_grad_enabled() and (x.requires_grad or bias.requires_grad)):
-            # nothing to differentiate: skip autograd.Function's per-call host cost (inference)
+        if not records_grad(x, bias):
             from fastbert.kernels.bias_gelu import bias_gelu_fwd
             return bias_gelu_fwd(x, bias, approximate == "tanh")
         return _BiasGelu.apply(x, bias, approximate == "tanh")
