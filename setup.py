@@ -33,6 +33,7 @@ ext_modules = [
         "fastbert._C",
         sorted(glob("csrc/*.cpp")),  # sorted: reproducible builds (pybind11 python_example)
         include_dirs=["csrc"],
+        depends=sorted(glob("csrc/*.h")),  # a changed header rebuilds the extension, as a source does
         cxx_std=17,
         extra_compile_args=_compile_args(),
         extra_link_args=_link_args(),

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "huge_pages.h"
+
 #include "str_map.h"
 
 namespace fastbert {
@@ -113,8 +115,8 @@ class ChunkCache {
         return off;
     }
     std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
-    std::vector<ShortSlot> short_ = std::vector<ShortSlot>(kShortSlots);
-    std::vector<char> arena_;
+    HugeVector<ShortSlot> short_ = HugeVector<ShortSlot>(kShortSlots);  // 1 MB
+    HugeVector<char> arena_;
 };
 
 }  // namespace fastbert

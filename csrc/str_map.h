@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "huge_pages.h"
+
 namespace fastbert {
 
 inline uint64_t load64(const char* p) {
@@ -136,7 +138,7 @@ class StrMap {
     };
     std::string_view view(const Slot& s) const { return std::string_view(pool_.data() + s.off, s.len); }
     void grow() {
-        std::vector<Slot> old;
+        HugeVector<Slot> old;
         old.swap(slots_);
         reserve(old.empty() ? 8 : old.size());
         for (const Slot& s : old) {
@@ -146,7 +148,7 @@ class StrMap {
             slots_[i] = s;
         }
     }
-    std::vector<Slot> slots_;
+    HugeVector<Slot> slots_;  // 2 MB for a 30k vocabulary: one huge page
     std::vector<uint64_t> filter_ = std::vector<uint64_t>((size_t{1} << kFilterBits) / 64, 0);
     std::string pool_;
     size_t mask_ = 0, count_ = 0, max_len_ = 0;

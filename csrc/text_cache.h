@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "huge_pages.h"
+
 #include "str_map.h"
 
 namespace fastbert {
@@ -95,7 +97,7 @@ class TextCache {
         return h;
     }
     std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
-    std::vector<char> arena_;
+    HugeVector<char> arena_;
     size_t entries_ = 0;
 };
 
