@@ -47,6 +47,17 @@ struct Rows {
     std::vector<uint8_t> main;      // 1 for the first row of an input, 0 for overflow rows
     std::vector<uint32_t> window;   // with words: the row's windows of A and B, 2 per row (0: main)
     size_t rows() const { return item.size(); }
+    void clear() {  // keeps the memory
+        ids.clear();
+        type_ids.clear();
+        special.clear();
+        offsets.clear();
+        words.clear();
+        start.assign(1, 0);
+        item.clear();
+        main.clear();
+        window.clear();
+    }
     size_t len(size_t r) const { return start[r + 1] - start[r]; }
 };
 

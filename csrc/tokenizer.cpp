@@ -360,20 +360,25 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
     const bool pair = !in.b.empty();
     size_t chunks = 1;
     if (num_threads > 1 && n > 1) chunks = std::min(n, static_cast<size_t>(num_threads) * 8);
-    out.assign(chunks, Rows());
+    out.resize(chunks);
+    for (Rows& r : out) r.clear();
     parallel(chunks, num_threads, [&](size_t c) {
         const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
-        Scratch s;
+        ThreadCache* tc = take_cache();
+        // kept with the caches: its buffers are reused, not allocated again, by the next batch
+        Scratch& s = tc->scratch;
         s.words = cfg.words;
         s.split_words = in.split_words;
-        ThreadCache* tc = take_cache();
         s.cache = &tc->words;
         s.chunks = &tc->chunks;
         s.texts = &tc->texts;
         struct Give {
             Tokenizer* t;
             ThreadCache* c;
-            ~Give() { t->give_cache(c); }
+            ~Give() {
+                c->scratch.trim();
+                t->give_cache(c);
+            }
         } give{this, tc};
         Rows& rows = out[c];
         // A single sequence cut on the right without overflow rows needs only its first tokens.

@@ -72,6 +72,13 @@ class Tokenizer {
         // index : a running count of pre-tokens and added tokens in the sequence
         bool words = false, split_words = false;
         int32_t next_word = 0, segment = 0;
+        // Drops buffers grown past kKeepBytes by a long text, so an idle tokenizer does not hold them.
+        void trim() {
+            static constexpr size_t kKeepBytes = size_t{1} << 20;
+            if (a.ids.capacity() * sizeof(int32_t) > kKeepBytes || b.ids.capacity() * sizeof(int32_t) > kKeepBytes ||
+                norm.capacity() > kKeepBytes || pre.word.capacity() > kKeepBytes || spans.capacity() * 4 > kKeepBytes)
+                *this = Scratch();
+        }
         void mark_word(Encoded& out) {
             if (!words) return;
             out.words.resize(out.ids.size(), split_words ? segment : next_word);
@@ -114,6 +121,7 @@ class Tokenizer {
     // The pool is made on first parallel use, and made again in a forked child (its threads
     // do not exist there); busy_ lets concurrent callers fall back to their own thread.
     struct ThreadCache {
+        Scratch scratch;
         WordCache words;
         ChunkCache chunks;
         TextCache texts;

@@ -30,6 +30,12 @@ DEFAULT_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[P
                     "cls_token": "[CLS]", "mask_token": "[MASK]"}
 _TRUNCATION = {"longest_first": 1, "only_first": 2, "only_second": 3, "do_not_truncate": 0}
 _PADDING = {"longest": 1, "max_length": 2, "do_not_pad": 0}
+_SIDES = ("left", "right")
+# encode_batch's options for one text without padding or truncation, by (add_special_tokens,
+# token_type_ids, attention_mask); the sides, pad id and thread count play no part there
+_ONE_TEXT_OPTIONS = {(special, types, attn): (False, special, 0, 0, 0, False, 0, 0, False, 0, 1, types, attn,
+                                              False, False, False, False, False, False)
+                     for special in (False, True) for types in (False, True) for attn in (False, True)}
 _UNSET = object()
 
 
@@ -763,6 +769,13 @@ class BertTokenizer:
 
     def encode(self, text, text_pair=None, add_special_tokens: bool = True, padding=False, truncation=None,
                max_length: int | None = None, stride: int = 0, return_tensors=None, **kwargs):
+        if (type(text) is str and text_pair is None and padding is False and truncation is None
+                and max_length is None and stride == 0 and return_tensors is None and not kwargs):
+            options = _ONE_TEXT_OPTIONS[bool(add_special_tokens), False, False]
+            out, longest = self._core.encode_batch((text,), None, options)
+            if not self._warned_long and longest > self.model_max_length:
+                self._warn_long(longest)
+            return out["input_ids"][0]
         enc = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding,
                    truncation=truncation, max_length=max_length, stride=stride,
                    return_tensors=return_tensors, **kwargs)
@@ -825,6 +838,13 @@ class BertTokenizer:
                  return_attention_mask=None, return_overflowing_tokens: bool = False,
                  return_special_tokens_mask: bool = False, return_offsets_mapping: bool = False,
                  return_length: bool = False, verbose: bool = True, **kwargs) -> BatchEncoding:
+        if (type(text) is str and text_pair is None and padding is False and truncation is None
+                and max_length is None and stride == 0 and not is_split_into_words and pad_to_multiple_of is None
+                and padding_side is None and return_tensors is None and not kwargs
+                and not (return_overflowing_tokens or return_special_tokens_mask or return_offsets_mapping
+                         or return_length)
+                and self.padding_side in _SIDES and self.truncation_side in _SIDES):
+            return self._encode_one(text, add_special_tokens, return_token_type_ids, return_attention_mask, verbose)
         if text is None:
             raise ValueError("You need to specify `text`.")
         max_length, stride = _count("max_length", max_length), _count("stride", stride) or 0
@@ -883,10 +903,7 @@ class BertTokenizer:
             bool(return_overflowing_tokens), kind is not None, False)
         out, longest = self._core.encode_batch(texts, pairs, options)
         if max_length is None and verbose and not self._warned_long and longest > self.model_max_length:
-            logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
-                           f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
-                           "the model will result in indexing errors")
-            self._warned_long = True
+            self._warn_long(longest)
         enc = BatchEncoding(out)
         if kind is not None:
             if "offset_mapping" in enc and not isinstance(enc["offset_mapping"], np.ndarray):
@@ -905,6 +922,28 @@ class BertTokenizer:
                 texts, pairs = _freeze(texts, is_split_into_words), _freeze(pairs, is_split_into_words)
             enc._source = (self, texts, pairs, options, return_overflowing_tokens)
         return enc
+
+    def _encode_one(self, text: str, add_special_tokens, return_token_type_ids, return_attention_mask,
+                    verbose) -> BatchEncoding:
+        """__call__ on one str with no padding, truncation or extra outputs: what a loop over single
+        texts calls. The same result as the general path, without its per-call argument handling."""
+        want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
+            else bool(return_token_type_ids)
+        want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
+            else bool(return_attention_mask)
+        options = _ONE_TEXT_OPTIONS[bool(add_special_tokens), want_types, want_attn]
+        out, longest = self._core.encode_batch((text,), None, options)
+        if verbose and not self._warned_long and longest > self.model_max_length:
+            self._warn_long(longest)
+        enc = BatchEncoding({k: v[0] for k, v in out.items()})
+        enc._source = (self, [text], None, options, False)
+        return enc
+
+    def _warn_long(self, longest: int) -> None:
+        logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
+                       f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
+                       "the model will result in indexing errors")
+        self._warned_long = True
 
     # ---------------------------------------------------------------------------------- saving
     def pad(self, encoded_inputs, padding=True, max_length: int | None = None,

@@ -377,6 +377,31 @@ def test_return_tensors(toks, return_tensors, batch):
         check_call(fb, hf, text, return_tensors=return_tensors, **kwargs, **ALL_FIELDS)
 
 
+@pytest.mark.parametrize("kwargs", [{}, dict(add_special_tokens=False), dict(return_token_type_ids=False),
+                                    dict(return_attention_mask=False, return_token_type_ids=True)],
+                         ids=["default", "no-specials", "no-types", "no-mask"])
+def test_one_text_fast_path(toks, kwargs):
+    """tok(str) and tok.encode(str) with no padding, truncation or extra outputs take a shorter path
+    (per-call cost): same encodings as HF, and as the general path with explicit defaults."""
+    fb, hf = toks
+    texts = tc.GOLDEN + tc.EDGE_STRINGS[:40] + corpus.english_lines(20_000)[:30] + [""]
+    for text in texts:
+        want = check_call(fb, hf, text, **kwargs)
+        general = fb(text, padding="do_not_pad", truncation="do_not_truncate", **kwargs)
+        assert_same_encoding(general, want, f"general path {text!r:.80}")
+        special = kwargs.get("add_special_tokens", True)
+        assert fb.encode(text, add_special_tokens=special) == hf.encode(text, add_special_tokens=special)
+    enc = fb("Hello world, again", **kwargs)
+    assert enc.word_ids() == hf("Hello world, again", **kwargs).word_ids()
+
+
+def test_one_text_fast_path_checks_sides(vocab_dir):
+    fb = fastbert.BertTokenizer.from_pretrained(vocab_dir)
+    fb.padding_side = "middle"
+    with pytest.raises(ValueError, match="padding_side"):
+        fb("a short text")
+
+
 def test_batch_encoding_to(vocab_dir):
     fb, _ = pair(vocab_dir)
     enc = fb(["a b", "c"], padding=True, return_tensors="pt").to("cpu")
