@@ -1,7 +1,8 @@
 """Tokenizer throughput: fastbert vs nanotoken, HF tokenizers and BertTokenizerFast, same text, one run.
 
     pytest bench/bench_tokenizer.py --benchmark-only      # pytest-benchmark (FASTBERT_BENCH_QUICK=1: less text)
-    python bench/bench_tokenizer.py [--quick]               # table with ratios + JSON in bench/results/
+    python bench/bench_tokenizer.py [--quick]               # table with ratios + JSON in bench/results/,
+                                                            # then one text per call (tokenizer_latency)
 
 The measurement logic lives in fastbert.benchmarks.tokenizer (also behind `fastbert bench`);
 this file only wraps it.
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from fastbert.benchmarks import tokenizer as tb
+from fastbert.benchmarks import tokenizer_latency as tl
 from fastbert.benchmarks.env import default_model_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -99,7 +101,9 @@ def main(argv=None) -> int:
                         help="comma-separated thread counts; 'all' = every core (default 1,all)")
     parser.add_argument("--evict-caches", action="store_true",
                         help="write 64 MB before every timed call, so each starts on cold CPU caches")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON file")
+    parser.add_argument("--no-latency", action="store_true",
+                        help="skip the one-text-per-call latency table (fastbert.benchmarks.tokenizer_latency)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
     args = parser.parse_args(argv)
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
     tb.EVICT = args.evict_caches
@@ -112,6 +116,15 @@ def main(argv=None) -> int:
     path = args.out / f"tokenizer-{stamp}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     print(f"JSON: {path}")
+    if not args.no_latency:
+        latency = tl.run(model_dir(), quick=args.quick,
+                         progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True))
+        print("\nOne text per call (serial, caches cleared each round):")
+        print(tl.format_table(latency))
+        path = args.out / f"tokenizer-latency-{stamp}{'-quick' if args.quick else ''}.json"
+        path.write_text(json.dumps(latency, indent=1), encoding="utf-8")
+        print(f"JSON: {path}")
+        rows = rows + latency
     return 1 if any(r.get("ids_match") is False for r in rows) else 0
 
 

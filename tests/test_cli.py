@@ -121,7 +121,8 @@ def test_bench_smoke_writes_json_and_png(tmp_path):
     cmd = [sys.executable, "-m", "fastbert", "bench", "--smoke", "--output-dir", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for text in ("Tokenizer", "Model forward", "Text to embeddings", "Output vs HF", str(tmp_path)):
+    for text in ("Tokenizer", "Tokenizer, one text", "Model forward", "Text to embeddings", "Output vs HF",
+                 str(tmp_path)):
         assert text in proc.stdout, text
     [json_path] = tmp_path.glob("bench-cpu-*.json")
     [png_path] = tmp_path.glob("bench-cpu-*.png")
@@ -135,7 +136,7 @@ def test_bench_smoke_writes_json_and_png(tmp_path):
     for name in ("torch", "transformers", "fastbert"):
         assert meta["versions"][name], name
     sections = {r["section"] for r in data["results"]}
-    assert {"Tokenizer", "Model forward", "Text to embeddings"} <= sections
+    assert {"Tokenizer", "Tokenizer, one text", "Model forward", "Text to embeddings"} <= sections
     fast_rows = [r for r in data["results"] if r["fastbert"]]
     assert fast_rows and all(r["check"] == "ok" and r["value"] > 0 for r in fast_rows)
     assert any(r["speedup"] for r in data["results"])

@@ -206,6 +206,25 @@ def _tokenizer_results(section, rows):
     return out
 
 
+def _latency_results(section, rows):
+    """fastbert.benchmarks.tokenizer_latency rows: one text per call, calls/s (higher is better, so the
+    speedup column reads as for throughput)."""
+    out = []
+    for row in rows:
+        is_fast = row.get("name") == "fastbert"
+        mean_bytes = row["bytes"] / row["sentences"] if row.get("sentences") else None
+        size = f" ({mean_bytes:.0f} B avg)" if mean_bytes else ""
+        case = f"English paragraph{size} per call, {row.get('path')}"
+        error = str(row.get("error") or "")
+        check = _check(row.get("ids_match"))
+        if row.get("calls/s") is None and error:
+            check = ERROR if is_fast else SKIPPED
+        out.append(Result(section, _TOKENIZER_NAMES.get(row.get("name"), str(row.get("name"))), case,
+                          _num(row, "calls/s"), "calls/s", fastbert=is_fast, check=check, note=error,
+                          detail="same ids" if check == OK else ""))
+    return out
+
+
 def add_speedups(results):
     """On each peer row: fastbert's throughput / the peer's, same section and workload."""
     fast = {(r.section, r.case): r for r in results if r.fastbert}
@@ -254,6 +273,7 @@ class Section:
 
 SECTIONS = (
     Section("tokenizer", "Tokenizer", _tokenizer_results),
+    Section("tokenizer_latency", "Tokenizer, one text", _latency_results),
     # threads=None: keep the process's thread count (all cores), the same for every part and peer
     Section("models", "Model forward", _model_results, sized=True, extra={"threads": None}),
     Section("encoder", "Text to embeddings", _encoder_results),
