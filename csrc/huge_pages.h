@@ -5,6 +5,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdlib>
+#if defined(_WIN32)
+#include <malloc.h>
+#endif
 #include <new>
 #include <vector>
 #if defined(__linux__)
@@ -30,14 +33,28 @@ struct HugePageAllocator {
             return static_cast<T*>(p);
         }
         const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+#if defined(_WIN32)
+        void* p = _aligned_malloc(rounded, kHuge);  // MSVC has no std::aligned_alloc
+#else
         void* p = std::aligned_alloc(kHuge, rounded);
+#endif
         if (!p) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
         madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KB
 #endif
         return static_cast<T*>(p);
     }
-    void deallocate(T* p, size_t) noexcept { std::free(p); }
+    void deallocate(T* p, size_t n) noexcept {
+#if defined(_WIN32)
+        if (n * sizeof(T) >= kMin) {
+            _aligned_free(p);
+            return;
+        }
+#else
+        (void)n;
+#endif
+        std::free(p);
+    }
 
     template <class U>
     bool operator==(const HugePageAllocator<U>&) const { return true; }
