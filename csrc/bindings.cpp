@@ -340,6 +340,10 @@ class PyTokenizer {
     size_t base_size() const { return base_size_; }
     size_t base_ids() const { return base_ids_; }
     void clear_cache() { tok_->clear_cache(); }
+    py::str normalize(const std::string& text) const {
+        const std::string out = tok_->normalize(text);
+        return py::str(out.data(), out.size());
+    }
     void set_specials(int32_t cls, int32_t sep) {
         cls_id_ = cls;
         sep_id_ = sep;
@@ -556,5 +560,6 @@ PYBIND11_MODULE(_C, m) {
         .def("base_size", &PyTokenizer::base_size)
         .def("base_ids", &PyTokenizer::base_ids)
         .def("clear_cache", &PyTokenizer::clear_cache)
+        .def("normalize", &PyTokenizer::normalize, py::arg("text"))
         .def("__len__", &PyTokenizer::size);
 }

@@ -343,6 +343,21 @@ void Tokenizer::give_cache(ThreadCache* c) {
     caches_.emplace_back(c);
 }
 
+std::string Tokenizer::normalize(std::string_view text) const {
+    PreTokenizer::Buffer n;
+    auto take = [&](const uint32_t* out, int count, uint32_t, bool isolate) {
+        if (isolate) n.push_back(' ');
+        for (int i = 0; i < count; ++i) append_utf8(n, out[i]);
+        if (isolate) n.push_back(' ');
+    };
+    PendingMarks marks;
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
+    const unsigned char* end = p + text.size();
+    for (uint32_t ci = 0; p < end; ++ci) normalizer_.feed(decode_utf8(p), ci, marks, take);
+    normalizer_.drain(marks, take);
+    return std::string(n.data(), n.size());
+}
+
 void Tokenizer::clear_cache() {
     // emptied in place: their memory stays mapped, so the next batch does not pay to map it again
     std::lock_guard<std::mutex> lock(cache_mu_);

@@ -100,6 +100,9 @@ class Tokenizer {
     void clear_cache();
     const Vocab& vocab() const { return vocab_; }
     int32_t token_id(std::string_view t) const { return vocab_.id(t); }
+    // The BERT normalizer's output for a UTF-8 text (HF's normalize_str): what normalized added
+    // tokens are matched in, and what their token strings are cut from.
+    std::string normalize(std::string_view text) const;
 
  private:
     void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);

@@ -737,17 +737,26 @@ class BertTokenizer:
 
     def _added_token_string(self, a, i, piece):
         # HF's token string for an added token is the matched text, stripped spaces included
-        # (a token's own leading or trailing space is part of its content: compare both stripped)
-        if a.get("normalized", not a.get("special", False)):
-            if self.clean_text:  # the normalized text: whitespace is ' ', control characters are gone
-                piece = "".join(" " if c in " \t\n\r" or unicodedata.category(c) == "Zs" else c for c in piece
-                                if c in "\t\n\r" or (c not in "\x00\ufffd" and unicodedata.category(c) not in ("Cc", "Cf")))
-            piece = self._normalize_str(piece)
-            matched = piece.strip() == self._normalize_str(a["content"]).strip()
-        else:
-            matched = piece.strip() == a["content"].strip()
-        # an [UNK] made by WordPiece (not found in the text) is just the token
-        return piece if matched else self._core.id_to_token(i)
+        # (a token's own leading or trailing space is part of its content: compare both stripped).
+        # piece: the original text under the token's offsets
+        if not a.get("normalized", not a.get("special", False)):
+            return piece if piece.strip() == a["content"].strip() else self._core.id_to_token(i)
+        # a normalized token was matched in the normalized text, and its string is cut from there
+        text, content = self._core.normalize(piece), self._core.normalize(a["content"]).strip()
+        if text.strip() == content:
+            return text
+        # Next to a CJK character the offsets also cover that character: the normalizer put spaces
+        # around it, and lstrip / rstrip took the one on the token's side. Cut the content and the
+        # spaces that those flags take back out of the normalized text.
+        at = text.find(content) if content else -1
+        if at < 0:  # an [UNK] made by WordPiece (not found in the text) is just the token
+            return self._core.id_to_token(i)
+        start, end = at, at + len(content)
+        while a.get("lstrip", False) and start > 0 and text[start - 1].isspace():
+            start -= 1
+        while a.get("rstrip", False) and end < len(text) and text[end].isspace():
+            end += 1
+        return text[start:end]
 
     def _id_to_token(self, i: int):
         # HF gives a normalized added token back in its normalized form
@@ -763,7 +772,6 @@ class BertTokenizer:
         # enough of the BERT normalizer for an added token's matched text
         strip = self.do_lower_case if self.strip_accents is None else self.strip_accents
         if strip:
-            import unicodedata
             text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
         return text.lower() if self.do_lower_case else text
 
