@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     print(tb.format_table(rows))
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = rows[0]["timestamp"].replace(":", "").replace("-", "")[:15] if rows else "empty"
-    path = args.out / f"tokenizer-{stamp}{'-quick' if args.quick else ''}.json"
+    suffix = ("-evict" if args.evict_caches else "") + ("-quick" if args.quick else "")
+    path = args.out / f"tokenizer-{stamp}{suffix}.json"
     path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     print(f"JSON: {path}")
     if not args.no_latency:

@@ -301,7 +301,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     cores = os.cpu_count() or 1
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     common = {"device": device(), "versions": versions(), "timestamp": stamp,
-              "cache": "warm" if warm_cache else "cold"}
+              "cache": "warm" if warm_cache else "cold",
+              "cpu_caches": "evicted before each call" if EVICT else "not evicted"}
     rows: list[dict] = []
     for text_name, docs in texts.items():
         nbytes = corpus.total_bytes(docs)
