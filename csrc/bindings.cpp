@@ -36,6 +36,16 @@ void without_gil(F&& f) {
     if (error) std::rethrow_exception(error);
 }
 
+// Pauses Python's cyclic GC while it lives (restored also when an exception leaves the scope).
+struct GcPause {
+#if PY_VERSION_HEX >= 0x030A0000
+    const int was_enabled = PyGC_Disable();
+    ~GcPause() {
+        if (was_enabled) PyGC_Enable();
+    }
+#endif
+};
+
 // Output buffers handed back to the tokenizer when their numpy arrays die, so the next batch
 // writes into memory whose pages are already mapped: fresh multi-MB arrays cost more in page
 // faults and kernel zeroing than the tokenization that fills them. Holds at most kMaxBytes.
@@ -185,11 +195,6 @@ class PyTokenizer {
         } release(ws);
         BatchInput& in = ws.in;
         in.split_words = split_words;
-        // Own a reference to each str we point into: another Python thread may change the
-        // caller's list while the GIL is released.
-        struct {
-            std::vector<PyObject*>& refs;
-        } keep{ws.refs};
         py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(texts.ptr(), "texts must be a sequence"));
         if (!seq) throw py::error_already_set();
         const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
@@ -197,7 +202,7 @@ class PyTokenizer {
         in.a.reserve(n + 1);
         in.segs.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            add_item(items[i], "batch", i, split_words, in, keep.refs);
+            add_item(items[i], "batch", i, split_words, in, ws.refs);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
         }
         if (!pairs.is_none()) {
@@ -210,7 +215,7 @@ class PyTokenizer {
             in.b.reserve(n + 1);
             in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             for (size_t i = 0; i < n; ++i) {
-                add_item(pitems[i], "text_pair", i, split_words, in, keep.refs);
+                add_item(pitems[i], "text_pair", i, split_words, in, ws.refs);
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
         }
@@ -285,21 +290,9 @@ class PyTokenizer {
         } else {
             // Thousands of new lists would trigger the cyclic GC again and again while we build
             // them; none of them can be part of a cycle, so pause it for the duration.
-#if PY_VERSION_HEX >= 0x030A0000
-            const int gc_was_enabled = PyGC_Disable();
-#endif
-            try {
-                build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
-                            want_special, want_offsets, want_words, out);
-            } catch (...) {
-#if PY_VERSION_HEX >= 0x030A0000
-                if (gc_was_enabled) PyGC_Enable();
-#endif
-                throw;
-            }
-#if PY_VERSION_HEX >= 0x030A0000
-            if (gc_was_enabled) PyGC_Enable();
-#endif
+            GcPause pause;
+            build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
+                        want_special, want_offsets, want_words, out);
         }
         if (want_length) {
             py::list lengths(total);
@@ -501,7 +494,9 @@ class PyTokenizer {
     // Per-thread buffers of encode_batch (see there).
     struct Workspace {
         BatchInput in;
-        std::vector<PyObject*> refs;  // a reference to each input str while the batch runs
+        // a reference to each input str the batch points into: another Python thread may change
+        // the caller's list while the GIL is released
+        std::vector<PyObject*> refs;
         std::vector<Rows> rows;
         bool busy = false;
         // Drops the input references, empties the buffers and keeps their memory, unless a large
@@ -510,7 +505,8 @@ class PyTokenizer {
             for (PyObject* o : refs) Py_DECREF(o);
             refs.clear();
             size_t held = in.segs.capacity() * sizeof(std::string_view);
-            for (const Rows& r : rows) held += r.ids.capacity() * sizeof(int32_t) + r.offsets.capacity() * 4;
+            for (const Rows& r : rows)
+                held += r.ids.capacity() * sizeof(int32_t) + r.offsets.capacity() * sizeof(uint32_t);
             if (held > kKeepBytes) {
                 *this = Workspace();
                 return;

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "huge_pages.h"
-
 #include "str_map.h"
 
 namespace fastbert {

@@ -163,26 +163,23 @@ def main():
         "namespace fastbert {",
         "namespace unicode {",
         "",
-        f"const uint16_t kStage1[{len(index)}] = {{",
     ]
-    for i in range(0, len(index), 24):
-        lines.append("    " + ",".join(str(v) for v in index[i:i + 24]) + ",")
-    lines.append("};")
-    lines.append(f"const uint16_t kStage2[{len(blocks) * 256}] = {{")
-    for key in blocks:
-        for i in range(0, 256, 32):
-            lines.append("    " + ",".join(str(v) for v in key[i:i + 32]) + ",")
-    lines.append("};")
+
+    def two_stage_arrays(ctype, prefix, index, blocks):
+        # {prefix}Stage1: block number per 256 code points; {prefix}Stage2: the distinct blocks
+        lines.append(f"const {ctype} {prefix}Stage1[{len(index)}] = {{")
+        for i in range(0, len(index), 24):
+            lines.append("    " + ",".join(str(v) for v in index[i:i + 24]) + ",")
+        lines.append("};")
+        lines.append(f"const {ctype} {prefix}Stage2[{len(blocks) * 256}] = {{")
+        for key in blocks:
+            for i in range(0, 256, 32):
+                lines.append("    " + ",".join(str(v) for v in key[i:i + 32]) + ",")
+        lines.append("};")
+
+    two_stage_arrays("uint16_t", "k", index, blocks)
     lines.append(f"const uint32_t kCccEnd = {ccc_end:#x};")
-    lines.append(f"const uint8_t kCccStage1[{len(ccc_index)}] = {{")
-    for i in range(0, len(ccc_index), 24):
-        lines.append("    " + ",".join(str(v) for v in ccc_index[i:i + 24]) + ",")
-    lines.append("};")
-    lines.append(f"const uint8_t kCccStage2[{len(ccc_blocks) * 256}] = {{")
-    for key in ccc_blocks:
-        for i in range(0, 256, 32):
-            lines.append("    " + ",".join(str(v) for v in key[i:i + 32]) + ",")
-    lines.append("};")
+    two_stage_arrays("uint8_t", "kCcc", ccc_index, ccc_blocks)
 
     def mapping(name, table):
         pool, entries = [], []

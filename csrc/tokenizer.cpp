@@ -25,9 +25,9 @@ static int32_t require_unk(const Vocab& vocab, const std::string& unk) {
 
 Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedToken> added)
     : vocab_(std::move(vocab)),
-      pre_(Normalizer(cfg.normalizer)),
       normalizer_(cfg.normalizer),
       identity_pre_(Normalizer(NormalizerConfig{false, false, false, false})),
+      pre_(Normalizer(cfg.normalizer)),
       wordpiece_(vocab_, require_unk(vocab_, cfg.unk_token), cfg.continuing_subword_prefix,
                  cfg.max_input_chars_per_word) {
     std::vector<AddedToken> raw, normalized;
@@ -37,19 +37,7 @@ Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedT
             raw.push_back(t);
             continue;
         }
-        // HF matches a normalized token by its normalized content
-        std::string content;
-        auto take = [&](const uint32_t* out, int n, uint32_t, bool isolate) {
-            if (isolate) content.push_back(' ');
-            for (int i = 0; i < n; ++i) append_utf8(content, out[i]);
-            if (isolate) content.push_back(' ');
-        };
-        PendingMarks marks;
-        const unsigned char* p = reinterpret_cast<const unsigned char*>(t.content.data());
-        const unsigned char* end = p + t.content.size();
-        while (p < end) normalizer_.feed(decode_utf8(p), 0, marks, take);
-        normalizer_.drain(marks, take);
-        t.content = content;
+        t.content = normalize(t.content);  // HF matches a normalized token by its normalized content
         normalized.push_back(t);
     }
     added_ = AddedTokens(std::move(raw));
@@ -204,27 +192,7 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
     // 1. normalize, remembering each output character's original index (HF's NormalizedString)
     PreTokenizer::Buffer& n = s.norm;
     std::vector<uint32_t>& orig = s.norm_orig;
-    n.clear();
-    orig.clear();
-    auto take = [&](const uint32_t* out, int count, uint32_t at, bool isolate) {
-        if (isolate) {
-            n.push_back(' ');
-            orig.push_back(at);
-        }
-        for (int i = 0; i < count; ++i) {
-            append_utf8(n, out[i]);
-            orig.push_back(at);
-        }
-        if (isolate) {
-            n.push_back(' ');
-            orig.push_back(at);
-        }
-    };
-    s.marks.clear();
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(text);
-    const unsigned char* end = p + len;
-    for (uint32_t ci = char_base; p < end; ++ci) normalizer_.feed(decode_utf8(p), ci, s.marks, take);
-    normalizer_.drain(s.marks, take);
+    normalize_into(text, len, char_base, s.marks, n, &orig);
     // 2. find the normalized added tokens; 3. split and WordPiece the rest (already normalized)
     added_normalized_.find(n.data(), n.size(), s.norm_matches);
     size_t pos = 0, chars = 0;
@@ -343,18 +311,30 @@ void Tokenizer::give_cache(ThreadCache* c) {
     caches_.emplace_back(c);
 }
 
+void Tokenizer::normalize_into(const char* text, size_t len, uint32_t char_base, PendingMarks& marks,
+                               PreTokenizer::Buffer& n, std::vector<uint32_t>* orig) const {
+    n.clear();
+    if (orig) orig->clear();
+    auto put = [&](uint32_t c, uint32_t at) {
+        append_utf8(n, c);
+        if (orig) orig->push_back(at);
+    };
+    auto take = [&](const uint32_t* out, int count, uint32_t at, bool isolate) {
+        if (isolate) put(' ', at);
+        for (int i = 0; i < count; ++i) put(out[i], at);
+        if (isolate) put(' ', at);
+    };
+    marks.clear();
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(text);
+    const unsigned char* end = p + len;
+    for (uint32_t ci = char_base; p < end; ++ci) normalizer_.feed(decode_utf8(p), ci, marks, take);
+    normalizer_.drain(marks, take);
+}
+
 std::string Tokenizer::normalize(std::string_view text) const {
     PreTokenizer::Buffer n;
-    auto take = [&](const uint32_t* out, int count, uint32_t, bool isolate) {
-        if (isolate) n.push_back(' ');
-        for (int i = 0; i < count; ++i) append_utf8(n, out[i]);
-        if (isolate) n.push_back(' ');
-    };
     PendingMarks marks;
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
-    const unsigned char* end = p + text.size();
-    for (uint32_t ci = 0; p < end; ++ci) normalizer_.feed(decode_utf8(p), ci, marks, take);
-    normalizer_.drain(marks, take);
+    normalize_into(text.data(), text.size(), 0, marks, n, nullptr);
     return std::string(n.data(), n.size());
 }
 

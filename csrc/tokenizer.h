@@ -76,7 +76,8 @@ class Tokenizer {
         void trim() {
             static constexpr size_t kKeepBytes = size_t{1} << 20;
             if (a.ids.capacity() * sizeof(int32_t) > kKeepBytes || b.ids.capacity() * sizeof(int32_t) > kKeepBytes ||
-                norm.capacity() > kKeepBytes || pre.word.capacity() > kKeepBytes || spans.capacity() * 4 > kKeepBytes)
+                norm.capacity() > kKeepBytes || pre.word.capacity() > kKeepBytes ||
+                spans.capacity() * sizeof(uint32_t) > kKeepBytes)
                 *this = Scratch();
         }
         void mark_word(Encoded& out) {
@@ -112,6 +113,10 @@ class Tokenizer {
     bool encode_piece(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s, Encoded& out,
                       size_t limit) const;
     // The same when normalized added tokens exist: normalize first, match them, then split.
+    // The normalizer over text (whose first character is character char_base of the original):
+    // its output into n and, when orig is given, each output character's original index.
+    void normalize_into(const char* text, size_t len, uint32_t char_base, PendingMarks& marks,
+                        PreTokenizer::Buffer& n, std::vector<uint32_t>* orig) const;
     void encode_normalized(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
                            Encoded& out, size_t limit) const;
 

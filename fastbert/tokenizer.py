@@ -779,10 +779,7 @@ class BertTokenizer:
                max_length: int | None = None, stride: int = 0, return_tensors=None, **kwargs):
         if (type(text) is str and text_pair is None and padding is False and truncation is None
                 and max_length is None and stride == 0 and return_tensors is None and not kwargs):
-            options = _ONE_TEXT_OPTIONS[bool(add_special_tokens), False, False]
-            out, longest = self._core.encode_batch((text,), None, options)
-            if not self._warned_long and longest > self.model_max_length:
-                self._warn_long(longest)
+            out, _ = self._encode_one_raw(text, add_special_tokens, False, False, True)
             return out["input_ids"][0]
         enc = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding,
                    truncation=truncation, max_length=max_length, stride=stride,
@@ -883,9 +880,9 @@ class BertTokenizer:
             texts = [text]
             pairs = [text_pair] if text_pair else None
         side = padding_side if padding_side is not None else self.padding_side
-        if side not in ("left", "right"):
+        if side not in _SIDES:
             raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
-        if self.truncation_side not in ("left", "right"):
+        if self.truncation_side not in _SIDES:
             raise ValueError(f"truncation_side must be 'left' or 'right', got {self.truncation_side!r}")
         kind = _enum_value(return_tensors)
         if kind not in (None, "np", "pt"):
@@ -899,10 +896,7 @@ class BertTokenizer:
                 raise ValueError(f"tokenizer stride set to {stride}, which is greater than or equal to its "
                                  f"effective max length of {effective} (= {max_length} original max length - "
                                  f"{self.num_special_tokens_to_add(False)} added special tokens), ")
-        want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
-            else bool(return_token_type_ids)
-        want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
-            else bool(return_attention_mask)
+        want_types, want_attn = self._wanted_outputs(return_token_type_ids, return_attention_mask)
         options = (
             bool(is_split_into_words), bool(add_special_tokens), _TRUNCATION[trunc], max_length or 0, stride,
             self.truncation_side == "left", _PADDING[pad], pad_to_multiple_of or 0, side == "left",
@@ -910,8 +904,8 @@ class BertTokenizer:
             bool(return_special_tokens_mask), bool(return_offsets_mapping), bool(return_length),
             bool(return_overflowing_tokens), kind is not None, False)
         out, longest = self._core.encode_batch(texts, pairs, options)
-        if max_length is None and verbose and not self._warned_long and longest > self.model_max_length:
-            self._warn_long(longest)
+        if max_length is None and verbose:
+            self._warn_if_long(longest)
         enc = BatchEncoding(out)
         if kind is not None:
             if "offset_mapping" in enc and not isinstance(enc["offset_mapping"], np.ndarray):
@@ -935,19 +929,32 @@ class BertTokenizer:
                     verbose) -> BatchEncoding:
         """__call__ on one str with no padding, truncation or extra outputs: what a loop over single
         texts calls. The same result as the general path, without its per-call argument handling."""
-        want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
-            else bool(return_token_type_ids)
-        want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
-            else bool(return_attention_mask)
-        options = _ONE_TEXT_OPTIONS[bool(add_special_tokens), want_types, want_attn]
-        out, longest = self._core.encode_batch((text,), None, options)
-        if verbose and not self._warned_long and longest > self.model_max_length:
-            self._warn_long(longest)
+        want_types, want_attn = self._wanted_outputs(return_token_type_ids, return_attention_mask)
+        out, options = self._encode_one_raw(text, add_special_tokens, want_types, want_attn, verbose)
         enc = BatchEncoding({k: v[0] for k, v in out.items()})
         enc._source = (self, [text], None, options, False)
         return enc
 
-    def _warn_long(self, longest: int) -> None:
+    def _encode_one_raw(self, text: str, add_special_tokens, want_types: bool, want_attn: bool, verbose):
+        # the C++ output (rows of one) and the options it was made with
+        options = _ONE_TEXT_OPTIONS[bool(add_special_tokens), want_types, want_attn]
+        out, longest = self._core.encode_batch((text,), None, options)
+        if verbose:
+            self._warn_if_long(longest)
+        return out, options
+
+    def _wanted_outputs(self, return_token_type_ids, return_attention_mask) -> tuple[bool, bool]:
+        # token_type_ids / attention_mask: as asked, else as the model's inputs say
+        want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
+            else bool(return_token_type_ids)
+        want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
+            else bool(return_attention_mask)
+        return want_types, want_attn
+
+    def _warn_if_long(self, longest: int) -> None:
+        # transformers' notice, once per tokenizer, for a sequence longer than the model takes
+        if self._warned_long or longest <= self.model_max_length:
+            return
         logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
                        f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
                        "the model will result in indexing errors")
