@@ -10,7 +10,6 @@ import json
 import logging
 import operator
 import os
-import unicodedata
 import warnings
 from typing import Any, Iterable
 
@@ -759,21 +758,14 @@ class BertTokenizer:
         return text[start:end]
 
     def _id_to_token(self, i: int):
-        # HF gives a normalized added token back in its normalized form
+        # HF gives a normalized added token back in its normalized form (the core's normalizer)
         t = self._core.id_to_token(i) if i <= _MAX_SIZE else None  # beyond the vocabulary, as HF
         if t is not None and self._normalized_ids and i in self._normalized_ids:
-            return self._normalize_str(t)
+            return self._core.normalize(t)
         return t
 
     def _added_by_id(self):
         return {self._core.token_to_id(a["content"]): a for a in self._added}
-
-    def _normalize_str(self, text: str) -> str:
-        # enough of the BERT normalizer for an added token's matched text
-        strip = self.do_lower_case if self.strip_accents is None else self.strip_accents
-        if strip:
-            text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-        return text.lower() if self.do_lower_case else text
 
     def encode(self, text, text_pair=None, add_special_tokens: bool = True, padding=False, truncation=None,
                max_length: int | None = None, stride: int = 0, return_tensors=None, **kwargs):

@@ -365,3 +365,25 @@ def test_normalized_added_token_beside_cjk(model_dir, tmp_path):
         assert fb(text, **FIELDS) == hf(text, **FIELDS)
         assert fb.tokenize(text) == hf.tokenize(text), text  # e.g. ' qqz ' for the first
         assert fb(text).tokens() == hf(text).tokens(), text
+
+
+@pytest.mark.parametrize("flags", [{}, dict(do_lower_case=False), dict(strip_accents=False)],
+                         ids=["uncased", "cased", "keep-accents"])
+def test_normalized_added_token_back_to_text(model_dir, tmp_path, flags):
+    """convert_ids_to_tokens and decode give a normalized added token in its normalized form, as
+    BertTokenizerFast does: the whole BERT normalizer (CJK spacing, whitespace, dropped zero-width
+    characters), not only lowercasing and accent stripping."""
+    with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    contents = ["Ünï玻", "A\tB", "Ab C", "x\u200by", "café"]
+    for i, content in enumerate(contents):
+        tj["added_tokens"].append(dict(id=30522 + i, content=content, single_word=False, lstrip=False,
+                                       rstrip=False, normalized=True, special=False))
+    with open(tmp_path / "tokenizer.json", "w", encoding="utf-8") as f:
+        json.dump(tj, f)
+    fb = fastbert.BertTokenizer.from_pretrained(tmp_path, **flags)
+    hf = BertTokenizerFast.from_pretrained(tmp_path, **flags)
+    ids = [101] + [30522 + i for i in range(len(contents))] + [2023, 102]
+    assert fb.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    assert fb.decode(ids) == hf.decode(ids)
+    assert fb.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
