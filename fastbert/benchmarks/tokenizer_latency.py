@@ -12,6 +12,7 @@ compared with BertTokenizerFast's ids for the same sentences.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import statistics
 import time
 
@@ -24,15 +25,12 @@ CALLS = ("ids", "model inputs")
 
 def _one_text_calls(peer) -> dict:
     """{call: fn(text) -> ids} for the calls this peer has (the model-inputs call returns its input_ids)."""
-    tok = peer.tok if not isinstance(peer, TokenizersPeer) else peer.plain
-    if isinstance(peer, FastbertPeer):
-        return {"ids": tok.encode, "model inputs": lambda text: tok(text)["input_ids"]}
-    if isinstance(peer, TransformersPeer):
-        return {"ids": tok.encode, "model inputs": lambda text: tok(text)["input_ids"]}
+    if isinstance(peer, (FastbertPeer, TransformersPeer)):
+        return {"ids": peer.tok.encode, "model inputs": lambda text: peer.tok(text)["input_ids"]}
     if isinstance(peer, NanotokenPeer):
-        return {"ids": tok.encode}
+        return {"ids": peer.tok.encode}
     if isinstance(peer, TokenizersPeer):
-        return {"ids": lambda text: tok.encode(text).ids}
+        return {"ids": lambda text: peer.plain.encode(text).ids}
     return {}
 
 
@@ -57,8 +55,10 @@ def run(model_dir, quick=False, smoke=False, progress=None, texts=None, **_) -> 
             peers[cls.name] = exc
     peers[REFERENCE].before_repeat()
     expected = [peers[REFERENCE].tok.encode(text) for text in docs]
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    rows = []
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    rows = [{"text": "english", "path": "ids", "threads": 1, "name": name, "us/call": None, "calls/s": None,
+             "MB/s": None, "ids_match": None, "error": f"{type(peer).__name__}: {peer}"}
+            for name, peer in peers.items() if isinstance(peer, Exception)]
     for call in CALLS:
         fns = {name: _one_text_calls(p).get(call) for name, p in peers.items() if not isinstance(p, Exception)}
         fns = {name: fn for name, fn in fns.items() if fn is not None}
@@ -82,11 +82,6 @@ def run(model_dir, quick=False, smoke=False, progress=None, texts=None, **_) -> 
                          "bytes": nbytes, "us/call": seconds * 1e6, "calls/s": 1 / seconds,
                          "MB/s": nbytes / len(docs) / seconds / 1e6, "ids_match": outputs[name] == expected,
                          "rounds": rounds, "device": device(), "versions": versions(), "timestamp": stamp})
-        for name, peer in peers.items():
-            if isinstance(peer, Exception) and call == "ids":
-                rows.append({"text": "english", "path": call, "threads": 1, "name": name, "us/call": None,
-                             "calls/s": None, "MB/s": None, "ids_match": None,
-                             "error": f"{type(peer).__name__}: {peer}"})
     fast = {r["path"]: r["us/call"] for r in rows if r["name"] == "fastbert" and r.get("us/call")}
     for r in rows:
         r["fastbert speedup"] = r["us/call"] / fast[r["path"]] if r.get("us/call") and r["path"] in fast else None
