@@ -1,0 +1,348 @@
+"""ModernBERT (transformers' `modernbert`): pre-LayerNorm layers without biases, RoPE with separate
+global and local theta, GeGLU MLP, alternating global and sliding-window (local) attention.
+
+    tok_embeddings -> norm -> [attn_norm (Identity in layer 0) -> Wqkv -> RoPE -> attention -> Wo -> +x
+                               mlp_norm -> Wi -> (act(input) * gate) -> Wo -> +x] x N -> final_norm
+
+Parameter names are transformers' (`model.layers.{i}.attn.Wqkv.weight`, ...), so state_dicts load
+strictly both ways. Config: transformers 5 reads both styles into `layer_types` +
+`rope_parameters` (the older `global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`
+are converted by ModernBertConfig itself); a config object without them is read in the old style.
+Local layers attend to keys with |i - j| <= local_attention // 2, as transformers' sliding mask.
+
+Differences from transformers, by design (as for every fastbert family): padding rows of
+last_hidden_state / hidden_states are zeros; the encoder runs on packed real tokens.
+"""
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastbert.models.config import ConfigError, Dims
+from fastbert.models.heads import TaskModel, qa_loss, sequence_classification_loss
+from fastbert.models.layers import linear
+from fastbert.models.outputs import (BaseModelOutput, MaskedLMOutput, MultipleChoiceModelOutput,
+                                     QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
+from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
+                                            check_probability, check_rope_type, dense_attention, layer_norm,
+                                            residual_linear)
+from fastbert.ops import varlen_attention
+from fastbert.ops.rotary import Rotary, rotary
+from fastbert.ops.sliding_window import sliding_window_attention
+from fastbert.padding import Packing, pack
+
+GLOBAL, LOCAL = "full_attention", "sliding_attention"
+
+
+def layer_types(config) -> List[str]:
+    types = getattr(config, "layer_types", None)
+    if types is None:  # an old-style config object: every n-th layer is global
+        every = getattr(config, "global_attn_every_n_layers", 3)
+        types = [LOCAL if i % every else GLOBAL for i in range(config.num_hidden_layers)]
+    return list(types)
+
+
+def rope_theta(config, kind: str, source: str) -> float:
+    params = getattr(config, "rope_parameters", None)
+    if params and params.get(kind) is not None:
+        return check_rope_type(params[kind], source, f"rope_parameters[{kind!r}]")
+    old = {GLOBAL: ("global_rope_theta", 160_000.0), LOCAL: ("local_rope_theta", 10_000.0)}[kind]
+    return float(getattr(config, old[0], old[1]))
+
+
+class ModernBertFamily(RotaryFamily):
+    base_model_prefix = "model"
+    model_types = ("modernbert",)
+
+    @classmethod
+    def check_config(cls, config, source):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            v = getattr(config, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
+        if config.hidden_size % config.num_attention_heads:
+            raise ConfigError(f"{source}: hidden size {config.hidden_size} is not a multiple of the number of "
+                              f"attention heads {config.num_attention_heads}")
+        if (config.hidden_size // config.num_attention_heads) % 2:
+            raise ConfigError(f"{source}: head_dim {config.hidden_size // config.num_attention_heads} must be even "
+                              "for rotary embeddings")
+        types = layer_types(config)
+        if len(types) != config.num_hidden_layers or set(types) - {GLOBAL, LOCAL}:
+            raise ConfigError(f"{source}: layer_types={types!r} must list {config.num_hidden_layers} entries of "
+                              f"{GLOBAL!r} / {LOCAL!r}")
+        for kind in set(types):
+            rope_theta(config, kind, source)
+        if LOCAL in types and (not isinstance(config.local_attention, int) or config.local_attention < 0):
+            raise ConfigError(f"{source}: local_attention={config.local_attention!r} must be a non-negative int")
+        activation_fn(config.hidden_activation, source, "hidden_activation")
+        activation_fn(config.classifier_activation, source, "classifier_activation")
+        if config.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(f"{source}: classifier_pooling={config.classifier_pooling!r} must be 'cls' or 'mean'")
+        check_probability(config, ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"),
+                          source)
+        pad = getattr(config, "pad_token_id", None)
+        if pad is not None and not 0 <= pad < config.vocab_size:
+            raise ConfigError(f"{source}: pad_token_id={pad} is outside the vocabulary (size {config.vocab_size})")
+
+    @classmethod
+    def resolve_config(cls, config):
+        return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
+                    config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
+                    config.hidden_activation, float(config.norm_eps), config.max_position_embeddings, 0,
+                    config.pad_token_id, float(config.mlp_dropout), float(config.attention_dropout))
+
+    def init_std(self, module, name):
+        """transformers' ModernBERT init: truncated normal, 'out' projections scaled by depth."""
+        c = self.config
+        std = c.initializer_range
+        cutoff = c.initializer_cutoff_factor if c.initializer_cutoff_factor is not None else 3
+        leaf = name.rpartition(".")[2]
+        if name.endswith("classifier"):
+            std = c.hidden_size ** -0.5
+        elif leaf == "Wo" or name.endswith("head.dense") or name == "decoder":
+            std = c.initializer_range / (2.0 * c.num_hidden_layers) ** 0.5
+        return std, cutoff
+
+
+def _norm(config):
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+
+# ---- modules under transformers' names ------------------------------------------------------------
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = _norm(config)
+        self.drop = nn.Dropout(config.embedding_dropout)
+
+    def forward(self, packing: Packing, input_ids, inputs_embeds):
+        if inputs_embeds is not None:
+            x = pack(inputs_embeds, packing)
+        else:
+            x = F.embedding(pack(input_ids, packing), self.tok_embeddings.weight, self.tok_embeddings.padding_idx)
+        return self.drop(layer_norm(x, self.norm))                    # (tokens, hidden)
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, config, layer_type: str):
+        super().__init__()
+        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+
+
+class ModernBertMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.drop = nn.Dropout(config.mlp_dropout)
+
+
+class ModernBertEncoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, rope: Rotary):
+        super().__init__()
+        self.attn_norm = nn.Identity() if layer_idx == 0 else _norm(config)
+        self.attn = ModernBertAttention(config, layer_types(config)[layer_idx])
+        self.mlp_norm = _norm(config)
+        self.mlp = ModernBertMLP(config)
+        self.attention_type = layer_types(config)[layer_idx]
+        self.theta = rope_theta(config, self.attention_type, "config")
+        self.window = config.local_attention // 2 if self.attention_type == LOCAL else None
+        self.num_heads = config.num_attention_heads
+        self.attention_dropout = float(config.attention_dropout)
+        self.act = activation_fn(config.hidden_activation, "config", "hidden_activation")
+        self._rope = [rope]   # shared with the model; a list so it is not registered twice
+
+    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False):
+        tokens, hidden = x.shape
+        h = layer_norm(x, self.attn_norm)
+        qkv = linear(h, self.attn.Wqkv.weight, self.attn.Wqkv.bias).view(tokens, 3, self.num_heads, -1)
+        cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
+        q, k = rotary(qkv, cos, sin, inplace=True)
+        v = qkv[:, 2]
+        drop = self.attention_dropout if self.training else 0.0
+        probs = None
+        if output_attentions:
+            ctx, probs = dense_attention(q, k, v, packing, positions, self.window, drop)
+        elif tokens == 0:
+            ctx = q.new_zeros(q.shape)
+        elif self.window is None or positions.span - 1 <= self.window:   # no row reaches past the window
+            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop)
+        else:
+            ctx = sliding_window_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, self.window,
+                                           positions.window, dropout_p=drop)
+        x = residual_linear(ctx.reshape(tokens, hidden), self.attn.Wo, x, drop)  # out_drop: attention_dropout
+        h = layer_norm(x, self.mlp_norm)
+        inp, gate = linear(h, self.mlp.Wi.weight, self.mlp.Wi.bias).chunk(2, dim=-1)
+        g = self.mlp.drop(self.act(inp) * gate)                                # (tokens, intermediate)
+        return residual_linear(g, self.mlp.Wo, x, 0.0), probs
+
+
+# ---- the bare encoder -------------------------------------------------------------------------------
+class ModernBertModel(ModernBertFamily, RotaryEncoderModel):
+    has_token_types = False
+    output_class = BaseModelOutput
+
+    def __init__(self, config, add_pooling_layer: bool = False):
+        super().__init__(config)
+        c = self.config
+        self.embeddings = ModernBertEmbeddings(c)
+        self.rotary = Rotary(c.hidden_size // c.num_attention_heads, c.max_position_embeddings)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(c, i, self.rotary) for i in range(c.num_hidden_layers))
+        self.final_norm = _norm(c)
+
+    def get_input_embeddings(self):
+        return self.embeddings.tok_embeddings
+
+    def embed(self, packing, input_ids, token_type_ids, inputs_embeds):
+        return self.embeddings(packing, input_ids, inputs_embeds)
+
+    def finish(self, x):
+        return layer_norm(x, self.final_norm)
+
+
+# ---- heads ----------------------------------------------------------------------------------------
+class ModernBertPredictionHead(nn.Module):
+    """dense (classifier_bias) -> classifier_activation -> norm."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.norm = _norm(config)
+        self.act = activation_fn(config.classifier_activation, "config", "classifier_activation")
+
+    def forward(self, h):
+        return layer_norm(self.act(self.dense(h)), self.norm)
+
+
+def _pool(config, h, attention_mask, first_real: bool):
+    """classifier_pooling over (batch, seq, hidden): 'cls' (first token; first real token when
+    first_real, as transformers' multiple choice) or 'mean' over real tokens."""
+    if config.classifier_pooling == "cls":
+        if first_real and attention_mask is not None:
+            return h[torch.arange(h.shape[0], device=h.device), attention_mask.argmax(dim=-1)]
+        return h[:, 0]
+    if attention_mask is None:
+        attention_mask = torch.ones(h.shape[:2], dtype=h.dtype, device=h.device)
+    m = attention_mask.to(h.dtype).unsqueeze(-1)
+    return (h * m).sum(dim=1) / attention_mask.sum(dim=1, keepdim=True).to(h.dtype)
+
+
+class _ModernBertTask(TaskModel, ModernBertFamily):
+    base_class = ModernBertModel
+
+    def build_head(self, config):
+        self.head = ModernBertPredictionHead(config)
+        self.drop = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, self.num_outputs(config))
+
+    def num_outputs(self, config):
+        return config.num_labels
+
+    def run(self, input_ids, attention_mask, position_ids, inputs_embeds, output_attentions, output_hidden_states):
+        return self.encode(input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
+
+    def logits_of(self, h):
+        return self.classifier(self.drop(self.head(h)))
+
+
+class ModernBertForMaskedLM(TaskModel, ModernBertFamily):
+    """head -> decoder (tied to tok_embeddings, bias decoder_bias); sparse_prediction as transformers:
+    with labels, logits only for the positions whose label is not sparse_pred_ignore_index."""
+    base_class = ModernBertModel
+
+    def build_head(self, config):
+        self.head = ModernBertPredictionHead(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+
+    def tied_weights(self):
+        return {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+
+    def get_output_embeddings(self):
+        return self.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        out = self.encode(input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
+                          output_hidden_states)
+        h = out.last_hidden_state
+        if self.config.sparse_prediction and labels is not None:
+            labels = labels.reshape(-1)
+            h = h.reshape(labels.shape[0], -1)
+            keep = labels != self.config.sparse_pred_ignore_index
+            h, labels = h[keep], labels[keep]
+        logits = self.decoder(self.head(h))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))  # -100 ignored
+        return self._finish(MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                           attentions=out.attentions), return_dict)
+
+
+class ModernBertForSequenceClassification(_ModernBertTask):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        out = self.run(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
+                       output_hidden_states)
+        logits = self.logits_of(_pool(self.config, out.last_hidden_state, attention_mask, first_real=False))
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
+        return self._finish(SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                     attentions=out.attentions), return_dict)
+
+
+class ModernBertForTokenClassification(_ModernBertTask):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        out = self.run(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
+                       output_hidden_states)
+        logits = self.logits_of(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))  # -100 ignored
+        return self._finish(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                  attentions=out.attentions), return_dict)
+
+
+class ModernBertForQuestionAnswering(_ModernBertTask):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, start_positions=None,
+                end_positions=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        out = self.run(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
+                       output_hidden_states)
+        start_logits, end_logits = self.logits_of(out.last_hidden_state).split(1, dim=-1)
+        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = qa_loss(start_logits, end_logits, start_positions, end_positions)
+        return self._finish(QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=out.hidden_states,
+            attentions=out.attentions), return_dict)
+
+
+class ModernBertForMultipleChoice(_ModernBertTask):
+    def num_outputs(self, config):
+        return 1
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        ref = input_ids if input_ids is not None else inputs_embeds
+        if ref is None or ref.dim() < 3:
+            raise ValueError("multiple choice inputs must be (batch, num_choices, seq), got shape "
+                             f"{None if ref is None else tuple(ref.shape)}")
+        num_choices = ref.shape[1]
+
+        def flat(t, keep=1):
+            return None if t is None else t.reshape(-1, *t.shape[-keep:])
+
+        mask = flat(attention_mask)
+        out = self.run(flat(input_ids), mask, flat(position_ids), flat(inputs_embeds, 2), output_attentions,
+                       output_hidden_states)
+        logits = self.logits_of(_pool(self.config, out.last_hidden_state, mask, first_real=True))
+        logits = logits.view(-1, num_choices)
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        return self._finish(MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                      attentions=out.attentions), return_dict)

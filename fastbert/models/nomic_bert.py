@@ -1,0 +1,213 @@
+"""NomicBERT (transformers' `nomic_bert`, e.g. nomic-embed-text): BERT-shaped post-LayerNorm layers
+with rotary position embeddings instead of position embeddings, bias-free q/k/v/o projections and
+a SwiGLU MLP (down(act(gate(x)) * up(x))).
+
+    word + token_type embeddings -> LayerNorm -> [q/k/v (one fused GEMM) -> RoPE -> attention -> o_proj
+                                                  -> add+LayerNorm -> gate/up (one GEMM) -> act * up
+                                                  -> down_proj -> add+LayerNorm] x N -> (pooler)
+
+Parameter names are transformers' (`layers.{i}.self_attn.q_proj.weight`, ...). Heads as transformers
+5 has them: masked LM (tied decoder), sequence classification (on the pooler) and token
+classification. The WordPiece vocabulary goes through fastbert's C++ tokenizer.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastbert.models.bert import _PooledClassifier
+from fastbert.models.config import ConfigError, Dims
+from fastbert.models.heads import MaskedLMModel, Pooler, SequenceClassificationModel, TokenClassificationModel
+from fastbert.models.layers import linear, output_add_norm
+from fastbert.models.outputs import BaseModelOutputWithPooling
+from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
+                                            check_probability, check_rope_type, dense_attention, fused_weight)
+from fastbert.ops import add_layer_norm, varlen_attention
+from fastbert.ops.rotary import Rotary, rotary
+from fastbert.padding import Packing, pack
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class NomicBertFamily(RotaryFamily):
+    base_model_prefix = "nomic_bert"
+    model_types = ("nomic_bert",)
+
+    @classmethod
+    def check_config(cls, config, source):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            v = getattr(config, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
+        if _head_dim(config) % 2:
+            raise ConfigError(f"{source}: head_dim {_head_dim(config)} must be even for rotary embeddings")
+        check_rope_type(config.rope_parameters, source, "rope_parameters")
+        activation_fn(config.hidden_act, source, "hidden_act")
+        check_probability(config, ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"),
+                          source)
+        pad = getattr(config, "pad_token_id", None)
+        if pad is not None and not 0 <= pad < config.vocab_size:
+            raise ConfigError(f"{source}: pad_token_id={pad} is outside the vocabulary (size {config.vocab_size})")
+
+    @classmethod
+    def resolve_config(cls, config):
+        return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
+                    config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
+                    config.hidden_act, float(config.layer_norm_eps), config.max_position_embeddings,
+                    config.type_vocab_size, config.pad_token_id, float(config.hidden_dropout_prob),
+                    float(config.attention_probs_dropout_prob))
+
+
+# ---- modules under transformers' names ------------------------------------------------------------
+class NomicBertEmbeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, packing: Packing, input_ids, token_type_ids, inputs_embeds):
+        if inputs_embeds is not None:
+            x = pack(inputs_embeds, packing)
+        else:
+            x = F.embedding(pack(input_ids, packing), self.word_embeddings.weight)
+        if token_type_ids is None:
+            types = self.token_type_embeddings.weight[0].to(x.dtype).expand_as(x)   # type 0 everywhere
+        else:
+            types = F.embedding(pack(token_type_ids, packing), self.token_type_embeddings.weight).to(x.dtype)
+        n = self.LayerNorm
+        return self.dropout(add_layer_norm(x, types, n.weight, n.bias, n.eps))   # (tokens, hidden)
+
+
+class NomicBertAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        inner = config.num_attention_heads * _head_dim(config)
+        self.q_proj = nn.Linear(config.hidden_size, inner, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, inner, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, inner, bias=False)
+        self.o_proj = nn.Linear(inner, config.hidden_size, bias=False)
+
+
+class NomicBertMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+
+class NomicBertLayer(nn.Module):
+    def __init__(self, config, rope: Rotary):
+        super().__init__()
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = NomicBertMLP(config)
+        self.self_attn = NomicBertAttention(config)
+        self.post_mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.num_heads, self.head_dim = config.num_attention_heads, _head_dim(config)
+        self.theta = float(config.rope_parameters["rope_theta"])
+        self.hidden_dropout = float(config.hidden_dropout_prob)
+        self.attention_dropout = float(config.attention_probs_dropout_prob)
+        self.act = activation_fn(config.hidden_act, "config", "hidden_act")
+        self._rope = [rope]   # shared with the model; a list so it is not registered twice
+        self._qkv_cache, self._mlp_cache = {}, {}
+
+    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False):
+        tokens = x.shape[0]
+        a, m = self.self_attn, self.mlp
+        weight, bias = fused_weight((a.q_proj, a.k_proj, a.v_proj), self._qkv_cache)
+        qkv = linear(x, weight, bias).view(tokens, 3, self.num_heads, self.head_dim)
+        cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
+        q, k = rotary(qkv, cos, sin, inplace=True)
+        v = qkv[:, 2]
+        train = self.training
+        drop = self.attention_dropout if train else 0.0
+        probs = None
+        if output_attentions:
+            ctx, probs = dense_attention(q, k, v, packing, positions, None, drop)
+        elif tokens == 0:
+            ctx = q.new_zeros(q.shape)
+        else:
+            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop)
+        hidden_p = self.hidden_dropout if train else 0.0
+        x = output_add_norm(ctx.reshape(tokens, -1), a.o_proj, x, self.post_attention_layernorm, hidden_p)
+        weight, bias = fused_weight((m.gate_proj, m.up_proj), self._mlp_cache)
+        gate, up = linear(x, weight, bias).chunk(2, dim=-1)                   # (tokens, intermediate) each
+        x = output_add_norm(self.act(gate) * up, m.down_proj, x, self.post_mlp_layernorm, hidden_p)
+        return x, probs
+
+
+# ---- the bare encoder -------------------------------------------------------------------------------
+class NomicBertModel(NomicBertFamily, RotaryEncoderModel):
+    output_class = BaseModelOutputWithPooling
+
+    def __init__(self, config, add_pooling_layer: bool = False):
+        super().__init__(config)
+        c = self.config
+        self.embeddings = NomicBertEmbeddings(c)
+        self.pooler = Pooler(c.hidden_size) if add_pooling_layer else None
+        self.rotary = Rotary(_head_dim(c), c.max_position_embeddings)
+        self.layers = nn.ModuleList(NomicBertLayer(c, self.rotary) for _ in range(c.num_hidden_layers))
+
+    def embed(self, packing, input_ids, token_type_ids, inputs_embeds):
+        return self.embeddings(packing, input_ids, token_type_ids, inputs_embeds)
+
+    def pool(self, sequence_output):
+        return None if self.pooler is None else self.pooler(sequence_output)
+
+
+# ---- heads ----------------------------------------------------------------------------------------
+class NomicBertPredictionHeadTransform(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.act = activation_fn(config.hidden_act, "config", "hidden_act")
+
+    def forward(self, h):
+        return self.layer_norm(self.act(self.dense(h)))
+
+
+class NomicBertLMPredictionHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.transform = NomicBertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, h):
+        return self.decoder(self.transform(h))
+
+
+class NomicBertOnlyMLMHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.predictions = NomicBertLMPredictionHead(config)
+
+    def forward(self, h):
+        return self.predictions(h)
+
+
+class NomicBertForMaskedLM(MaskedLMModel, NomicBertFamily):
+    base_class = NomicBertModel
+
+    def build_head(self, config):
+        self.cls = NomicBertOnlyMLMHead(config)
+
+    def tied_weights(self):
+        return {"cls.predictions.decoder.weight": "nomic_bert.embeddings.word_embeddings.weight",
+                "cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+    def mlm_logits(self, h):
+        return self.cls(h)
+
+
+class NomicBertForSequenceClassification(_PooledClassifier, SequenceClassificationModel, NomicBertFamily):
+    base_class, uses_pooler = NomicBertModel, True
+
+
+class NomicBertForTokenClassification(TokenClassificationModel, NomicBertFamily):
+    base_class = NomicBertModel

@@ -1,0 +1,291 @@
+"""What the rotary families (ModernBERT, NomicBERT) share: no position embeddings, RoPE on q/k of the
+fused QKV projection, gated MLPs, and an encoder loop that hands each layer its tokens' positions.
+
+Positions: the padded forward uses transformers' convention, the token's index in its padded row
+(or the given position_ids), for the rotation and for sliding windows alike; forward_packed uses
+the offset inside each packed sequence. Both come out of shapes and cu_seqlens with no host sync.
+"""
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import save_on_cpu
+from torch.utils.checkpoint import checkpoint
+
+from fastbert.models.config import ConfigError
+from fastbert.models.layers import _ONEDNN, linear, use_onednn
+from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_inputs
+from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
+from fastbert.ops.sliding_window import packed_offsets
+from fastbert.padding import Packing, pack, repad, unpad
+
+# transformers' ACT2FN names -> the function (gelu is the exact erf GELU, as transformers)
+ACTIVATIONS = {
+    "gelu": F.gelu, "gelu_python": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu, "swish": F.silu, "relu": F.relu,
+}
+
+
+def activation_fn(name: str, source: str, key: str):
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"{source}: {key}={name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def check_probability(config, names, source: str) -> None:
+    for name in names:
+        p = getattr(config, name, None)
+        if p is not None and not (isinstance(p, (int, float)) and 0 <= p <= 1):
+            raise ConfigError(f"{source}: {name}={p!r} is not a probability in [0, 1]")
+
+
+def check_rope_type(params: dict, source: str, what: str) -> float:
+    """The theta of a 'default' rope_parameters entry (other RoPE scalings are not implemented)."""
+    rope_type = (params or {}).get("rope_type", "default")
+    if rope_type != "default":
+        raise ConfigError(f"{source}: {what} rope_type={rope_type!r} is not supported (fastbert implements "
+                          "the default RoPE only)")
+    if "rope_theta" not in params:
+        raise ConfigError(f"{source}: {what} has no rope_theta")
+    return float(params["rope_theta"])
+
+
+@dataclass
+class Positions:
+    """Per packed token: `rotary` positions (tokens,) int64, and `window` indices for local attention
+    (None: the offsets inside each packed sequence); `span` bounds window distances (row width)."""
+    rotary: torch.Tensor
+    window: Optional[torch.Tensor]
+    span: int
+
+
+def padded_positions(packing: Packing, position_ids: Optional[torch.Tensor], device) -> Positions:
+    """transformers' positions for a padded batch: each real token's index in its row, or position_ids."""
+    b, s = packing.batch, packing.seqlen
+    index = torch.arange(s, device=device).expand(b, s)
+    window = pack(index, packing) if packing.indices is not None else None
+    rotary = window if window is not None else index.reshape(-1)
+    if position_ids is not None:
+        rotary = pack(position_ids.expand(b, s), packing).long()
+    return Positions(rotary, window, s)
+
+
+def packed_positions(cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int,
+                     position_ids: Optional[torch.Tensor]) -> Positions:
+    rotary = packed_offsets(cu_seqlens, tokens) if position_ids is None else position_ids.long()
+    return Positions(rotary, None, max_seqlen)
+
+
+def fused_weight(linears, cache: dict) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Weights (and biases, when every Linear has one) of several Linears on the same input, concatenated
+    for one GEMM; cached without autograd until a weight changes (data_ptr or in-place version)."""
+    params = [m.weight for m in linears] + [m.bias for m in linears if m.bias is not None]
+    with_bias = len(params) == 2 * len(linears)
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        n = len(linears)
+        return torch.cat(params[:n]), torch.cat(params[n:]) if with_bias else None
+    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    if cache.get("key") != key:
+        n = len(linears)
+        with torch.inference_mode(False), torch.no_grad():
+            cache["weight"] = torch.cat(params[:n])
+            cache["bias"] = torch.cat(params[n:]) if with_bias else None
+        cache["key"] = key
+    return cache["weight"], cache["bias"]
+
+
+def layer_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    if isinstance(norm, nn.Identity):
+        return x
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def residual_linear(h: torch.Tensor, layer: nn.Linear, residual: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """residual + dropout(h W^T + b); on CPU fp32 inference the add runs in the oneDNN GEMM's epilogue."""
+    if dropout_p == 0.0 and residual.dtype == h.dtype and use_onednn(h, layer.weight):
+        return _ONEDNN.binary(h.contiguous(), residual.contiguous(), layer.weight, layer.bias, "add")
+    out = F.dropout(linear(h, layer.weight, layer.bias), dropout_p, dropout_p > 0)
+    return residual + out.to(residual.dtype)
+
+
+def dense_attention(q, k, v, packing: Packing, positions: Positions, window: Optional[int], dropout_p: float):
+    """Unfused padded attention that returns probabilities (output_attentions=True): (tokens, heads,
+    dim) -> same, plus probs (batch, heads, seq, seq). Keys at padding get the dtype's min score."""
+    b, s = packing.batch, packing.seqlen
+    keep = torch.zeros(b * s, dtype=torch.bool, device=q.device)
+    if packing.indices is None:
+        keep[:] = True
+    else:
+        keep[packing.indices] = True
+    allowed = keep.view(b, 1, 1, s).expand(b, 1, s, s)
+    if window is not None:
+        idx = torch.arange(s, device=q.device)
+        allowed = allowed & ((idx[:, None] - idx[None, :]).abs() <= window)
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+
+    def pad(t):  # (tokens, heads, dim) -> (batch, heads, seq, dim)
+        return repad(t, packing).transpose(1, 2)
+
+    scores = torch.matmul(pad(q), pad(k).transpose(-1, -2)) / math.sqrt(q.shape[-1]) + bias
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    out = torch.matmul(F.dropout(probs, dropout_p, dropout_p > 0), pad(v)).transpose(1, 2)
+    return pack(out, packing), probs
+
+
+class RotaryFamily(FastPreTrainedModel):
+    """Base of the rotary families' models: their own config checks and Dims (they do not go through
+    the BERT-shaped `check_supported` / `resolve`), and transformers-like initialisation for norms
+    without bias. Subclasses set `model_types` and implement `check_config` / `resolve_config`."""
+
+    def __init__(self, config):
+        nn.Module.__init__(self)
+        if isinstance(config, dict):
+            from transformers import AutoConfig
+            config = AutoConfig.for_model(**config)
+        name = type(self).__name__
+        if getattr(config, "model_type", None) not in self.model_types:
+            raise ConfigError(f"{name} needs a config with model_type in {self.model_types}, "
+                              f"got {getattr(config, 'model_type', None)!r}")
+        self.check_config(config, name)
+        self.config = config
+        self.dims = self.resolve_config(config)
+        self.gradient_checkpointing = False
+        self._checkpoint_options = ({"use_reentrant": False}, 1, False)
+
+    @classmethod
+    def check_config(cls, config, source: str) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def resolve_config(cls, config):
+        raise NotImplementedError
+
+    def init_std(self, module: nn.Module, name: str) -> Tuple[float, Optional[float]]:
+        """(std, truncation cutoff in stds or None) for a Linear/Embedding named `name`."""
+        return getattr(self.config, "initializer_range", 0.02), None
+
+    def init_weights(self, modules=None) -> None:
+        names = {m: n for n, m in self.named_modules()}
+        with torch.no_grad():
+            for m in (self.modules() if modules is None else modules):
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    std, cutoff = self.init_std(m, names.get(m, ""))
+                    if cutoff is None:
+                        m.weight.normal_(0.0, std)
+                    else:
+                        nn.init.trunc_normal_(m.weight, 0.0, std, -cutoff * std, cutoff * std)
+                    if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                        m.weight[m.padding_idx].zero_()
+                    if isinstance(m, nn.Linear) and m.bias is not None:
+                        m.bias.zero_()
+                elif isinstance(m, nn.LayerNorm):
+                    m.weight.fill_(1.0)
+                    if m.bias is not None:
+                        m.bias.zero_()
+                for pname, p in m.named_parameters(recurse=False):
+                    if pname == "bias" and not isinstance(m, (nn.Linear, nn.LayerNorm)):
+                        p.zero_()  # MLM output bias
+        self.tie_weights()
+
+
+class RotaryEncoderModel(RotaryFamily, EncoderModel):
+    """embeddings -> unpad -> layers(x, packing, positions) -> repad, plus `forward_packed`.
+
+    Families supply `embed(packing, input_ids, token_type_ids, inputs_embeds)`, an nn.ModuleList
+    `self.layers` (transformers' name in both families), `finish(x)` (a final norm, identity by
+    default) and `pool(sequence_output)`."""
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        # transformers' attribute name; a property so it wins over EncoderModel.layers() (nn.Module
+        # keeps the ModuleList in _modules, where plain attribute lookup would not look first)
+        return self._modules["layers"]
+
+    def max_sequence_length(self) -> int:
+        return self.dims.max_position_embeddings
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def run_layers(self, x, packing: Packing, positions: Positions, output_attentions: bool,
+                   output_hidden_states: bool):
+        """-> (final hidden (tokens, hidden), packed hidden states or None, attentions or None)."""
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        ckpt_kwargs, every, offload = self._checkpoint_options
+        layers = list(self.layers)
+        for i, layer in enumerate(layers):
+            if checkpointing and i % every == 0:
+                with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
+                    x, probs = checkpoint(layer, x, packing, positions, bool(output_attentions), **ckpt_kwargs)
+            else:
+                x, probs = layer(x, packing, positions, bool(output_attentions))
+            if output_attentions:
+                attentions.append(probs)
+            if output_hidden_states and i < len(layers) - 1:
+                hidden_states.append(x)
+        x = self.finish(x)
+        if output_hidden_states:
+            hidden_states.append(x)   # the last entry is last_hidden_state, as transformers
+        return x, hidden_states, attentions
+
+    def _output(self, sequence_output, hidden_states, attentions, return_dict):
+        extra = {}
+        if self.output_class is BaseModelOutputWithPooling:
+            extra["pooler_output"] = self.pool(sequence_output)
+        out = self.output_class(last_hidden_state=sequence_output,
+                                hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+                                attentions=tuple(attentions) if attentions is not None else None, **extra)
+        return self._finish(out, return_dict)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs):
+        if kwargs:
+            raise TypeError(f"{type(self).__name__}.forward got unexpected arguments {sorted(kwargs)}")
+        if output_attentions is None:
+            output_attentions = getattr(self.config, "output_attentions", False)
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        batch, seqlen, device = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
+                                             inputs_embeds)
+        packing = unpad(attention_mask, batch, seqlen, device)
+        positions = padded_positions(packing, position_ids, device)
+        x = self.embed(packing, input_ids, token_type_ids, inputs_embeds)        # (tokens, hidden)
+        x, hidden, attentions = self.run_layers(x, packing, positions, output_attentions, output_hidden_states)
+        hidden = [repad(h, packing) for h in hidden] if hidden is not None else None
+        sequence_output = hidden[-1] if hidden is not None else repad(x, packing)
+        return self._output(sequence_output, hidden, attentions, return_dict)
+
+    def forward_packed(self, input_ids, cu_seqlens, max_seqlen: int, token_type_ids=None, position_ids=None):
+        """Packed tokens in, last hidden state (tokens, hidden) out; no device-to-host sync.
+
+        input_ids (tokens,), cu_seqlens int32 (batch+1,), max_seqlen a host int bounding every length;
+        position_ids (tokens,) default to the offsets inside each sequence. Values are not checked here
+        (checking them would sync): validate on the host before the upload."""
+        if input_ids.dim() != 1:
+            raise ValueError(f"forward_packed takes packed input_ids (tokens,), got shape {tuple(input_ids.shape)}")
+        if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be 1-D int32 of length batch+1 >= 2, got {cu_seqlens.dtype} "
+                             f"shape {tuple(cu_seqlens.shape)}")
+        max_seqlen = int(max_seqlen)
+        if max_seqlen > self.max_sequence_length():
+            raise ValueError(f"max_seqlen {max_seqlen} exceeds the model's limit of "
+                             f"{self.max_sequence_length()} tokens")
+        for name, t in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+            if t is not None and tuple(t.shape) != tuple(input_ids.shape):
+                raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
+        if token_type_ids is not None and not self.has_token_types:
+            raise ValueError(f"{type(self).__name__} has no token type embeddings; pass token_type_ids=None")
+        tokens = input_ids.shape[0]
+        packing = Packing(None, cu_seqlens, max_seqlen, 1, tokens)
+        positions = packed_positions(cu_seqlens, max_seqlen, tokens, position_ids)
+        x = self.embed(packing, input_ids[None], None if token_type_ids is None else token_type_ids[None], None)
+        return self.run_layers(x, packing, positions, False, False)[0]
