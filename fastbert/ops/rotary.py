@@ -9,7 +9,7 @@ first use up to `max_positions` (the model's limit, so building one never needs 
 on the host: no sync). `rotary(qkv, cos, sin)` takes the fused QKV projection (tokens, 3, heads, dim)
 and returns q and k rotated; v is untouched. q and k go through one elementwise expression together
 (one read, one write of the q/k part); on CUDA a Triton kernel does it in place on the QKV buffer
-when no gradient is needed. The math is in fp32 (transformers' ModernBERT upcasts the same way)
+when no gradient is needed. The math is in fp32 (fp64 stays fp64; transformers' ModernBERT upcasts the same way)
 and cast back on store.
 """
 from typing import Dict, Tuple
@@ -75,9 +75,10 @@ def _check(qkv, cos, sin) -> None:
 
 def rotary_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pure torch: (tokens, 3, heads, dim) -> rotated q, k, each (tokens, heads, dim) in qkv's dtype."""
-    x = qkv[:, :2].float()                                       # (tokens, 2, heads, dim): q and k
+    compute = torch.float64 if qkv.dtype == torch.float64 else torch.float32
+    x = qkv[:, :2].to(compute)                                   # (tokens, 2, heads, dim): q and k
     x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos.float()[:, None, None, :], sin.float()[:, None, None, :]
+    c, s = cos.to(compute)[:, None, None, :], sin.to(compute)[:, None, None, :]
     out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(qkv.dtype)
     return out[:, 0], out[:, 1]
 

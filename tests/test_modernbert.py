@@ -1,0 +1,257 @@
+"""ModernBERT against transformers' own implementation: tiny random checkpoints made here, padded
+batches with rows longer and shorter than the local window and a fully padded row."""
+import copy
+import json
+
+import pytest
+import torch
+import transformers as T
+
+from fastbert.models import modernbert as MB
+
+ATOL = 1e-4
+BASE = dict(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            local_attention=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            cls_token_id=1, sep_token_id=2, num_labels=3)
+LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+STYLES = {  # transformers 5's layer_types + rope_parameters, and the older keys still on the Hub
+    "new": {**BASE, "layer_types": LAYER_TYPES,
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500.0},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}},
+    "old": {**BASE, "global_attn_every_n_layers": 3, "global_rope_theta": 500.0, "local_rope_theta": 50.0},
+}
+TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+         "ForMultipleChoice")
+
+
+def make_config(style="new", attn="eager", **extra):
+    return T.ModernBertConfig(**copy.deepcopy({**STYLES[style], **extra}), attn_implementation=attn)
+
+
+def make_pair(task="Model", style="new", attn="eager", seed=0, **extra):
+    """(transformers model, fastbert model with the same weights), both in eval mode."""
+    config = make_config(style, attn, **extra)
+    torch.manual_seed(seed)
+    hf = getattr(T, "ModernBert" + task)(config).eval()
+    fast = getattr(MB, "ModernBert" + task)(copy.deepcopy(config)).eval()
+    fast.load_state_dict(hf.state_dict(), strict=True)
+    return hf, fast
+
+
+def batch(seed=1, seq=21):
+    """Rows: longer than the window (21 > 8), 13, shorter than it (3), fully padded."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, BASE["vocab_size"], (4, seq), generator=g)
+    mask = torch.ones(4, seq, dtype=torch.long)
+    mask[1, 13:] = 0
+    mask[2, 3:] = 0
+    mask[3, :] = 0
+    return ids, mask
+
+
+def real(t, mask):
+    return t[mask.bool()]
+
+
+def max_diff(a, b, mask=None):
+    if mask is not None:
+        a, b = real(a, mask), real(b, mask)
+    return (a.float() - b.float()).abs().max().item()
+
+
+# ---- config ------------------------------------------------------------------------------------------
+def test_both_config_styles_give_the_same_layers():
+    for style in STYLES:
+        _, fast = make_pair(style=style)
+        layers = list(fast.layers)
+        assert [layer.attention_type for layer in layers] == LAYER_TYPES, style
+        assert [layer.theta for layer in layers] == [500.0, 50.0, 50.0, 500.0], style
+        assert [layer.window for layer in layers] == [None, 4, 4, None], style
+        assert isinstance(layers[0].attn_norm, torch.nn.Identity)
+        assert all(m.bias is None for m in fast.modules() if isinstance(m, torch.nn.LayerNorm))
+
+
+def test_config_object_without_layer_types_reads_old_keys():
+    config = make_config("old")
+    assert MB.layer_types(config) == LAYER_TYPES
+    del config.layer_types, config.rope_parameters
+    config.global_attn_every_n_layers, config.global_rope_theta = 2, 7.0
+    assert MB.layer_types(config) == ["full_attention", "sliding_attention"] * 2
+    assert MB.rope_theta(config, "full_attention", "x") == 7.0
+    assert MB.rope_theta(config, "sliding_attention", "x") == 10_000.0
+
+
+def test_unsupported_rope_type_is_named():
+    config = make_config()
+    config.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 50.0}
+    with pytest.raises(ValueError, match="rope_type='linear'"):
+        MB.ModernBertModel(config)
+
+
+# ---- the window really applies on the transformers side ------------------------------------------------
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_transformers_window_applies(attn):
+    ids, mask = batch()
+    hf, _ = make_pair(attn=attn)
+    wide, _ = make_pair(attn=attn, local_attention=1000)
+    wide.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        a = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+        b = wide(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert max_diff(a[0], b[0]) > 1e-3                     # long row: the window changes it
+    assert max_diff(a[2, :3], b[2, :3]) < 1e-5             # row shorter than the window: it does not
+
+
+# ---- parity ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_encoder_matches_transformers(style, attn):
+    ids, mask = batch()
+    hf, fast = make_pair(style=style, attn=attn)
+    with torch.no_grad():
+        a = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        b = fast(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert max_diff(a.last_hidden_state, b.last_hidden_state, mask) <= ATOL
+    assert len(a.hidden_states) == len(b.hidden_states) == 5
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        assert max_diff(x, y, mask) <= ATOL
+    assert (b.last_hidden_state[3] == 0).all()             # fully padded row: zeros, no NaN
+
+
+def _labels(task, ids, mask, g):
+    if task == "ForMaskedLM":
+        labels = torch.randint(0, BASE["vocab_size"], ids.shape, generator=g)
+        return {"labels": labels.masked_fill(~mask.bool(), -100)}
+    if task == "ForSequenceClassification":
+        return {"labels": torch.randint(0, 3, (ids.shape[0],), generator=g)}
+    if task == "ForTokenClassification":
+        return {"labels": torch.randint(0, 3, ids.shape, generator=g).masked_fill(~mask.bool(), -100)}
+    if task == "ForQuestionAnswering":
+        return {"start_positions": torch.tensor([2, 5, 1]), "end_positions": torch.tensor([7, 12, 2])}
+    if task == "ForMultipleChoice":
+        return {"labels": torch.tensor([1, 0, 1])}
+    return {}
+
+
+@pytest.mark.parametrize("task,pooling", [(t, "cls") for t in TASKS[1:]] +
+                         [("ForSequenceClassification", "mean"), ("ForMultipleChoice", "mean")])
+def test_heads_match_transformers(task, pooling):
+    extra = {"num_labels": 2} if task == "ForQuestionAnswering" else {}
+    hf, fast = make_pair(task, classifier_pooling=pooling, **extra)
+    ids, mask = batch()
+    g = torch.Generator().manual_seed(3)
+    if task in ("ForQuestionAnswering", "ForMultipleChoice", "ForSequenceClassification"):
+        ids, mask = ids[:3], mask[:3]                      # no empty row: transformers' pooling divides by 0
+    if task == "ForMultipleChoice":
+        ids = torch.stack([ids, ids.flip(1)], 1)
+        mask = torch.stack([mask, mask], 1)
+    inputs = {"input_ids": ids, "attention_mask": mask, **_labels(task, ids, mask, g)}
+    with torch.no_grad():
+        a, b = hf(**inputs), fast(**inputs)
+        if task == "ForQuestionAnswering":
+            # with padding transformers' span softmax also covers the padding logits (fastbert's are
+            # the head on zeros there), so the loss is compared on an unpadded batch
+            full = {**inputs, "attention_mask": torch.ones_like(mask)}
+            assert abs(hf(**full).loss.item() - fast(**full).loss.item()) <= ATOL
+        else:
+            assert abs(a.loss.item() - b.loss.item()) <= ATOL
+    if task in ("ForMaskedLM", "ForTokenClassification"):
+        assert max_diff(a.logits, b.logits, mask) <= ATOL
+    elif task == "ForQuestionAnswering":
+        assert max_diff(a.start_logits, b.start_logits, mask) <= ATOL
+        assert max_diff(a.end_logits, b.end_logits, mask) <= ATOL
+    else:
+        assert a.logits.shape == b.logits.shape and max_diff(a.logits, b.logits) <= ATOL
+
+
+def test_sparse_prediction_logits_only_for_labelled_tokens():
+    hf, fast = make_pair("ForMaskedLM", sparse_prediction=True)
+    ids, mask = batch()
+    labels = torch.full(ids.shape, -100)
+    labels[0, [1, 9, 17]] = torch.tensor([5, 6, 7])
+    labels[1, 4] = 8
+    with torch.no_grad():
+        a = hf(input_ids=ids, attention_mask=mask, labels=labels)
+        b = fast(input_ids=ids, attention_mask=mask, labels=labels)
+    assert b.logits.shape == a.logits.shape == (4, BASE["vocab_size"])
+    assert max_diff(a.logits, b.logits) <= ATOL and abs(a.loss - b.loss) <= ATOL
+
+
+def test_output_attentions_match_eager():
+    hf, fast = make_pair()
+    ids, mask = batch()
+    with torch.no_grad():
+        a = hf(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        b = fast(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(a) == len(b) == 4
+    for layer, (x, y) in enumerate(zip(a, b)):
+        keep = mask[:3].bool()
+        # real query rows of the non-empty rows; keys at padding get 0 probability on both sides
+        assert (x[:3] - y[:3]).abs().amax(dim=(1, 3))[keep].max() <= ATOL, layer
+    local = b[1][0, 0]
+    assert (local[0, 5:] == 0).all() and (local[0, :5] > 0).all()   # window: |i - j| <= 4
+
+
+def test_position_ids_rotate_like_transformers():
+    hf, fast = make_pair()
+    ids, mask = batch()
+    pos = (torch.arange(21) + 7)[None].expand(4, 21)
+    with torch.no_grad():
+        a = hf(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        b = fast(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    assert max_diff(a, b, mask) <= ATOL
+
+
+def test_inputs_embeds():
+    hf, fast = make_pair()
+    ids, mask = batch()
+    emb = hf.embeddings.tok_embeddings(ids)
+    with torch.no_grad():
+        a = hf(inputs_embeds=emb, attention_mask=mask).last_hidden_state
+        b = fast(inputs_embeds=emb, attention_mask=mask).last_hidden_state
+    assert max_diff(a, b, mask) <= ATOL
+
+
+def test_forward_packed_matches_padded_forward():
+    _, fast = make_pair()
+    ids, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    with torch.no_grad():
+        padded = fast(input_ids=ids, attention_mask=mask).last_hidden_state
+        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max()))
+    assert packed.shape == (int(lengths.sum()), BASE["hidden_size"])
+    assert max_diff(packed, padded[mask.bool()]) <= 1e-5
+
+
+# ---- training -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_training_loss_and_gradients_match(checkpointing):
+    hf, fast = make_pair("ForMaskedLM")
+    hf.train(), fast.train()
+    if checkpointing:
+        fast.gradient_checkpointing_enable()
+    ids, mask = batch()
+    labels = _labels("ForMaskedLM", ids, mask, torch.Generator().manual_seed(5))["labels"]
+    la = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+    lb = fast(input_ids=ids, attention_mask=mask, labels=labels).loss
+    la.backward(), lb.backward()
+    assert abs(la.item() - lb.item()) <= ATOL
+    ours = dict(fast.named_parameters())
+    for name in ("model.embeddings.tok_embeddings.weight", "model.layers.1.attn.Wqkv.weight",
+                 "model.layers.2.mlp.Wi.weight", "model.layers.0.attn.Wo.weight", "model.final_norm.weight",
+                 "head.dense.weight", "decoder.bias"):
+        ga, gb = hf.get_parameter(name).grad, ours[name].grad
+        assert gb is not None and (ga - gb).abs().max() <= 1e-5 + 1e-3 * ga.abs().max(), name
+
+
+# ---- checkpoints both ways ----------------------------------------------------------------------------
+def test_save_pretrained_loads_in_transformers(tmp_path):
+    _, fast = make_pair("ForMaskedLM")
+    fast.save_pretrained(str(tmp_path))
+    back = T.ModernBertForMaskedLM.from_pretrained(str(tmp_path)).eval()
+    ids, mask = batch()
+    with torch.no_grad():
+        assert max_diff(back(input_ids=ids, attention_mask=mask).logits,
+                        fast(input_ids=ids, attention_mask=mask).logits, mask) <= ATOL
+    assert set(back.state_dict()) == set(fast.state_dict())
