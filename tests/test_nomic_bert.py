@@ -1,0 +1,144 @@
+"""NomicBERT against transformers' own implementation: tiny random checkpoints made here, padded
+batches with a fully padded row, every head transformers has, training gradients."""
+import copy
+
+import pytest
+import torch
+import transformers as T
+
+from fastbert.models import nomic_bert as NB
+
+ATOL = 1e-4
+BASE = dict(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            max_position_embeddings=64, type_vocab_size=2, num_labels=3,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")
+
+
+def make_pair(task="Model", attn="eager", seed=0, **extra):
+    config = T.NomicBertConfig(**copy.deepcopy({**BASE, **extra}), attn_implementation=attn)
+    torch.manual_seed(seed)
+    hf = getattr(T, "NomicBert" + task)(config).eval()
+    fast = getattr(NB, "NomicBert" + task)(copy.deepcopy(config)).eval()
+    fast.load_state_dict(hf.state_dict(), strict=True)
+    return hf, fast
+
+
+def batch(seed=1, seq=19):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, BASE["vocab_size"], (4, seq), generator=g)
+    types = torch.randint(0, 2, (4, seq), generator=g)
+    mask = torch.ones(4, seq, dtype=torch.long)
+    mask[1, 11:] = 0
+    mask[2, 2:] = 0
+    mask[3, :] = 0
+    return ids, types, mask
+
+
+def max_diff(a, b, mask=None):
+    if mask is not None:
+        a, b = a[mask.bool()], b[mask.bool()]
+    return (a.float() - b.float()).abs().max().item()
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_encoder_matches_transformers(attn):
+    hf, fast = make_pair(attn=attn)
+    ids, types, mask = batch()
+    with torch.no_grad():
+        a = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
+        b = fast(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
+    assert max_diff(a.last_hidden_state, b.last_hidden_state, mask) <= ATOL
+    assert len(a.hidden_states) == len(b.hidden_states) == 4
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        assert max_diff(x, y, mask) <= ATOL
+    assert a.pooler_output is None and b.pooler_output is None
+    with torch.no_grad():  # token types default to 0, as transformers
+        assert max_diff(hf(input_ids=ids, attention_mask=mask).last_hidden_state,
+                        fast(input_ids=ids, attention_mask=mask).last_hidden_state, mask) <= ATOL
+
+
+def test_head_dim_and_activation_options():
+    hf, fast = make_pair(head_dim=8, hidden_act="gelu")
+    ids, types, mask = batch()
+    with torch.no_grad():
+        assert max_diff(hf(input_ids=ids, attention_mask=mask).last_hidden_state,
+                        fast(input_ids=ids, attention_mask=mask).last_hidden_state, mask) <= ATOL
+
+
+@pytest.mark.parametrize("task", TASKS[1:])
+def test_heads_match_transformers(task):
+    hf, fast = make_pair(task)
+    ids, types, mask = batch()
+    g = torch.Generator().manual_seed(3)
+    if task == "ForSequenceClassification":   # a fully padded row has no sequence to classify
+        ids, types, mask = ids[:3], types[:3], mask[:3]
+        labels = torch.randint(0, 3, (3,), generator=g)
+    else:
+        hi = BASE["vocab_size"] if task == "ForMaskedLM" else 3
+        labels = torch.randint(0, hi, ids.shape, generator=g).masked_fill(~mask.bool(), -100)
+    inputs = dict(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+    with torch.no_grad():
+        a, b = hf(**inputs), fast(**inputs)
+    assert abs(a.loss.item() - b.loss.item()) <= ATOL
+    if task == "ForSequenceClassification":
+        assert max_diff(a.logits, b.logits) <= ATOL
+    else:
+        assert max_diff(a.logits, b.logits, mask) <= ATOL
+
+
+def test_transformers_has_no_other_heads():
+    assert not hasattr(T, "NomicBertForQuestionAnswering") and not hasattr(NB, "NomicBertForQuestionAnswering")
+
+
+def test_position_ids_and_packed_forward():
+    hf, fast = make_pair()
+    ids, types, mask = batch()
+    pos = (torch.arange(19) + 3)[None].expand(4, 19)
+    with torch.no_grad():
+        assert max_diff(hf(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state,
+                        fast(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state, mask) <= ATOL
+        lengths = mask.sum(1)
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        padded = fast(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max()), token_type_ids=types[mask.bool()])
+    assert max_diff(packed, padded[mask.bool()]) <= 1e-5
+
+
+def test_output_attentions_match_eager():
+    hf, fast = make_pair()
+    ids, types, mask = batch()
+    with torch.no_grad():
+        a = hf(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        b = fast(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    for x, y in zip(a, b):
+        assert (x[:3] - y[:3]).abs().amax(dim=(1, 3))[mask[:3].bool()].max() <= ATOL
+
+
+def test_training_loss_and_gradients_match():
+    hf, fast = make_pair("ForMaskedLM")
+    hf.train(), fast.train()
+    ids, types, mask = batch()
+    labels = torch.randint(0, BASE["vocab_size"], ids.shape, generator=torch.Generator().manual_seed(4))
+    labels = labels.masked_fill(~mask.bool(), -100)
+    la = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss
+    lb = fast(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss
+    la.backward(), lb.backward()
+    assert abs(la.item() - lb.item()) <= ATOL
+    ours = dict(fast.named_parameters())
+    for name in ("nomic_bert.embeddings.word_embeddings.weight", "nomic_bert.embeddings.token_type_embeddings.weight",
+                 "nomic_bert.layers.0.self_attn.q_proj.weight", "nomic_bert.layers.1.self_attn.k_proj.weight",
+                 "nomic_bert.layers.2.mlp.gate_proj.weight", "nomic_bert.layers.2.mlp.up_proj.weight",
+                 "nomic_bert.layers.1.post_mlp_layernorm.bias", "cls.predictions.bias"):
+        ga, gb = hf.get_parameter(name).grad, ours[name].grad
+        assert gb is not None and (ga - gb).abs().max() <= 1e-5 + 1e-3 * ga.abs().max(), name
+
+
+def test_save_pretrained_loads_in_transformers(tmp_path):
+    _, fast = make_pair("ForMaskedLM")
+    fast.save_pretrained(str(tmp_path))
+    back = T.NomicBertForMaskedLM.from_pretrained(str(tmp_path)).eval()
+    ids, types, mask = batch()
+    with torch.no_grad():
+        assert max_diff(back(input_ids=ids, attention_mask=mask).logits,
+                        fast(input_ids=ids, attention_mask=mask).logits, mask) <= ATOL
