@@ -44,8 +44,8 @@ def test_tables_are_cached_per_device_dtype_theta_on_the_module():
 
 def test_backward_is_the_inverse_rotation():
     g = torch.Generator().manual_seed(1)
-    qkv = torch.randn(11, 3, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
-    positions = torch.arange(11)
+    qkv = torch.randn(5, 3, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    positions = torch.arange(5)
     cos, sin = Rotary(8, 32)(positions, 100.0, torch.float64)
     torch.autograd.gradcheck(lambda t: rotary_ref(t, cos, sin), (qkv,))
     q, k = rotary_ref(qkv, cos, sin)
@@ -62,3 +62,59 @@ def test_errors_name_the_shape():
         rotary(torch.zeros(4, 3, 2, 8), cos, sin)
     with pytest.raises(ValueError, match="even"):
         Rotary(7, 4)
+
+
+# ---- the Triton kernel (Triton's interpreter without a GPU) ------------------------------------------
+@pytest.mark.parametrize("dtype,atol,heads,dim", [(torch.float32, 1e-6, 3, 16), (torch.float32, 1e-6, 1, 6),
+                                                  (torch.float32, 1e-6, 12, 64), (torch.float16, 2e-3, 3, 16),
+                                                  (torch.bfloat16, 2e-2, 12, 64)])
+def test_kernel_forward_matches_reference(dtype, atol, heads, dim):
+    pytest.importorskip("triton")
+    from fastbert.kernels import rotary as kernel
+    g = torch.Generator().manual_seed(2)
+    tokens = 13
+    qkv = torch.randn(tokens, 3, heads, dim, generator=g).to(dtype)
+    positions = torch.randint(0, 50, (tokens,), generator=g)
+    cos, sin = Rotary(dim, 64)(positions, 500.0, dtype)
+    ref_q, ref_k = rotary_ref(qkv, cos, sin)
+    before = kernel.launch_count["rotary_fwd"]
+    work = qkv.clone()
+    q, k = rotary(work, cos, sin, backend="triton", inplace=True)
+    assert kernel.launch_count["rotary_fwd"] == before + 1                   # one launch for q and k
+    assert q.data_ptr() == work.data_ptr()                                   # in place in the QKV buffer
+    assert (q.float() - ref_q.float()).abs().max() <= atol
+    assert (k.float() - ref_k.float()).abs().max() <= atol
+    assert torch.equal(work[:, 2], qkv[:, 2])                                # v untouched
+    q2, _ = rotary(qkv, cos, sin, backend="triton")                          # not in place: input kept
+    assert torch.equal(q2, q) and not torch.equal(qkv[:, 0], q2)
+
+
+def test_kernel_on_a_strided_view():
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(9, 3, 4, 20, generator=g)
+    qkv = big[..., 2:18]                                                      # non-contiguous head_dim 16
+    cos, sin = Rotary(16, 16)(torch.arange(9), 10.0, torch.float32)
+    ref_q, ref_k = rotary_ref(qkv, cos, sin)
+    q, k = rotary(qkv, cos, sin, backend="triton", inplace=True)
+    assert (q - ref_q).abs().max() < 1e-6 and (k - ref_k).abs().max() < 1e-6
+    assert torch.equal(big[..., :2], torch.randn(9, 3, 4, 20, generator=torch.Generator().manual_seed(3))[..., :2])
+
+
+def test_kernel_backward_matches_autograd_of_reference():
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(10, 3, 2, 8, generator=g)
+    cos, sin = Rotary(8, 16)(torch.arange(10), 100.0, torch.float32)
+    dq, dk = torch.randn(10, 2, 8, generator=g), torch.randn(10, 2, 8, generator=g)
+    grads = []
+    for backend in ("torch", "triton"):
+        x = qkv.clone().requires_grad_()
+        q, k = rotary(x, cos, sin, backend=backend)
+        ((q * dq).sum() + (k * dk).sum() + x[:, 2].sum()).backward()
+        grads.append(x.grad)
+    assert (grads[0] - grads[1]).abs().max() < 1e-6
+    x = qkv.clone().requires_grad_()
+    q, _ = rotary(x, cos, sin, backend="triton")                             # k unused: its gradient is None
+    q.sum().backward()
+    assert (x.grad[:, 1] == 0).all() and x.grad[:, 0].abs().sum() > 0

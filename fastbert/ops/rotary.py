@@ -109,13 +109,17 @@ class _RotaryFunction(torch.autograd.Function):
         out = qkv.clone()
         kernel.rotary_fwd(out, cos, sin)
         ctx.save_for_backward(cos, sin)
+        ctx.qkv_shape, ctx.qkv_dtype = qkv.shape, qkv.dtype
         return out[:, 0], out[:, 1]
 
     @staticmethod
     def backward(ctx, dq, dk):
         from fastbert.kernels import rotary as kernel
         cos, sin = ctx.saved_tensors
-        grad = torch.zeros((dq.shape[0], 3) + tuple(dq.shape[1:]), dtype=dq.dtype, device=dq.device)
-        grad[:, 0], grad[:, 1] = dq, dk
+        grad = cos.new_zeros(ctx.qkv_shape, dtype=ctx.qkv_dtype)      # v's gradient flows outside this op
+        if dq is not None:
+            grad[:, 0] = dq
+        if dk is not None:
+            grad[:, 1] = dk
         kernel.rotary_fwd(grad, cos, sin, conjugate=True)
         return grad, None, None
