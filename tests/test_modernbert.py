@@ -255,3 +255,96 @@ def test_save_pretrained_loads_in_transformers(tmp_path):
         assert max_diff(back(input_ids=ids, attention_mask=mask).logits,
                         fast(input_ids=ids, attention_mask=mask).logits, mask) <= ATOL
     assert set(back.state_dict()) == set(fast.state_dict())
+
+
+# ---- checkpoints on disk, tokenizer, fastbert.optimize, sentence-transformers, Encoder ----------------
+TEXTS = ["The quick brown fox jumps over the lazy dog near the river bank today.",
+         "Short one.",
+         "Local attention only sees a few neighbours, global layers see the whole sequence of tokens here.",
+         "x"]
+
+
+def save_checkpoint(path, style="new", vocab_size=320):
+    """A tiny ModernBERT checkpoint with a byte-level BPE tokenizer trained here; config.json in `style`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]            # ids 0..4, as BASE's pad/cls/sep
+    tok.train_from_iterator(TEXTS * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    fast_tok = T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]",
+                                         sep_token="[SEP]", unk_token="[UNK]", mask_token="[MASK]",
+                                         model_input_names=["input_ids", "attention_mask"])
+    fast_tok.save_pretrained(str(path))
+    torch.manual_seed(0)
+    hf = T.ModernBertModel(make_config(style, "sdpa", vocab_size=vocab_size))
+    hf.save_pretrained(str(path))
+    if style == "old":   # what older Hub checkpoints carry: no layer_types / rope_parameters
+        data = {"model_type": "modernbert", "architectures": ["ModernBertModel"],
+                **{k: v for k, v in STYLES["old"].items()}, "vocab_size": vocab_size}
+        (path / "config.json").write_text(json.dumps(data))
+    return path
+
+
+def test_bpe_tokenizer_goes_through_transformers(tmp_path):
+    import fastbert
+    from tokenizers import Tokenizer
+    path = save_checkpoint(tmp_path)
+    tok = fastbert.AutoTokenizer.from_pretrained(str(path))
+    assert isinstance(tok, T.PreTrainedTokenizerBase)                         # transformers' fast tokenizer
+    ref = Tokenizer.from_file(str(path / "tokenizer.json"))
+    enc = tok(TEXTS)
+    assert enc["input_ids"] == [ref.encode(t).ids for t in TEXTS]
+    assert all(ids[0] == 1 and ids[-1] == 2 for ids in enc["input_ids"])
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_from_pretrained_reads_both_config_styles(tmp_path, style):
+    import fastbert
+    path = save_checkpoint(tmp_path, style)
+    fast = fastbert.AutoModel.from_pretrained(str(path))
+    hf = T.AutoModel.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    assert type(fast).__name__ == "ModernBertModel"
+    assert [layer.theta for layer in fast.layers] == [500.0, 50.0, 50.0, 500.0]
+    ids, mask = batch()
+    with torch.no_grad():
+        assert max_diff(hf(input_ids=ids, attention_mask=mask).last_hidden_state,
+                        fast(input_ids=ids, attention_mask=mask).last_hidden_state, mask) <= ATOL
+
+
+@pytest.mark.parametrize("task", ["Model", "ForMaskedLM", "ForSequenceClassification", "ForMultipleChoice"])
+def test_optimize_transformers_model(task):
+    import fastbert
+    hf, _ = make_pair(task, attn="sdpa")
+    ids, mask = batch()
+    inputs = {"input_ids": ids[:3], "attention_mask": mask[:3]}
+    if task == "ForMultipleChoice":
+        inputs = {k: torch.stack([v, v.flip(1)], 1) for k, v in inputs.items()}
+    with torch.no_grad():
+        ref = hf(**inputs)[0]
+    assert fastbert.optimize(hf) is hf
+    base = hf.base_model
+    assert "_fastbert_encoder" in base.__dict__ and isinstance(base.layers[1], MB.ModernBertEncoderLayer)
+    with torch.no_grad():
+        out = hf(**inputs)[0]
+    m = inputs["attention_mask"]
+    assert max_diff(ref, out, m if ref.dim() == m.dim() + 1 else None) <= ATOL
+    assert set(hf.state_dict()) >= {k for k in hf.state_dict() if "rotary" not in k}
+
+
+def test_sentence_transformers_and_encoder(tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    import fastbert
+    path = save_checkpoint(tmp_path)
+    model = st.SentenceTransformer(modules=[st.models.Transformer(str(path)),
+                                            st.models.Pooling(BASE["hidden_size"], "mean")], device="cpu")
+    ref = model.encode(TEXTS, convert_to_tensor=True)
+    fastbert.optimize(model)
+    assert "_fastbert_encoder" in model[0].auto_model.__dict__
+    assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
+    enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
+    assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL

@@ -142,3 +142,72 @@ def test_save_pretrained_loads_in_transformers(tmp_path):
     with torch.no_grad():
         assert max_diff(back(input_ids=ids, attention_mask=mask).logits,
                         fast(input_ids=ids, attention_mask=mask).logits, mask) <= ATOL
+
+
+# ---- checkpoints on disk, WordPiece tokenizer, fastbert.optimize, sentence-transformers, Encoder ----------
+TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world", "unwanted running dogs and foxes", "a"]
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "un", "##want",
+         "##ed", "runn", "##ing", "##s", "and", "foxes", "a", ","]
+
+
+def save_checkpoint(path):
+    """A tiny NomicBERT checkpoint with a WordPiece vocab.txt (and transformers' tokenizer files)."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    T.BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(str(path))
+    torch.manual_seed(0)
+    T.NomicBertModel(T.NomicBertConfig(**copy.deepcopy({**BASE, "vocab_size": len(vocab)}))).save_pretrained(str(path))
+    return path
+
+
+def test_wordpiece_goes_through_the_cpp_tokenizer(tmp_path):
+    import fastbert
+    from fastbert.tokenizer import BertTokenizer
+    path = save_checkpoint(tmp_path)
+    tok = fastbert.AutoTokenizer.from_pretrained(str(path))
+    assert isinstance(tok, BertTokenizer)
+    ref = T.BertTokenizerFast.from_pretrained(str(path))
+    assert tok(TEXTS)["input_ids"] == ref(TEXTS)["input_ids"]
+
+
+def test_from_pretrained_and_auto_classes(tmp_path):
+    import fastbert
+    path = save_checkpoint(tmp_path)
+    fast = fastbert.AutoModel.from_pretrained(str(path))
+    hf = T.AutoModel.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    assert type(fast).__name__ == "NomicBertModel"
+    tok = fastbert.AutoTokenizer.from_pretrained(str(path))
+    enc = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        a = hf(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+        b = fast(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+    assert max_diff(a, b, enc["attention_mask"]) <= ATOL
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_optimize_transformers_model(task):
+    import fastbert
+    hf, _ = make_pair(task, attn="sdpa")
+    ids, types, mask = batch()
+    inputs = dict(input_ids=ids[:3], token_type_ids=types[:3], attention_mask=mask[:3])
+    with torch.no_grad():
+        ref = hf(**inputs)[0]
+    assert fastbert.optimize(hf) is hf
+    assert isinstance(hf.base_model.layers[0], NB.NomicBertLayer)
+    with torch.no_grad():
+        out = hf(**inputs)[0]
+    assert max_diff(ref, out, mask[:3] if ref.dim() == 3 else None) <= ATOL
+
+
+def test_sentence_transformers_and_encoder(tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    import fastbert
+    path = save_checkpoint(tmp_path)
+    model = st.SentenceTransformer(modules=[st.models.Transformer(str(path)),
+                                            st.models.Pooling(BASE["hidden_size"], "mean")], device="cpu")
+    ref = model.encode(TEXTS, convert_to_tensor=True)
+    fastbert.optimize(model)
+    assert "_fastbert_encoder" in model[0].auto_model.__dict__
+    assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
+    enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
+    assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
