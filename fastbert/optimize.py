@@ -67,6 +67,11 @@ def optimize(model):
                             "fastbert optimizes the transformers model of a Transformer / MLMTransformer module")
         for inner in found:                            # all checked before any is changed
             _check(inner)
+        flattening = [i for i, m in enumerate(model.children()) if getattr(m, "can_flatten_inputs", False)]
+        if flattening:  # flash attention's concatenated batches arrive as cu_seq_lens_* arguments
+            raise ValueError(f"{kind} module(s) {flattening} send unpadded (flattened) inputs for flash "
+                             "attention, which fastbert's encoder does not take; set "
+                             f"model[{flattening[0]}].unpad_inputs = False first (fastbert skips padding itself)")
         for inner in found:
             optimize(inner)
         return model

@@ -134,7 +134,7 @@ def test_feature_extraction(checkpoints, reference, kind):
     texts = ["john lives in paris", "a", "what is the weather in new york city today ?"]
     for text in texts:
         assert_same(ref(text), pipe(text), text)
-        assert_same(ref(text, return_tensors=True), pipe(text, return_tensors=True), text)
+    assert_same(ref(texts[0], return_tensors=True), pipe(texts[0], return_tensors=True), "tensors")
     # batched: the pipeline returns each row at the padded length; fastbert leaves padding
     # positions at zero (it never computes them), so only the real tokens are compared
     a, b = ref(texts, batch_size=3), pipe(texts, batch_size=3)
@@ -154,10 +154,10 @@ def test_zero_shot_classification(checkpoints, reference, kind):
         pytest.skip(f"this tokenizer does not take a batch of [text, pair] lists, the input form "
                     f"zero-shot-classification sends ({e})")
     labels = ["sports", "politics", "film"]
-    for text in ["i love this movie", "john lives in paris"]:
-        assert_same(ref(text, candidate_labels=labels), pipe(text, candidate_labels=labels), text)
-        assert_same(ref(text, candidate_labels=labels, multi_label=True),
-                    pipe(text, candidate_labels=labels, multi_label=True), text)
+    text = "i love this movie"
+    assert_same(ref(text, candidate_labels=labels), pipe(text, candidate_labels=labels), text)
+    assert_same(ref(text, candidate_labels=labels, multi_label=True),
+                pipe(text, candidate_labels=labels, multi_label=True), text)
     assert_same(ref(["a", "the movie was great"], candidate_labels=labels, hypothesis_template="it is {} .",
                     batch_size=2),
                 pipe(["a", "the movie was great"], candidate_labels=labels, hypothesis_template="it is {} .",
