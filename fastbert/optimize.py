@@ -61,13 +61,14 @@ def optimize(model):
     kind = _sentence_transformers_kind(model)
     if kind is not None:
         found = _transformers_models_in(model)
+        children = list(model.children()) if isinstance(model, nn.Module) else []
         if not found:
-            modules = [type(m).__name__ for m in model.children()] if isinstance(model, nn.Module) else []
+            modules = [type(m).__name__ for m in children]
             raise TypeError(f"this {kind} has no transformers model to optimize (modules: {modules}); "
                             "fastbert optimizes the transformers model of a Transformer / MLMTransformer module")
         for inner in found:                            # all checked before any is changed
             _check(inner)
-        flattening = [i for i, m in enumerate(model.children()) if getattr(m, "can_flatten_inputs", False)]
+        flattening = [i for i, m in enumerate(children) if getattr(m, "can_flatten_inputs", False)]
         if flattening:  # flash attention's concatenated batches arrive as cu_seq_lens_* arguments
             raise ValueError(f"{kind} module(s) {flattening} send unpadded (flattened) inputs for flash "
                              "attention, which fastbert's encoder does not take; set "
