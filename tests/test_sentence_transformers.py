@@ -15,6 +15,8 @@ import tiny_bert
 from fastbert.models.config import ConfigError
 
 st = pytest.importorskip("sentence_transformers")
+pytest.importorskip("sentence_transformers.base.modules", reason="these tests use the module layout of "
+                    f"sentence-transformers >= 6; {st.__version__} is installed")
 from sentence_transformers.base.modules import Dense, Normalize, Transformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling, StaticEmbedding  # noqa: E402
 from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling  # noqa: E402
