@@ -185,7 +185,8 @@ def _read_csv(path: str, column: str, id_column: str | None):
     import pyarrow.csv as pcsv
 
     # CSV has no types: the text is a string, an empty field an empty string (never null)
-    return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types={column: "string"}))
+    return pcsv.read_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True),
+                         convert_options=pcsv.ConvertOptions(column_types={column: "string"}))
 
 
 def _line_rows(f: InputFile, shard: Shard):
@@ -533,10 +534,21 @@ def _read_shards_batch(batch, files, shards, column):
     return pa.concat_tables(tables)
 
 
+def _on_this_node(ray, map_batches) -> dict:
+    """map_batches arguments that keep a stage on the driver's node, where the input files are."""
+    import inspect
+
+    node = ray.get_runtime_context().get_node_id()
+    if "label_selector" in inspect.signature(map_batches).parameters:  # Ray >= 2.50
+        return {"label_selector": {"ray.io/node-id": node}}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
 def _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_rows, assembler,
              address, num_workers, device, cpus_per_worker):
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray.data
 
     started_here = False
     if not ray.is_initialized():
@@ -551,18 +563,18 @@ def _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_r
     try:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours counts rows of the whole corpus
-        driver_node = ray.get_runtime_context().get_node_id()
         ds = ray.data.from_items([{SHARD_KEY: s.index} for s in todo],
                                  override_num_blocks=max(1, len(todo)))
         ds = ds.map_batches(_read_shards_batch, batch_size=1, batch_format="pyarrow",
                             fn_kwargs={"files": files, "shards": shards, "column": column},
                             num_cpus=0.5,  # reading is light; it must not starve the embedders
-                            scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=False))
+                            **_on_this_node(ray, ds.map_batches))
         resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": cpus_per_worker or 1}
+        # Ray Data's actor pools restart a dead actor and retry its tasks by default
+        # (max_restarts=-1, max_task_retries=-1); the assembler drops any row that comes back twice
         ds = ds.map_batches(embedder_cls, fn_constructor_kwargs=embedder_kwargs,
-                            concurrency=num_workers, batch_size=batch_rows, batch_format="pyarrow",
-                            max_restarts=-1, max_task_retries=-1,  # a dead actor: restart, retry its task
-                            **resources)
+                            compute=ray.data.ActorPoolStrategy(size=num_workers),
+                            batch_size=batch_rows, batch_format="pyarrow", **resources)
         ds = ds.drop_columns([column])  # the texts need not travel back to the driver
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             assembler.add(batch)
