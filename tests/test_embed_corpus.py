@@ -192,11 +192,11 @@ def test_an_interrupted_run_resumes_without_duplicates(corpus, encoder, model_di
 
 def test_a_killed_command_resumes_where_it_stopped(encoder, model_dir, tmp_path):
     src = tmp_path / "many.txt"
-    lines = [f"line {i}: " + "some words " * (i % 7) for i in range(240)]
+    lines = [f"line {i}: " + "some words " * (i % 7) for i in range(60)]
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "fastbert", "embed-corpus", str(src), "-o", str(out),
-            "--model", model_dir, "--shard-rows", "20", "--batch-rows", "5", "--no-progress"]
+            "--model", model_dir, "--shard-rows", "10", "--batch-rows", "2", "--no-progress"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:
@@ -211,11 +211,11 @@ def test_a_killed_command_resumes_where_it_stopped(encoder, model_dir, tmp_path)
         proc.kill()
         proc.wait()
     done_before = json.loads((out / "manifest.json").read_text())["done"]
-    assert 1 <= len(done_before) < 12
-    resumed = embed_corpus([str(src)], out, model=model_dir, shard_rows=20, batch_rows=5,
+    assert 1 <= len(done_before) < 6
+    resumed = embed_corpus([str(src)], out, model=model_dir, shard_rows=10, batch_rows=2,
                            progress=False)
     assert resumed.complete and resumed.shards_skipped == len(done_before)
-    assert resumed.shards_done == 12 - len(done_before)
+    assert resumed.shards_done == 6 - len(done_before)
     check_output(out, {str(src): [(i, t, None) for i, t in enumerate(lines)]}, encoder)
     assert not list(out.glob(".*tmp*")), "temporary files left behind"
 
