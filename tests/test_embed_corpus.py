@@ -248,3 +248,21 @@ def test_embedder_marks_bad_rows_and_splits_by_token_budget(encoder, model_dir):
     assert given.column("embedding").null_count == 1
     with pytest.raises(KeyError, match="no column 'text'"):
         emb(pa.table({"body": ["x"]}))
+
+
+class _EveryRowTwice(Embedder):
+    """What a retried task can do on Ray: the same rows come back a second time."""
+
+    def __call__(self, batch):
+        out = super().__call__(batch)
+        return pa.concat_tables([out, out.slice(0, 1), out])
+
+
+def test_rows_that_come_back_twice_are_written_once(encoder, model_dir, tmp_path):
+    src = tmp_path / "few.txt"
+    lines = ["one", "two", "", "four", "five"]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = embed_corpus([str(src)], tmp_path / "out", model=model_dir, shard_rows=2, batch_rows=2,
+                           progress=False, embedder_cls=_EveryRowTwice)
+    assert summary.complete and summary.rows == 5
+    check_output(tmp_path / "out", {str(src): [(i, t, None) for i, t in enumerate(lines)]}, encoder)

@@ -146,7 +146,7 @@ def describe_input(path: str, column: str, id_column: str | None, shard_rows: in
             import pyarrow.parquet as pq
             f.rows = pq.ParquetFile(path).metadata.num_rows
         elif f.format == "csv":
-            f.rows = _read_csv(path, column, None).num_rows
+            f.rows = _read_csv(path, column).num_rows
         else:
             f.rows, f.offsets = _scan_lines(path, shard_rows)
     except CorpusError:
@@ -181,7 +181,7 @@ def plan_shards(files: list, shard_rows: int) -> list:
 
 # ---- reading a shard ------------------------------------------------------------------------
 
-def _read_csv(path: str, column: str, id_column: str | None):
+def _read_csv(path: str, column: str):
     import pyarrow.csv as pcsv
 
     # CSV has no types: the text is a string, an empty field an empty string (never null)
@@ -233,7 +233,7 @@ def read_shard(f: InputFile, shard: Shard, column: str, want_text: bool = True, 
         if f.format == "parquet":
             table = _read_parquet_rows(f, shard, [column] + ([f.id_column] if f.id_column else []))
         else:
-            table = _read_csv(f.path, column, f.id_column).slice(shard.start, n)
+            table = _read_csv(f.path, column).slice(shard.start, n)
         ids = table.column(f.id_column) if f.id_column else rows
         texts = table.column(column)
         errors = pa.nulls(n, type=pa.string())
@@ -348,9 +348,16 @@ class OutputDir:
             if manifest.get("format") != MANIFEST_FORMAT:
                 raise CorpusError(f"{self.manifest_path}: not an embed-corpus manifest "
                                   f"(format {manifest.get('format')!r})")
-            diff = _config_diff(manifest.get("config", {}), config)
+            old = manifest.get("config", {})
+            diff = _config_diff(old, config)
             if diff:
-                raise CorpusError(f"-o {self.path} holds a run with other {', '.join(diff)}; "
+                detail = ""
+                if "inputs" in diff:
+                    was = {f["path"]: f for f in old.get("inputs", [])}
+                    now = {f["path"]: f for f in config["inputs"]}
+                    changed = sorted(set(was) ^ set(now)) or [p for p in now if was[p] != now[p]]
+                    detail = f" ({changed[0]} was added, removed or changed since)" if changed else ""
+                raise CorpusError(f"-o {self.path} holds a run with other {', '.join(diff)}{detail}; "
                                   "use another output directory, or delete this one to start over")
             self.manifest = manifest
         else:
@@ -436,6 +443,7 @@ class Summary:
     shards_skipped: int = 0  # shards already done by an earlier run
     shards_total: int = 0
     seconds: float = 0.0
+    startup_s: float = 0.0   # until the first embedded rows came back (model load, Ray start)
     workers: dict = field(default_factory=dict)  # worker -> {"rows", "busy_s"}
     complete: bool = False
     outdir: str = ""
@@ -447,7 +455,8 @@ class Summary:
     def lines(self) -> list:
         out = [f"embed-corpus: {self.rows} rows embedded, {self.errors} to errors.jsonl, "
                f"{self.shards_done} shard(s) written, {self.shards_skipped} already done "
-               f"(of {self.shards_total}) in {self.seconds:.1f} s: {self.rows_per_s:.1f} rows/s"]
+               f"(of {self.shards_total}) in {self.seconds:.1f} s: {self.rows_per_s:.1f} rows/s "
+               f"({self.startup_s:.1f} s of it before the first rows came back)"]
         for name, w in sorted(self.workers.items()):
             rate = w["rows"] / w["busy_s"] if w["busy_s"] > 0 else 0.0
             out.append(f"  worker {name}: {w['rows']} rows, {w['busy_s']:.1f} s busy, "
@@ -467,10 +476,14 @@ class _Assembler:
         self.shards = {s.index: s for s in shards}
         self.parts, self.seen, self.began = {}, {}, {}
         self.summary, self.progress = summary, progress
+        self.began_run = time.perf_counter()
 
     def add(self, batch):
         import numpy as np
         import pyarrow.compute as pc
+
+        if not self.summary.startup_s:
+            self.summary.startup_s = time.perf_counter() - self.began_run
 
         for worker, seconds in zip(batch.column("embed_worker").to_pylist(),
                                    batch.column("embed_seconds").to_pylist()):
@@ -603,6 +616,10 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
                         ("shard_rows", shard_rows)):
         if not isinstance(value, int) or value < 1:
             raise CorpusError(f"{name} must be a positive integer, got {value!r}")
+    reserved = ("row", "error", "embedding", "embed_worker", "embed_seconds", SHARD_KEY)
+    if column in reserved:  # the shard tables carry these names beside the text
+        raise CorpusError(f"--column {column!r}: that name is used internally ({', '.join(reserved)}); "
+                          "rename the column")
     if device not in (None, "cpu", "cuda"):
         raise CorpusError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if model is None:
@@ -628,6 +645,8 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
                        "device": device if ray is None else None, "stats": True}
     if ray is not None and device == "cpu":
         embedder_kwargs["device"] = "cpu"
+    if ray is not None and device != "cuda" and cpus_per_worker:
+        embedder_kwargs["num_threads"] = cpus_per_worker  # torch would use every core of the node
     bar = tqdm(total=sum(s.stop - s.start for s in todo), unit="rows", desc="embed-corpus",
                disable=not progress, smoothing=0.1, dynamic_ncols=True)
     assembler = _Assembler(out, files, shards, column, summary, bar)
@@ -705,6 +724,8 @@ def cmd_embed_corpus(parser, args) -> int:
     cpus = args.cpus_per_worker
     if cpus is None and args.ray == "local":
         cpus = max(1, (os.cpu_count() or 1) // args.num_workers)
+    elif cpus is None and args.ray != "none":
+        cpus = 1  # a cluster's node sizes are unknown here: say --cpus-per-worker for more
     try:
         summary = embed_corpus(args.inputs, args.output_dir, column=args.column,
                                id_column=args.id_column, model=args.model, ray=args.ray,

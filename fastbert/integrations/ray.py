@@ -68,14 +68,15 @@ class Embedder:
     batch_tokens: most padded tokens per forward. pooling / normalize: as `Encoder.encode`'s pooling
     and normalize_embeddings (default: the checkpoint's). precision / truncate_dim: passed to
     `Encoder.encode`, which must accept them. device: "cpu" | "cuda" (default: cuda when this
-    process sees a GPU). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share
+    process sees a GPU). num_threads: torch CPU threads for this process (default: torch's own, which
+    on Ray is every core of the node, not the actor's num_cpus). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share
     of the call's time) columns, for per-worker summaries.
     """
 
     def __init__(self, model=None, column: str = "text", output_column: str = "embedding",
                  error_column: str = "error", batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  pooling=None, normalize=None, precision=None, truncate_dim=None, device=None,
-                 dtype=None, stats: bool = False):
+                 dtype=None, num_threads=None, stats: bool = False):
         import torch
 
         from fastbert.encoder import Encoder
@@ -89,6 +90,10 @@ class Embedder:
         if len({column, output_column, error_column}) != 3:
             raise ValueError(f"column, output_column and error_column must differ, got "
                              f"{column!r}, {output_column!r}, {error_column!r}")
+        if num_threads is not None:
+            if not isinstance(num_threads, int) or num_threads < 1:
+                raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+            torch.set_num_threads(num_threads)
         if model is None:
             from fastbert.benchmarks.env import default_model_dir
             model = default_model_dir()
