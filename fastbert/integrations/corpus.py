@@ -721,6 +721,9 @@ def cmd_embed_corpus(parser, args) -> int:
             import ray  # noqa: F401
         except ImportError:
             parser.error("--ray local: Ray is not installed (pip install 'fastbert[ray]')")
+    if args.ray != "none":
+        import logging
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # our bar and summary say it all
     cpus = args.cpus_per_worker
     if cpus is None and args.ray == "local":
         cpus = max(1, (os.cpu_count() or 1) // args.num_workers)
