@@ -10,7 +10,8 @@ mtime), the model and every option that changes the vectors; a re-run that diffe
 
 Output rows: `source` (the input file's absolute path), `row` (0-based row, or line, in that file:
 (source, row) is unique over the whole run), `id` (the id column's value, or the row number when the
-file has no id column) and `embedding` (fixed-size list of float32). A row whose text is null, not a
+file has no id column; without --id-column, a JSONL file has an `id` column when its first object
+has an "id" key, and then a row without one goes to the errors) and `embedding` (fixed-size list of float32). A row whose text is null, not a
 string, or unreadable (bad JSON, bad UTF-8) is not embedded: it goes to OUTDIR/errors.jsonl with its
 source, row, id and the reason (per shard in OUTDIR/errors/ until the run completes). An empty string
 is embedded like any other text; a long one is truncated as Encoder.encode truncates.
