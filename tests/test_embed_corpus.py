@@ -246,6 +246,8 @@ def test_embedder_marks_bad_rows_and_splits_by_token_budget(encoder, model_dir):
     given = emb(pa.table({"text": ["fine", "fine"], "error": [None, "bad upstream"]}))
     assert given.column("error").to_pylist() == [None, "bad upstream"]
     assert given.column("embedding").null_count == 1
+    lean = Embedder(model=model_dir, keep_column=False)(pa.table({"text": ["x"], "n": [1]}))
+    assert lean.column_names == ["n", "embedding", "error"]
     with pytest.raises(KeyError, match="no column 'text'"):
         emb(pa.table({"body": ["x"]}))
 

@@ -589,7 +589,6 @@ def _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_r
         ds = ds.map_batches(embedder_cls, fn_constructor_kwargs=embedder_kwargs,
                             compute=ray.data.ActorPoolStrategy(size=num_workers),
                             batch_size=batch_rows, batch_format="pyarrow", **resources)
-        ds = ds.drop_columns([column])  # the texts need not travel back to the driver
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             assembler.add(batch)
     finally:
@@ -643,7 +642,8 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
     embedder_kwargs = {"model": str(model.resolve()), "column": column,
                        "batch_tokens": batch_tokens or DEFAULT_BATCH_TOKENS, "pooling": pooling,
                        "normalize": normalize, "precision": precision, "truncate_dim": truncate_dim,
-                       "device": device if ray is None else None, "stats": True}
+                       "device": device if ray is None else None, "stats": True,
+                       "keep_column": False}  # the texts need not travel back to the driver
     if ray is not None and device == "cpu":
         embedder_kwargs["device"] = "cpu"
     if ray is not None and device != "cuda" and cpus_per_worker:

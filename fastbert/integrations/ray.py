@@ -69,14 +69,15 @@ class Embedder:
     and normalize_embeddings (default: the checkpoint's). precision / truncate_dim: passed to
     `Encoder.encode`, which must accept them. device: "cpu" | "cuda" (default: cuda when this
     process sees a GPU). num_threads: torch CPU threads for this process (default: torch's own, which
-    on Ray is every core of the node, not the actor's num_cpus). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share
+    on Ray is every core of the node, not the actor's num_cpus). keep_column=False leaves the text
+    column out of the output (it need not travel further). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share
     of the call's time) columns, for per-worker summaries.
     """
 
     def __init__(self, model=None, column: str = "text", output_column: str = "embedding",
                  error_column: str = "error", batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  pooling=None, normalize=None, precision=None, truncate_dim=None, device=None,
-                 dtype=None, num_threads=None, stats: bool = False):
+                 dtype=None, num_threads=None, keep_column: bool = True, stats: bool = False):
         import torch
 
         from fastbert.encoder import Encoder
@@ -102,6 +103,7 @@ class Embedder:
         self.column, self.output_column, self.error_column = column, output_column, error_column
         self.batch_tokens = batch_tokens
         self.stats = stats
+        self.keep_column = keep_column
         self.encoder = Encoder.from_pretrained(model, device=device, dtype=dtype)
         self.encode_kwargs = {"pooling": pooling, "normalize_embeddings": normalize}
         accepted = inspect.signature(self.encoder.encode).parameters
@@ -163,8 +165,9 @@ class Embedder:
         values = pa.array(vectors.reshape(-1))
         embedding = pa.Array.from_buffers(pa.list_(values.type, self.dim), batch.num_rows,
                                           [pa.array(valid).buffers()[1]], children=[values])
-        if self.error_column in batch.column_names:
-            batch = batch.drop_columns([self.error_column])
+        drop = [c for c in (self.error_column, None if self.keep_column else self.column)
+                if c in batch.column_names]
+        batch = batch.drop_columns(drop)
         batch = batch.append_column(self.output_column, embedding)
         batch = batch.append_column(self.error_column, pa.array(errors, type=pa.string()))
         if self.stats:
