@@ -96,6 +96,24 @@ def _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p):
 
 
 @triton.jit
+def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen, qk_scale, dropout_p,
+              DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """One (rows x cols) tile of the backward: (dropped P, dS), P recomputed from the saved lse."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
+    p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
+    p = tl.where(col_ok[None, :], p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    if HAS_DROPOUT:
+        keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+        scale_keep = 1.0 / (1.0 - dropout_p)
+        p_drop = tl.where(keep, p * scale_keep, 0.0)
+        dp = tl.where(keep, dp * scale_keep, 0.0)
+    else:
+        p_drop = p
+    return p_drop, p * (dp - delta[:, None])
+
+
+@triton.jit
 def _attention_fwd_kernel(
     out_ptr,    # (batch, seq, heads, head_dim) or (total_tokens, heads, head_dim) output
     lse_ptr,    # (batch, heads, max_seqlen) fp32 logsumexp, +inf for rows without a real key (STORE_LSE)
@@ -229,19 +247,9 @@ def _attention_bwd_dkdv_kernel(
         do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
         lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
-        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
-        p = tl.where(col_ok[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
-            scale_keep = 1.0 / (1.0 - dropout_p)
-            p_drop = tl.where(keep, p * scale_keep, 0.0)
-            dp = tl.where(keep, dp * scale_keep, 0.0)
-        else:
-            p_drop = p
+        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen,
+                               qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
     g_off = (b.to(tl.int64) * stride_gb + (start64 + cols[:, None]) * stride_gs + h * stride_gh
@@ -291,14 +299,8 @@ def _attention_bwd_dq_kernel(
         col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
-        p = tl.where(col_ok[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
-        ds = p * (dp - delta[:, None])
+        _, ds = _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen,
+                          qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
     g_base = _head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
