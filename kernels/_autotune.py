@@ -24,6 +24,10 @@ def gpu_compiles() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available()
 
 
+_UNTRACED_OPTIONS = ("num_ctas", "maxnreg", "ir_override", "pre_hook", "num_buffers_warp_spec",
+                     "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer")
+
+
 def tracing(t: torch.Tensor) -> bool:
     """True when t is a tracing stand-in (a fake or functional tensor under torch.compile, make_fx or
     opcheck) rather than real data: launches then go through torch.library.wrap_triton."""
@@ -65,6 +69,8 @@ class TunedKernel:
             except TypeError:                           # symbolic sizes in the key
                 opts = None
             opts = opts if opts is not None else self._first(kwargs)
+            # the meta-parameters and the launch options torch's kernel tracing takes
+            opts = {k: v for k, v in opts.items() if v is not None and k not in _UNTRACED_OPTIONS}
             return wrap_triton(self.kernel)[grid({**kwargs, **opts})](*args, **kwargs, **opts)
         opts = self.chosen.get(key)
         if opts is None:

@@ -74,7 +74,6 @@ def _stats_ref(x, residual, weight, bias, eps):
     y = (s - mean) * rstd
     y = y if weight is None else y * weight.to(compute)
     y = y if bias is None else y + bias.to(compute)
-    n = x.shape[-1]
     return (y.to(out).contiguous(), s.to(out).contiguous(), mean.reshape(-1).float(), rstd.reshape(-1).float())
 
 
