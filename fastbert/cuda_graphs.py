@@ -19,7 +19,8 @@ On CUDA a bucket's graph is captured on its first call, after `warmup` eager cal
 static inputs (first-call compilation and autotuning happen there, never during capture); all graphs
 share one memory pool. A call is one host-to-device copy of a packed int32 metadata buffer
 (input ids, token types, positions, cu_seqlens) and one replay(). The graphs are dropped when the
-model's weights (data_ptr or _version of any parameter or buffer), device or dtype change.
+model's weights (data_ptr or _version of any parameter or buffer; data_ptr alone for inference
+tensors, which keep no version), device or dtype change.
 Elsewhere (CPU) the same bucketing runs eagerly, without graphs.
 
 The model is anything with forward_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids=None,
@@ -161,8 +162,9 @@ class CudaGraphs:
         tensors = self._tensors()
         floats = [t for t in tensors if t.is_floating_point()]
         device = tensors[0].device if tensors else None
+        # inference tensors (a model built under inference_mode) have no version counter
         return (device, floats[0].dtype if floats else None,
-                tuple((t.data_ptr(), t._version) for t in tensors))
+                tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors))
 
     @property
     def num_graphs(self) -> int:

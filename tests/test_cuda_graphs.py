@@ -90,6 +90,17 @@ def test_bucketed_equals_unbucketed_on_cpu(with_types):
     assert served.num_graphs == 0, "no graphs off CUDA"
 
 
+def test_model_built_under_inference_mode():
+    """Weights that are inference tensors (no version counter) are served too."""
+    with torch.inference_mode():
+        model = TinyPackedEncoder(seed=1)
+        ids, cu, mx, types = _batch([5, 9], seed=2)
+        ref = model.forward_packed(ids, cu, mx, token_type_ids=types)
+    got = fastbert.cuda_graphs(model, token_buckets=(16,), seq_buckets=(16,), batch_buckets=(4,))(
+        ids, cu, mx, token_type_ids=types)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_a_real_model_if_present(tmp_path):
     """The models' forward_packed through the wrapper, when the models carry it."""
     transformers = pytest.importorskip("transformers")
