@@ -17,7 +17,7 @@ round (``Peer.clear_cache``), so no word is remembered from an earlier round eit
 like a first pass over text the tokenizer has never met. Every row carries the first pass's MB/s
 (a fresh tokenizer's first call on the corpus, after a one-line warm-up) as the check: "vs first pass"
 near 1x says the rounds found nothing cached. ``repeated=True`` also measures the same text encoded
-again and again without clearing (rows with "text": "repeated"): the cache-lookup figure, labelled so.
+again and again without clearing (rows whose "text seen" is "repeated"): the cache-lookup figure.
 Before a figure counts, its output (round 1's) is compared with BertTokenizerFast's on the same texts:
 a faster wrong answer is a failure row (ids_match False).
 """
@@ -345,7 +345,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     to measure exactly those. threads: 1 = serial; None = all cores
     (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone).
     repeated: also measure each case on one text encoded again every round, caches kept (rows whose
-    "text seen" is "repeated"; the headline rows' is "new each round")."""
+    "text seen" is "repeated"; the headline rows' is "new each round"): True for every thread count,
+    or the thread counts to do it at (1 for serial only; None = all cores), False for none."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         say("loading text")
@@ -359,7 +360,7 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     common = {"device": device(), "versions": versions(), "timestamp": stamp,
               "cpu_caches": "evicted before each call" if EVICT else "not evicted"}
     tags = itertools.count(1)  # one counter for the whole run: no two calls share a text
-    kinds = (("new each round", False),) + ((("repeated", True),) if repeated else ())
+    again = set(_resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else None
     rows: list[dict] = []
     for text_name, docs in texts.items():
         say(f"{text_name}: reference output ({REFERENCE})")
@@ -368,6 +369,9 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
         for n_threads in _resolve_threads(threads):
             built = {}
             base = {"text": text_name, "threads": n_threads, "docs": len(docs), **common}
+            kinds = [("new each round", False)]
+            if repeated is True or (again and n_threads in again):
+                kinds.append(("repeated", True))
             for peer_cls in peers:
                 if peer_cls is not FastbertPeer and n_threads not in (1, cores):
                     continue  # rayon pools are sized once per process: 1 thread or all cores only
@@ -410,7 +414,7 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
                         rows.append(row)
     order = {cls.name: i for i, cls in enumerate(peers)}
     texts_order = {name: i for i, name in enumerate(texts)}
-    seen_order = [seen for seen, _ in kinds]
+    seen_order = ["new each round", "repeated"]
     rows.sort(key=lambda r: (seen_order.index(r["text seen"]), texts_order[r["text"]], r["threads"],
                              order.get(r["name"], 99), list(PATHS).index(r["path"])))
     add_ratios(rows)
