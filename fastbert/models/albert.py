@@ -12,7 +12,7 @@ from torch import nn
 
 from fastbert.models.config import ConfigError
 from fastbert.models.embeddings import Embeddings
-from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, QuestionAnsweringModel,
+from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, PooledClassifier, QuestionAnsweringModel,
                                    SequenceClassificationModel, TokenClassificationModel, activation)
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
@@ -105,31 +105,15 @@ class _AlbertHead:
 
 
 class AlbertForMaskedLM(_AlbertHead, MaskedLMModel):
+    lm_head_name, decoder, decoder_bias = "predictions", "predictions.decoder", "predictions.bias"
+
     def build_head(self, config):
         self.predictions = AlbertMLMHead(self.dims)
 
-    def tied_weights(self):
-        return {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
-                "predictions.decoder.bias": "predictions.bias"}
 
-    def mlm_logits(self, h):
-        return self.predictions(h)
-
-
-class _Pooled:
-    uses_pooler = True
-
-    def build_head(self, config):
-        self.dropout = nn.Dropout(config.classifier_dropout_prob)
-        self.classifier = nn.Linear(self.dims.hidden_size, self.num_outputs(config))
-
-    def num_outputs(self, config):
-        return config.num_labels
-
-    def classify(self, out):
-        return self.classifier(self.dropout(out.pooler_output))
-
-    choice_logits = classify
+class _Pooled(PooledClassifier):
+    def pooled_dropout(self, config):
+        return config.classifier_dropout_prob
 
 
 class AlbertForSequenceClassification(_AlbertHead, _Pooled, SequenceClassificationModel):

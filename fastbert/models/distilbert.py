@@ -71,6 +71,9 @@ class DistilBertModel(EncoderModel):
     output_class = BaseModelOutput
 
     def __init__(self, config, add_pooling_layer: bool = False):
+        if add_pooling_layer:
+            raise ValueError("DistilBertModel has no pooler (transformers' DistilBERT has none); "
+                             "pass add_pooling_layer=False")
         super().__init__(config)
         self.embeddings = Embeddings(self.dims)
         self.transformer = Transformer(self.dims)
@@ -93,8 +96,7 @@ class DistilBertForMaskedLM(_DistilBertHead, MaskedLMModel):
         self.vocab_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
         self.vocab_projector = nn.Linear(d.hidden_size, d.vocab_size)
 
-    def tied_weights(self):
-        return {"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"}
+    decoder = "vocab_projector"
 
     def mlm_logits(self, h):
         h = self.vocab_layer_norm(activation(self.dims.activation)(self.vocab_transform(h)))
