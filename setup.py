@@ -49,7 +49,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["fastbert", "fastbert.ops", "fastbert.models", "fastbert.benchmarks", "fastbert.kernels"],
+    packages=["fastbert", "fastbert.tokenizer", "fastbert.ops", "fastbert.models", "fastbert.benchmarks", "fastbert.kernels"],
     package_dir={"fastbert": "fastbert", "fastbert.kernels": "kernels"},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},

@@ -66,13 +66,12 @@ class AutoModelForMultipleChoice(_AutoBase):
     _suffix = "ForMultipleChoice"
 
 
-# AutoTokenizer: provided by the tokenizer side (fastbert.Encoder / tokenizer work), added here or in
-# fastbert/tokenizer_auto.py; fastbert/__init__.py maps the public name `AutoTokenizer` to this module.
+# AutoTokenizer lives in fastbert/tokenizer/auto.py (fastbert.AutoTokenizer); here for fastbert.auto users.
 def __getattr__(name):
     if name == "AutoTokenizer":
         try:
-            from fastbert.tokenizer_auto import AutoTokenizer
+            from fastbert.tokenizer import AutoTokenizer
         except ImportError as e:
-            raise AttributeError("fastbert.AutoTokenizer is not available yet (fastbert/tokenizer_auto.py)") from e
+            raise AttributeError("fastbert.AutoTokenizer is not available (fastbert/tokenizer/auto.py)") from e
         return AutoTokenizer
     raise AttributeError(f"module 'fastbert.auto' has no attribute {name!r}")
