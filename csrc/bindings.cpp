@@ -195,7 +195,12 @@ class PyTokenizer {
             in.b.reserve(n + 1);
             in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             for (size_t i = 0; i < n; ++i) {
-                add_item(pitems[i], "text_pair", i, o.split_words, in, ws.refs);
+                if (pitems[i] == Py_None) {  // no pair for this item (a batch mixing texts and pairs)
+                    in.single.resize(n, 0);
+                    in.single[i] = 1;
+                } else {
+                    add_item(pitems[i], "text_pair", i, o.split_words, in, ws.refs);
+                }
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
         }
@@ -423,6 +428,7 @@ class PyTokenizer {
             in.segs.clear();
             in.a.assign(1, 0);
             in.b.clear();
+            in.single.clear();
             busy = false;
         }
         static constexpr size_t kKeepBytes = size_t{1} << 20;

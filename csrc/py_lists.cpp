@@ -92,12 +92,19 @@ IntTable::IntTable(size_t n) {
     ints_.reserve(n);
     for (size_t i = 0; i < n; ++i) {
         PyObject* v = PyLong_FromSize_t(i);
-        if (!v) throw PythonError();
+        if (!v) break;
         ints_.push_back(v);
+    }
+    if (ints_.size() == n && n) zero_pair_ = PyTuple_Pack(2, ints_[0], ints_[0]);
+    if (!zero_pair_) {  // a constructor that throws runs no destructor: drop what was made
+        for (PyObject* v : ints_) Py_DECREF(v);
+        ints_.clear();
+        throw PythonError();
     }
 }
 
 IntTable::~IntTable() {
+    Py_XDECREF(zero_pair_);
     for (PyObject* v : ints_) Py_DECREF(v);
 }
 
@@ -133,12 +140,11 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
     if (o.words) out.words = new_list(total);
     PyObject* zero = ints.borrowed(0);
     PyObject* one = ints.borrowed(1);
-    PyObject* zero_pair = PyTuple_Pack(2, zero, zero);
-    if (!zero_pair) throw PythonError();
+    PyObject* zero_pair = ints.zero_pair();
     struct Drop {
         PyObject* o;
         ~Drop() { Py_DECREF(o); }
-    } drop_pair{zero_pair};
+    };
     PyObject* pad = ints.new_ref(static_cast<size_t>(o.pad_id));
     Drop drop_pad{pad};
 

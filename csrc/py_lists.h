@@ -27,9 +27,11 @@ class IntTable {
     size_t size() const { return ints_.size(); }
     PyObject* borrowed(size_t v) const { return ints_[v]; }  // v < size()
     PyObject* new_ref(size_t v) const;                        // any v
+    PyObject* zero_pair() const { return zero_pair_; }        // (0, 0): the offsets of special tokens
 
  private:
     std::vector<PyObject*> ints_;
+    PyObject* zero_pair_ = nullptr;
 };
 
 // New references (or null when not asked for) to the outer lists, one row list per row.

@@ -387,11 +387,12 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
         for (size_t i = begin; i < end; ++i) {
             s.a.clear();
             encode(in.segs.data() + in.a[i], in.a[i + 1] - in.a[i], cfg.offsets, s, s.a, limit);
-            if (pair) {
+            const bool has_pair = in.has_pair(i);
+            if (has_pair) {
                 s.b.clear();
                 encode(in.segs.data() + in.b[i], in.b[i + 1] - in.b[i], cfg.offsets, s, s.b);
             }
-            post_process(s.a, pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
+            post_process(s.a, has_pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
         }
     });
 }

@@ -34,8 +34,10 @@ struct BatchInput {
     std::vector<std::string_view> segs;
     std::vector<uint32_t> a{0};
     std::vector<uint32_t> b;
-    bool split_words = false;  // segments are the user's words (is_split_into_words)
+    std::vector<uint8_t> single;  // with b: 1 for an item without a pair (a batch mixing texts and pairs)
+    bool split_words = false;     // segments are the user's words (is_split_into_words)
     size_t size() const { return a.size() - 1; }
+    bool has_pair(size_t i) const { return !b.empty() && (single.empty() || !single[i]); }
 };
 
 class Tokenizer {

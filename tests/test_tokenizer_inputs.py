@@ -82,7 +82,7 @@ def test_pre_split_words(tok, hf):
 
 
 def test_bad_pairs_raise_like_transformers(tok, hf):
-    for items in ([["only one"]], [["a", "b", "c"]]):
+    for items in ([["only one"]], [["a", "b", "c"]], ["a", ("b", "c", "d")]):
         with pytest.raises(TypeError):
             hf(items)
         with pytest.raises(TypeError, match="pair"):
@@ -93,13 +93,15 @@ def test_bad_pairs_raise_like_transformers(tok, hf):
         tok([("a", "b")], ["c"])
 
 
-def test_mixed_batch_is_refused_clearly(tok, hf):
-    # transformers takes a batch mixing texts and pairs; fastbert encodes a batch of one kind and says so
-    assert hf([("a", "b"), "c"])["input_ids"] == [[101, 1037, 102, 1038, 102], [101, 1039, 102]]
-    with pytest.raises(TypeError, match="batch item 1.*pair"):
-        tok([("a", "b"), "c"])
-    with pytest.raises(TypeError, match="batch item 1 is tuple, not str"):
-        tok(["c", ("a", "b")])
+def test_batch_mixing_texts_and_pairs(tok, hf):
+    items = [LINES[0], (LINES[1], LINES[2]), [LINES[3], LINES[4]], LINES[5]]
+    for batch in (items, items[1:] + items[:1]):  # a pair first, and a text first
+        a, b = _both(tok, hf, batch, **FIELDS)
+        for k in range(len(batch)):
+            assert a.sequence_ids(k) == b.sequence_ids(k) and a.word_ids(k) == b.word_ids(k)
+        _both(tok, hf, batch, padding=True, truncation=True, max_length=10, return_tensors="pt")
+    words = [WORDS[0], (WORDS[1], WORDS[2]), WORDS[3]]
+    _both(tok, hf, words, is_split_into_words=True, **FIELDS)
 
 
 @pytest.mark.parametrize("call", ["__call__", "encode"])

@@ -166,7 +166,6 @@ class Aligner:
     def encodings(self, texts, pairs, options, flatten_overflow) -> list[Encoding]:
         """The Encoding of every row of a batch encoded with `options` (an EncodeOptions)."""
         out, _ = self.core.encode_batch(texts, pairs, options.for_alignment())
-        n_seq = 1 if pairs is None else 2
         main: list[Encoding] = []
         flat: list[Encoding] = []
         by_a: dict[int, Encoding] = {}        # this item's rows (A_i, B_0)
@@ -174,7 +173,8 @@ class Aligner:
         items = out["overflow_to_sample_mapping"]
         vocab = self.core.tokens()
         for k, item in enumerate(items):
-            enc = self._row(out, k, texts[item], pairs[item] if pairs is not None else None, options, n_seq, vocab)
+            pair = pairs[item] if pairs is not None else None  # None also for a text in a batch of pairs
+            enc = self._row(out, k, texts[item], pair, options, 1 if pair is None else 2, vocab)
             if k == 0 or items[k - 1] != item:
                 main.append(enc)
                 by_a, by_b = {}, {}

@@ -78,7 +78,7 @@ def _freeze(texts, split_words):
     if texts is None:
         return None
     if split_words:
-        return tuple(tuple(words) for words in texts)
+        return tuple(None if words is None else tuple(words) for words in texts)  # None: no pair
     return texts if isinstance(texts, tuple) else tuple(texts)
 
 
@@ -91,13 +91,17 @@ def _is_pair(item, split_words: bool) -> bool:
 
 
 def _unzip_pairs(items, split_words: bool):
-    # [(a, b), ...] -> (a, ...), (b, ...), as tokenizers takes a batch of pairs
+    # [(a, b), c, ...] -> (a, c, ...), (b, None, ...), as tokenizers takes a batch of pairs (None: an
+    # item without a pair, in a batch mixing texts and pairs)
     firsts, seconds = [], []
     for k, item in enumerate(items):
-        if not _is_pair(item, split_words) or len(item) != 2:
-            what = f"a {type(item).__name__} of {len(item)}" if isinstance(item, (list, tuple)) else _kind(item)
-            raise TypeError(f"batch item {k}: item 0 is a pair, so every item must be a (text, text_pair) pair "
-                            f"of {'word lists' if split_words else 'str'}, got {what}")
+        if not _is_pair(item, split_words):
+            firsts.append(item)
+            seconds.append(None)
+            continue
+        if len(item) != 2:
+            raise TypeError(f"batch item {k}: a pair must be (text, text_pair), got a {type(item).__name__} of "
+                            f"{len(item)} {'word lists' if split_words else 'texts'}")
         firsts.append(item[0])
         seconds.append(item[1])
     return tuple(firsts), tuple(seconds)
@@ -547,7 +551,14 @@ class BertTokenizer:
             special_tokens_mask=bool(return_special_tokens_mask), offsets=bool(return_offsets_mapping),
             length=bool(return_length), overflow=bool(return_overflowing_tokens), numpy=kind is not None,
             num_threads=self._num_threads)
-        out, longest = self._core.encode_batch(texts, pairs, options)
+        try:
+            out, longest = self._core.encode_batch(texts, pairs, options)
+        except TypeError:
+            # a pair after the first item of a batch of texts: a batch mixing texts and pairs
+            if not (batched and pairs is None and any(_is_pair(t, is_split_into_words) for t in texts)):
+                raise
+            texts, pairs = _unzip_pairs(texts, is_split_into_words)
+            out, longest = self._core.encode_batch(texts, pairs, options)
         if max_length is None and verbose:
             self._warn_if_long(longest)
         enc = BatchEncoding(out)
