@@ -131,6 +131,8 @@ def _batch_items(text, text_pair, split_words: bool):
     if text_pair is not None and len(text) != len(text_pair):
         raise ValueError(f"batch length of `text`: {len(text)} does not match batch length of "
                          f"`text_pair`: {len(text_pair)}.")
+    if text_pair is not None and None in text_pair:  # None marks "no pair" to the core: never from the user
+        raise TypeError(f"text_pair item {list(text_pair).index(None)} is NoneType, not str")
     if text_pair is None and text and _is_pair(text[0], split_words):
         return True, *_unzip_pairs(text, split_words)
     return True, text, text_pair
