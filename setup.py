@@ -49,8 +49,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["fastbert", "fastbert.ops", "fastbert.models", "fastbert.benchmarks", "fastbert.kernels",
-              "fastbert.integrations"],
+    packages=["fastbert", "fastbert.tokenizer", "fastbert.ops", "fastbert.models", "fastbert.benchmarks",
+              "fastbert.kernels", "fastbert.integrations"],
     package_dir={"fastbert": "fastbert", "fastbert.kernels": "kernels"},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
@@ -75,6 +75,7 @@ setup(
             "nanotoken",
             "django",  # its translation catalogs are the multilingual tokenizer corpus
             "accelerate>=1.1",  # transformers.Trainer needs it (tests/test_training.py)
+            "peft>=0.10",  # LoRA adapters inside fastbert models (tests/test_peft.py)
             "faker", "babel", "emoji",  # held-out multilingual text (tests/test_tokenizer_heldout.py)
             "ray[data]>=2.9", "pyarrow>=12",  # tests/test_ray.py, tests/test_embed_corpus.py
         ],

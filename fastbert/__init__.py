@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BertTokenizer": "fastbert.tokenizer",
     "BatchEncoding": "fastbert.tokenizer",
-    "AutoTokenizer": "fastbert.tokenizer_auto",
+    "AutoTokenizer": "fastbert.tokenizer",
     "AutoModel": "fastbert.auto",
     "AutoModelForMaskedLM": "fastbert.auto",
     "AutoModelForSequenceClassification": "fastbert.auto",
@@ -21,6 +21,7 @@ _LAZY = {
     "Encoder": "fastbert.encoder",
     "optimize": "fastbert.optimize",
     "ops": "fastbert.ops",
+    "cuda_graphs": "fastbert.cuda_graphs",
 }
 
 
