@@ -10,11 +10,18 @@ from typing import List
 import torch
 from torch import nn
 
+from fastbert.models.config import ConfigError
 from fastbert.models.embeddings import Embeddings
 from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, QuestionAnsweringModel,
                                    SequenceClassificationModel, TokenClassificationModel, activation)
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
+
+
+def check_config(config, source: str) -> None:
+    groups, layers = config.num_hidden_groups, config.num_hidden_layers
+    if groups < 1 or groups > layers:
+        raise ConfigError(f"{source}: num_hidden_groups={groups} must be in [1, num_hidden_layers={layers}]")
 
 
 class AlbertAttention(nn.Module):
@@ -65,11 +72,8 @@ class AlbertModel(EncoderModel):
         self.encoder = AlbertTransformer(config, self.dims)
         self.pooler = nn.Linear(self.dims.hidden_size, self.dims.hidden_size) if add_pooling_layer else None
 
-    def max_sequence_length(self) -> int:
-        return self.embeddings.max_sequence_length()
-
-    def embed(self, packing, input_ids, token_type_ids, position_ids, inputs_embeds):
-        x = self.embeddings(packing, input_ids, token_type_ids, position_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.encoder.embedding_hidden_mapping_in(x)
 
     def layers(self) -> List[FastLayer]:

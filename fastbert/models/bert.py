@@ -86,22 +86,18 @@ class BertEncoder(nn.Module):
 class BertModel(EncoderModel):
     base_model_prefix = "bert"
     model_types = ("bert",)
-    roberta_positions = False
 
     def __init__(self, config, add_pooling_layer: bool = True):
         super().__init__(config)
         d = self.dims
-        self.embeddings = Embeddings(d, roberta_positions=self.roberta_positions)
+        self.embeddings = Embeddings(d)
         if d.embedding_size != d.hidden_size:  # ELECTRA's factorised embeddings
             self.embeddings_project = nn.Linear(d.embedding_size, d.hidden_size)
         self.encoder = BertEncoder(d)
         self.pooler = Pooler(d.hidden_size) if add_pooling_layer else None
 
-    def max_sequence_length(self) -> int:
-        return self.embeddings.max_sequence_length()
-
-    def embed(self, packing, input_ids, token_type_ids, position_ids, inputs_embeds):
-        x = self.embeddings(packing, input_ids, token_type_ids, position_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x
 
     def layers(self) -> List[FastLayer]:
@@ -114,7 +110,6 @@ class BertModel(EncoderModel):
 class RobertaModel(BertModel):
     base_model_prefix = "roberta"
     model_types = ("roberta",)
-    roberta_positions = True
 
 
 class XLMRobertaModel(RobertaModel):

@@ -13,16 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastbert.models.layers import TORCH_ACTIVATION
 from fastbert.models.modeling import FastPreTrainedModel
 from fastbert.models.outputs import (MaskedLMOutput, MultipleChoiceModelOutput, QuestionAnsweringModelOutput,
                                      SequenceClassifierOutput, TokenClassifierOutput)
 
-_ACT = {"none": lambda x: F.gelu(x), "tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": torch.relu}
-
-
 def activation(name: str):
     """Module-free activation by fastbert's resolved name ("none" = exact GELU)."""
-    return _ACT[name]
+    return TORCH_ACTIVATION[name]
 
 
 # ---- building blocks under transformers' names ------------------------------------------------------

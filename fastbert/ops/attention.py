@@ -240,3 +240,21 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
                                      _seed(dropout_p, generator))
     return varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p=dropout_p,
                                 generator=generator)
+
+
+def attention_probs_ref(q, k, attention_mask=None, scale: Optional[float] = None) -> torch.Tensor:
+    """softmax(q k^T * scale) over real keys, for output_attentions: (batch, seq, heads, head_dim)
+    -> (batch, heads, seq, seq) probabilities in q's dtype (computed in fp32; fp64 stays fp64).
+
+    Masking as attention_ref's: keys where attention_mask == 0 get no weight and a query row with
+    no real key is all zeros, so `probs @ v` equals attention_ref(q, k, v, attention_mask)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    compute = _compute_dtype(q.dtype)
+    qh, kh = (t.transpose(1, 2).to(compute) for t in (q, k))     # (batch, heads, seq, head_dim)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale      # (batch, heads, seq, seq)
+    if attention_mask is None:
+        return torch.softmax(scores, dim=-1).to(q.dtype)
+    keep = (attention_mask != 0)[:, None, None, :]
+    any_key = keep.any(-1, keepdim=True)
+    scores = scores.masked_fill(~keep, float("-inf")).masked_fill(~any_key, 0.0)
+    return (torch.softmax(scores, dim=-1) * any_key).to(q.dtype)
