@@ -219,7 +219,7 @@ def test_forward_packed_matches_padded_forward():
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     with torch.no_grad():
         padded = fast(input_ids=ids, attention_mask=mask).last_hidden_state
-        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max()))
+        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max())).last_hidden_state
     assert packed.shape == (int(lengths.sum()), BASE["hidden_size"])
     assert max_diff(packed, padded[mask.bool()]) <= 1e-5
 
@@ -338,10 +338,11 @@ def test_optimize_transformers_model(task):
 
 def test_sentence_transformers_and_encoder(tmp_path):
     st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     import fastbert
     path = save_checkpoint(tmp_path)
-    model = st.SentenceTransformer(modules=[st.models.Transformer(str(path)),
-                                            st.models.Pooling(BASE["hidden_size"], "mean")], device="cpu")
+    model = st.SentenceTransformer(modules=[Transformer(str(path)), Pooling(BASE["hidden_size"], "mean")],
+                                   device="cpu")
     ref = model.encode(TEXTS, convert_to_tensor=True)
     fastbert.optimize(model)
     assert "_fastbert_encoder" in model[0].auto_model.__dict__
