@@ -349,3 +349,21 @@ def test_sentence_transformers_and_encoder(tmp_path):
     assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
     enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
     assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
+
+
+def test_forward_packed_reads_no_device_value():
+    """No host read in model code on the packed path (local and global layers both run); the padded
+    forward reads once (input ranges and mask lengths together)."""
+    from test_forward_packed import HostReads
+    _, fast = make_pair()
+    ids, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    with torch.no_grad():
+        with HostReads() as packed_reads:
+            fast.forward_packed(ids[mask.bool()], cu, longest)
+        with HostReads() as padded_reads:
+            fast(input_ids=ids, attention_mask=mask)
+    assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
+    assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()

@@ -220,3 +220,19 @@ def test_sentence_transformers_and_encoder(tmp_path):
     assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
     enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
     assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
+
+
+def test_forward_packed_reads_no_device_value():
+    from test_forward_packed import HostReads
+    _, fast = make_pair()
+    ids, types, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    with torch.no_grad():
+        with HostReads() as packed_reads:
+            fast.forward_packed(ids[mask.bool()], cu, longest, token_type_ids=types[mask.bool()])
+        with HostReads() as padded_reads:
+            fast(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
+    assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()
