@@ -367,3 +367,20 @@ def test_forward_packed_reads_no_device_value():
             fast(input_ids=ids, attention_mask=mask)
     assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
     assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()
+
+
+def test_forward_packed_traces_without_graph_breaks_in_this_family():
+    """torch.compile can trace the packed path: no graph break in the family's code, rotary or the
+    sliding window (breaks inside the other fastbert.ops are theirs to remove, as custom ops)."""
+    import os
+    _, fast = make_pair()
+    ids, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(fast.forward_packed)(ids[mask.bool()], cu, int(lengths.max()))
+    ours = {"modernbert.py", "rotary_encoder.py", "rotary.py", "sliding_window.py"}
+    breaks = [(r.user_stack[-1].filename, r.reason.splitlines()[0]) for r in explained.break_reasons
+              if r.user_stack and os.path.basename(r.user_stack[-1].filename) in ours]
+    assert breaks == [], breaks
