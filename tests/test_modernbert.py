@@ -219,7 +219,7 @@ def test_forward_packed_matches_padded_forward():
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     with torch.no_grad():
         padded = fast(input_ids=ids, attention_mask=mask).last_hidden_state
-        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max()))
+        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max())).last_hidden_state
     assert packed.shape == (int(lengths.sum()), BASE["hidden_size"])
     assert max_diff(packed, padded[mask.bool()]) <= 1e-5
 
@@ -338,13 +338,49 @@ def test_optimize_transformers_model(task):
 
 def test_sentence_transformers_and_encoder(tmp_path):
     st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     import fastbert
     path = save_checkpoint(tmp_path)
-    model = st.SentenceTransformer(modules=[st.models.Transformer(str(path)),
-                                            st.models.Pooling(BASE["hidden_size"], "mean")], device="cpu")
+    model = st.SentenceTransformer(modules=[Transformer(str(path)), Pooling(BASE["hidden_size"], "mean")],
+                                   device="cpu")
     ref = model.encode(TEXTS, convert_to_tensor=True)
     fastbert.optimize(model)
     assert "_fastbert_encoder" in model[0].auto_model.__dict__
     assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
     enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
     assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
+
+
+def test_forward_packed_reads_no_device_value():
+    """No host read in model code on the packed path (local and global layers both run); the padded
+    forward reads once (input ranges and mask lengths together)."""
+    from test_forward_packed import HostReads
+    _, fast = make_pair()
+    ids, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    with torch.no_grad():
+        with HostReads() as packed_reads:
+            fast.forward_packed(ids[mask.bool()], cu, longest)
+        with HostReads() as padded_reads:
+            fast(input_ids=ids, attention_mask=mask)
+    assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
+    assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()
+
+
+def test_forward_packed_traces_without_graph_breaks_in_this_family():
+    """torch.compile can trace the packed path: no graph break in the family's code, rotary or the
+    sliding window (breaks inside the other fastbert.ops are theirs to remove, as custom ops)."""
+    import os
+    _, fast = make_pair()
+    ids, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(fast.forward_packed)(ids[mask.bool()], cu, int(lengths.max()))
+    ours = {"modernbert.py", "rotary_encoder.py", "rotary.py", "sliding_window.py"}
+    breaks = [(r.user_stack[-1].filename, r.reason.splitlines()[0]) for r in explained.break_reasons
+              if r.user_stack and os.path.basename(r.user_stack[-1].filename) in ours]
+    assert breaks == [], breaks

@@ -101,7 +101,8 @@ def test_position_ids_and_packed_forward():
         lengths = mask.sum(1)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
         padded = fast(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
-        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max()), token_type_ids=types[mask.bool()])
+        packed = fast.forward_packed(ids[mask.bool()], cu, int(lengths.max()),
+                                     token_type_ids=types[mask.bool()]).last_hidden_state
     assert max_diff(packed, padded[mask.bool()]) <= 1e-5
 
 
@@ -171,9 +172,16 @@ def test_wordpiece_goes_through_the_cpp_tokenizer(tmp_path):
 
 
 def test_from_pretrained_and_auto_classes(tmp_path):
+    """transformers writes nomic-ai's original names (fused attn.Wqkv, fc11/fc12/fc2, norm1/2, emb_ln);
+    fastbert converts them on load as transformers does, and its own save loads back too."""
     import fastbert
+    from safetensors.torch import load_file
     path = save_checkpoint(tmp_path)
+    assert any(k.endswith("attn.Wqkv.weight") for k in load_file(str(path / "model.safetensors")))
     fast = fastbert.AutoModel.from_pretrained(str(path))
+    fast.save_pretrained(str(tmp_path / "again"))
+    again = fastbert.AutoModel.from_pretrained(str(tmp_path / "again"))
+    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), again.state_dict().values()))
     hf = T.AutoModel.from_pretrained(str(path), attn_implementation="sdpa").eval()
     assert type(fast).__name__ == "NomicBertModel"
     tok = fastbert.AutoTokenizer.from_pretrained(str(path))
@@ -201,13 +209,30 @@ def test_optimize_transformers_model(task):
 
 def test_sentence_transformers_and_encoder(tmp_path):
     st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     import fastbert
     path = save_checkpoint(tmp_path)
-    model = st.SentenceTransformer(modules=[st.models.Transformer(str(path)),
-                                            st.models.Pooling(BASE["hidden_size"], "mean")], device="cpu")
+    model = st.SentenceTransformer(modules=[Transformer(str(path)), Pooling(BASE["hidden_size"], "mean")],
+                                   device="cpu")
     ref = model.encode(TEXTS, convert_to_tensor=True)
     fastbert.optimize(model)
     assert "_fastbert_encoder" in model[0].auto_model.__dict__
     assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
     enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
     assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
+
+
+def test_forward_packed_reads_no_device_value():
+    from test_forward_packed import HostReads
+    _, fast = make_pair()
+    ids, types, mask = batch()
+    lengths = mask.sum(1)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    with torch.no_grad():
+        with HostReads() as packed_reads:
+            fast.forward_packed(ids[mask.bool()], cu, longest, token_type_ids=types[mask.bool()])
+        with HostReads() as padded_reads:
+            fast(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
+    assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()

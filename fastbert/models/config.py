@@ -94,8 +94,8 @@ def check_supported(config, source: str = "config") -> None:
     for flag in ("is_decoder", "add_cross_attention"):
         if getattr(config, flag, False):
             raise ConfigError(f"{source}: {flag}=True is not supported (fastbert runs bidirectional encoders)")
-    act = getattr(config, fam.activation_key, None)
-    if act not in ACTIVATIONS:
+    act = getattr(config, fam.activation_key, None) if fam.activation_key else None
+    if fam.activation_key and act not in ACTIVATIONS:  # no key: the family's check_config reads it
         raise ConfigError(f"{source}: hidden activation {fam.activation_key}={act!r} is not supported; "
                           f"supported: {sorted(ACTIVATIONS)}")
     check_config = fam.hook("check_config")

@@ -21,16 +21,16 @@ from torch import nn
 
 from fastbert.models.config import ConfigError, Dims
 from fastbert.models.heads import TaskModel, qa_loss, sequence_classification_loss
-from fastbert.models.layers import linear
 from fastbert.models.outputs import (BaseModelOutput, MaskedLMOutput, MultipleChoiceModelOutput,
                                      QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
 from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
                                             check_probability, check_rope_type, dense_attention, layer_norm,
                                             residual_linear)
 from fastbert.ops import varlen_attention
+from fastbert.ops.linear import linear
 from fastbert.ops.rotary import Rotary, rotary
 from fastbert.ops.sliding_window import sliding_window_attention
-from fastbert.padding import Packing, pack
+from fastbert.padding import Packing
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
@@ -51,47 +51,46 @@ def rope_theta(config, kind: str, source: str) -> float:
     return float(getattr(config, old[0], old[1]))
 
 
+def check_config(config, source: str = "config") -> None:
+    """The registry's hook: raise ConfigError naming what fastbert's ModernBERT cannot honour."""
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings"):
+        v = getattr(config, name)
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
+    if config.hidden_size % config.num_attention_heads:
+        raise ConfigError(f"{source}: hidden size {config.hidden_size} is not a multiple of the number of "
+                          f"attention heads {config.num_attention_heads}")
+    if (config.hidden_size // config.num_attention_heads) % 2:
+        raise ConfigError(f"{source}: head_dim {config.hidden_size // config.num_attention_heads} must be even "
+                          "for rotary embeddings")
+    types = layer_types(config)
+    if len(types) != config.num_hidden_layers or set(types) - {GLOBAL, LOCAL}:
+        raise ConfigError(f"{source}: layer_types={types!r} must list {config.num_hidden_layers} entries of "
+                          f"{GLOBAL!r} / {LOCAL!r}")
+    for kind in set(types):
+        rope_theta(config, kind, source)
+    if LOCAL in types and (not isinstance(config.local_attention, int) or config.local_attention < 0):
+        raise ConfigError(f"{source}: local_attention={config.local_attention!r} must be a non-negative int")
+    activation_fn(config.hidden_activation, source, "hidden_activation")
+    activation_fn(config.classifier_activation, source, "classifier_activation")
+    if config.classifier_pooling not in ("cls", "mean"):
+        raise ConfigError(f"{source}: classifier_pooling={config.classifier_pooling!r} must be 'cls' or 'mean'")
+    check_probability(config, ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"),
+                      source)
+
+
+def resolve_dims(config) -> Dims:
+    """The registry's hook: ModernBertConfig's names for the sizes every fastbert model reads."""
+    return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
+                config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
+                config.hidden_activation, float(config.norm_eps), config.max_position_embeddings, 0,
+                config.pad_token_id, float(config.mlp_dropout), float(config.attention_dropout))
+
+
 class ModernBertFamily(RotaryFamily):
     base_model_prefix = "model"
     model_types = ("modernbert",)
-
-    @classmethod
-    def check_config(cls, config, source):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings"):
-            v = getattr(config, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
-        if config.hidden_size % config.num_attention_heads:
-            raise ConfigError(f"{source}: hidden size {config.hidden_size} is not a multiple of the number of "
-                              f"attention heads {config.num_attention_heads}")
-        if (config.hidden_size // config.num_attention_heads) % 2:
-            raise ConfigError(f"{source}: head_dim {config.hidden_size // config.num_attention_heads} must be even "
-                              "for rotary embeddings")
-        types = layer_types(config)
-        if len(types) != config.num_hidden_layers or set(types) - {GLOBAL, LOCAL}:
-            raise ConfigError(f"{source}: layer_types={types!r} must list {config.num_hidden_layers} entries of "
-                              f"{GLOBAL!r} / {LOCAL!r}")
-        for kind in set(types):
-            rope_theta(config, kind, source)
-        if LOCAL in types and (not isinstance(config.local_attention, int) or config.local_attention < 0):
-            raise ConfigError(f"{source}: local_attention={config.local_attention!r} must be a non-negative int")
-        activation_fn(config.hidden_activation, source, "hidden_activation")
-        activation_fn(config.classifier_activation, source, "classifier_activation")
-        if config.classifier_pooling not in ("cls", "mean"):
-            raise ConfigError(f"{source}: classifier_pooling={config.classifier_pooling!r} must be 'cls' or 'mean'")
-        check_probability(config, ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"),
-                          source)
-        pad = getattr(config, "pad_token_id", None)
-        if pad is not None and not 0 <= pad < config.vocab_size:
-            raise ConfigError(f"{source}: pad_token_id={pad} is outside the vocabulary (size {config.vocab_size})")
-
-    @classmethod
-    def resolve_config(cls, config):
-        return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
-                    config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
-                    config.hidden_activation, float(config.norm_eps), config.max_position_embeddings, 0,
-                    config.pad_token_id, float(config.mlp_dropout), float(config.attention_dropout))
 
     def init_std(self, module, name):
         """transformers' ModernBERT init: truncated normal, 'out' projections scaled by depth."""
@@ -118,12 +117,9 @@ class ModernBertEmbeddings(nn.Module):
         self.norm = _norm(config)
         self.drop = nn.Dropout(config.embedding_dropout)
 
-    def forward(self, packing: Packing, input_ids, inputs_embeds):
-        if inputs_embeds is not None:
-            x = pack(inputs_embeds, packing)
-        else:
-            x = F.embedding(pack(input_ids, packing), self.tok_embeddings.weight, self.tok_embeddings.padding_idx)
-        return self.drop(layer_norm(x, self.norm))                    # (tokens, hidden)
+    def forward(self, input_ids, inputs_embeds, backend: str):     # packed (tokens,) ids or (tokens, hidden)
+        x = inputs_embeds if inputs_embeds is not None else self.tok_embeddings(input_ids)
+        return self.drop(layer_norm(x, self.norm, backend))              # (tokens, hidden)
 
 
 class ModernBertAttention(nn.Module):
@@ -156,12 +152,14 @@ class ModernBertEncoderLayer(nn.Module):
         self.act = activation_fn(config.hidden_activation, "config", "hidden_activation")
         self._rope = [rope]   # shared with the model; a list so it is not registered twice
 
-    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False):
+    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False,
+                backend: str = "auto"):
         tokens, hidden = x.shape
-        h = layer_norm(x, self.attn_norm)
-        qkv = linear(h, self.attn.Wqkv.weight, self.attn.Wqkv.bias).view(tokens, 3, self.num_heads, -1)
+        h = layer_norm(x, self.attn_norm, backend)
+        qkv = linear(h, self.attn.Wqkv.weight, self.attn.Wqkv.bias, backend=backend)
+        qkv = qkv.view(tokens, 3, self.num_heads, -1)
         cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
-        q, k = rotary(qkv, cos, sin, inplace=True)
+        q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
         v = qkv[:, 2]
         drop = self.attention_dropout if self.training else 0.0
         probs = None
@@ -170,15 +168,16 @@ class ModernBertEncoderLayer(nn.Module):
         elif tokens == 0:
             ctx = q.new_zeros(q.shape)
         elif self.window is None or positions.span - 1 <= self.window:   # no row reaches past the window
-            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop)
+            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop,
+                                   backend=backend)
         else:
             ctx = sliding_window_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, self.window,
-                                           positions.window, dropout_p=drop)
-        x = residual_linear(ctx.reshape(tokens, hidden), self.attn.Wo, x, drop)  # out_drop: attention_dropout
-        h = layer_norm(x, self.mlp_norm)
-        inp, gate = linear(h, self.mlp.Wi.weight, self.mlp.Wi.bias).chunk(2, dim=-1)
+                                           positions.window, dropout_p=drop, backend=backend)
+        x = residual_linear(ctx.reshape(tokens, hidden), self.attn.Wo, x, drop, backend)  # out_drop
+        h = layer_norm(x, self.mlp_norm, backend)
+        inp, gate = linear(h, self.mlp.Wi.weight, self.mlp.Wi.bias, backend=backend).chunk(2, dim=-1)
         g = self.mlp.drop(self.act(inp) * gate)                                # (tokens, intermediate)
-        return residual_linear(g, self.mlp.Wo, x, 0.0), probs
+        return residual_linear(g, self.mlp.Wo, x, 0.0, backend), probs
 
 
 # ---- the bare encoder -------------------------------------------------------------------------------
@@ -197,11 +196,11 @@ class ModernBertModel(ModernBertFamily, RotaryEncoderModel):
     def get_input_embeddings(self):
         return self.embeddings.tok_embeddings
 
-    def embed(self, packing, input_ids, token_type_ids, inputs_embeds):
-        return self.embeddings(packing, input_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        return self.embeddings(input_ids, inputs_embeds, backend)
 
     def finish(self, x):
-        return layer_norm(x, self.final_norm)
+        return layer_norm(x, self.final_norm, self._backend)
 
 
 # ---- heads ----------------------------------------------------------------------------------------
@@ -215,7 +214,8 @@ class ModernBertPredictionHead(nn.Module):
         self.act = activation_fn(config.classifier_activation, "config", "classifier_activation")
 
     def forward(self, h):
-        return layer_norm(self.act(self.dense(h)), self.norm)
+        return F.layer_norm(self.act(self.dense(h)), self.norm.normalized_shape, self.norm.weight, self.norm.bias,
+                            self.norm.eps)
 
 
 def _pool(config, h, attention_mask, first_real: bool):

@@ -10,54 +10,88 @@ Parameter names are transformers' (`layers.{i}.self_attn.q_proj.weight`, ...). H
 5 has them: masked LM (tied decoder), sequence classification (on the pooler) and token
 classification. The WordPiece vocabulary goes through fastbert's C++ tokenizer.
 """
+import re
+from typing import Dict
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fastbert.models.bert import _PooledClassifier
 from fastbert.models.config import ConfigError, Dims
 from fastbert.models.heads import MaskedLMModel, Pooler, SequenceClassificationModel, TokenClassificationModel
-from fastbert.models.layers import linear, output_add_norm
+from fastbert.models.modeling import CheckpointError
 from fastbert.models.outputs import BaseModelOutputWithPooling
 from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
-                                            check_probability, check_rope_type, dense_attention, fused_weight)
-from fastbert.ops import add_layer_norm, varlen_attention
+                                            check_probability, check_rope_type, dense_attention, fused_weight,
+                                            layer_norm, post_norm)
+from fastbert.ops import varlen_attention
+from fastbert.ops.linear import linear
 from fastbert.ops.rotary import Rotary, rotary
-from fastbert.padding import Packing, pack
+from fastbert.padding import Packing
 
 
 def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def check_config(config, source: str = "config") -> None:
+    """The registry's hook: raise ConfigError naming what fastbert's NomicBERT cannot honour."""
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size"):
+        v = getattr(config, name)
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
+    if _head_dim(config) % 2:
+        raise ConfigError(f"{source}: head_dim {_head_dim(config)} must be even for rotary embeddings")
+    check_rope_type(config.rope_parameters, source, "rope_parameters")
+    activation_fn(config.hidden_act, source, "hidden_act")
+    check_probability(config, ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"),
+                      source)
+
+
+def resolve_dims(config) -> Dims:
+    """The registry's hook (BertConfig's names; the activation is kept as transformers names it)."""
+    return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
+                config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
+                config.hidden_act, float(config.layer_norm_eps), config.max_position_embeddings,
+                config.type_vocab_size, config.pad_token_id, float(config.hidden_dropout_prob),
+                float(config.attention_probs_dropout_prob))
+
+
+# nomic-ai's original parameter names (what transformers' save_pretrained writes for nomic_bert, and what
+# the Hub checkpoints hold) -> transformers' module names; transformers converts the same way on load
+_ORIGINAL_NAMES = [(re.compile(p), r) for p, r in (
+    (r"(^|\.)encoder\.layers\.", r"\1layers."), (r"(^|\.)emb_ln\.", r"\1embeddings.LayerNorm."),
+    (r"\.attn\.out_proj\.", ".self_attn.o_proj."), (r"\.mlp\.fc11\.", ".mlp.up_proj."),
+    (r"\.mlp\.fc12\.", ".mlp.gate_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
+    (r"\.norm1\.", ".post_attention_layernorm."), (r"\.norm2\.", ".post_mlp_layernorm."))]
+_WQKV = re.compile(r"^(.*)\.attn\.Wqkv\.weight$")
+
+
+def from_original_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A state dict under nomic-ai's names (fused attn.Wqkv, fc11/fc12/fc2, norm1/norm2, emb_ln) with
+    transformers' names; keys already in transformers' names pass unchanged."""
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in _ORIGINAL_NAMES:
+            key = pattern.sub(repl, key)
+        fused = _WQKV.match(key)
+        if fused:
+            if value.shape[0] % 3:
+                raise CheckpointError(f"{key}: fused Wqkv of shape {tuple(value.shape)} does not split in 3")
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3, dim=0)):
+                out[f"{fused.group(1)}.self_attn.{name}.weight"] = part
+        else:
+            out[key] = value
+    return out
+
+
 class NomicBertFamily(RotaryFamily):
     base_model_prefix = "nomic_bert"
     model_types = ("nomic_bert",)
 
-    @classmethod
-    def check_config(cls, config, source):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
-            v = getattr(config, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{source}: {name}={v!r} must be a positive integer")
-        if _head_dim(config) % 2:
-            raise ConfigError(f"{source}: head_dim {_head_dim(config)} must be even for rotary embeddings")
-        check_rope_type(config.rope_parameters, source, "rope_parameters")
-        activation_fn(config.hidden_act, source, "hidden_act")
-        check_probability(config, ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"),
-                          source)
-        pad = getattr(config, "pad_token_id", None)
-        if pad is not None and not 0 <= pad < config.vocab_size:
-            raise ConfigError(f"{source}: pad_token_id={pad} is outside the vocabulary (size {config.vocab_size})")
-
-    @classmethod
-    def resolve_config(cls, config):
-        return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
-                    config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
-                    config.hidden_act, float(config.layer_norm_eps), config.max_position_embeddings,
-                    config.type_vocab_size, config.pad_token_id, float(config.hidden_dropout_prob),
-                    float(config.attention_probs_dropout_prob))
+    def _normalize_keys(self, state):
+        return super()._normalize_keys(from_original_names(state))
 
 
 # ---- modules under transformers' names ------------------------------------------------------------
@@ -69,17 +103,13 @@ class NomicBertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, packing: Packing, input_ids, token_type_ids, inputs_embeds):
-        if inputs_embeds is not None:
-            x = pack(inputs_embeds, packing)
-        else:
-            x = F.embedding(pack(input_ids, packing), self.word_embeddings.weight)
+    def forward(self, input_ids, token_type_ids, inputs_embeds, backend: str):   # packed (tokens,) inputs
+        x = inputs_embeds if inputs_embeds is not None else self.word_embeddings(input_ids)
         if token_type_ids is None:
             types = self.token_type_embeddings.weight[0].to(x.dtype).expand_as(x)   # type 0 everywhere
         else:
-            types = F.embedding(pack(token_type_ids, packing), self.token_type_embeddings.weight).to(x.dtype)
-        n = self.LayerNorm
-        return self.dropout(add_layer_norm(x, types, n.weight, n.bias, n.eps))   # (tokens, hidden)
+            types = self.token_type_embeddings(token_type_ids).to(x.dtype)
+        return self.dropout(layer_norm(x, self.LayerNorm, backend, residual=types))   # (tokens, hidden)
 
 
 class NomicBertAttention(nn.Module):
@@ -115,13 +145,14 @@ class NomicBertLayer(nn.Module):
         self._rope = [rope]   # shared with the model; a list so it is not registered twice
         self._qkv_cache, self._mlp_cache = {}, {}
 
-    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False):
+    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False,
+                backend: str = "auto"):
         tokens = x.shape[0]
         a, m = self.self_attn, self.mlp
         weight, bias = fused_weight((a.q_proj, a.k_proj, a.v_proj), self._qkv_cache)
-        qkv = linear(x, weight, bias).view(tokens, 3, self.num_heads, self.head_dim)
+        qkv = linear(x, weight, bias, backend=backend).view(tokens, 3, self.num_heads, self.head_dim)
         cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
-        q, k = rotary(qkv, cos, sin, inplace=True)
+        q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
         v = qkv[:, 2]
         train = self.training
         drop = self.attention_dropout if train else 0.0
@@ -131,12 +162,13 @@ class NomicBertLayer(nn.Module):
         elif tokens == 0:
             ctx = q.new_zeros(q.shape)
         else:
-            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop)
+            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop,
+                                   backend=backend)
         hidden_p = self.hidden_dropout if train else 0.0
-        x = output_add_norm(ctx.reshape(tokens, -1), a.o_proj, x, self.post_attention_layernorm, hidden_p)
+        x = post_norm(ctx.reshape(tokens, -1), a.o_proj, x, self.post_attention_layernorm, hidden_p, backend)
         weight, bias = fused_weight((m.gate_proj, m.up_proj), self._mlp_cache)
-        gate, up = linear(x, weight, bias).chunk(2, dim=-1)                   # (tokens, intermediate) each
-        x = output_add_norm(self.act(gate) * up, m.down_proj, x, self.post_mlp_layernorm, hidden_p)
+        gate, up = linear(x, weight, bias, backend=backend).chunk(2, dim=-1)  # (tokens, intermediate) each
+        x = post_norm(self.act(gate) * up, m.down_proj, x, self.post_mlp_layernorm, hidden_p, backend)
         return x, probs
 
 
@@ -152,8 +184,8 @@ class NomicBertModel(NomicBertFamily, RotaryEncoderModel):
         self.rotary = Rotary(_head_dim(c), c.max_position_embeddings)
         self.layers = nn.ModuleList(NomicBertLayer(c, self.rotary) for _ in range(c.num_hidden_layers))
 
-    def embed(self, packing, input_ids, token_type_ids, inputs_embeds):
-        return self.embeddings(packing, input_ids, token_type_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        return self.embeddings(input_ids, token_type_ids, inputs_embeds, backend)
 
     def pool(self, sequence_output):
         return None if self.pooler is None else self.pooler(sequence_output)

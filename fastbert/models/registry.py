@@ -27,7 +27,8 @@ class Family:
     module: str                  # the file that implements it
     prefix: str                  # class names are prefix + task: "Bert" -> BertModel, BertForMaskedLM, ...
     roberta_positions: bool = False  # position ids start at pad_token_id + 1 (fairseq's convention)
-    activation_key: str = "hidden_act"  # the config attribute naming the FFN activation
+    activation_key: Optional[str] = "hidden_act"  # the config attribute naming the FFN activation
+                                                # (None: the family's check_config checks it)
     tasks: tuple = TASKS         # "Model" (the bare encoder) and the heads the family provides
 
     def class_name(self, task: str = "Model") -> str:
@@ -60,6 +61,9 @@ FAMILIES = {f.model_type: f for f in (
     Family("electra", "fastbert.models.bert", "Electra"),
     Family("distilbert", "fastbert.models.distilbert", "DistilBert", activation_key="activation"),
     Family("albert", "fastbert.models.albert", "Albert"),
+    Family("modernbert", "fastbert.models.modernbert", "ModernBert", activation_key=None),
+    Family("nomic_bert", "fastbert.models.nomic_bert", "NomicBert", activation_key=None,
+           tasks=("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 ROBERTA_LIKE = tuple(t for t, f in FAMILIES.items() if f.roberta_positions)

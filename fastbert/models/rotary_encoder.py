@@ -17,11 +17,11 @@ from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
-from fastbert.models.layers import _ONEDNN, linear, use_onednn
-from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_inputs
+from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_inputs, check_packed_shapes
 from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
-from fastbert.ops.sliding_window import packed_offsets
-from fastbert.padding import Packing, pack, repad, unpad
+from fastbert.ops import add_layer_norm
+from fastbert.ops.linear import linear
+from fastbert.padding import Packing, pack, packed_positions, repad, unpad
 
 # transformers' ACT2FN names -> the function (gelu is the exact erf GELU, as transformers)
 ACTIVATIONS = {
@@ -65,20 +65,22 @@ class Positions:
     span: int
 
 
-def padded_positions(packing: Packing, position_ids: Optional[torch.Tensor], device) -> Positions:
+def padded_positions(packing: Packing, position_ids: Optional[torch.Tensor]) -> Positions:
     """transformers' positions for a padded batch: each real token's index in its row, or position_ids."""
-    b, s = packing.batch, packing.seqlen
-    index = torch.arange(s, device=device).expand(b, s)
-    window = pack(index, packing) if packing.indices is not None else None
-    rotary = window if window is not None else index.reshape(-1)
+    b, s, device = packing.batch, packing.seqlen, packing.cu_seqlens.device
+    if packing.indices is None:
+        window, rotary = None, torch.arange(s, device=device).repeat(b)
+    else:
+        window = rotary = packing.indices % s
     if position_ids is not None:
         rotary = pack(position_ids.expand(b, s), packing).long()
     return Positions(rotary, window, s)
 
 
-def packed_positions(cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int,
-                     position_ids: Optional[torch.Tensor]) -> Positions:
-    rotary = packed_offsets(cu_seqlens, tokens) if position_ids is None else position_ids.long()
+def sequence_positions(cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int,
+                       position_ids: Optional[torch.Tensor]) -> Positions:
+    """Positions of packed sequences: 0..len-1 each (or position_ids); windows in the same offsets."""
+    rotary = packed_positions(cu_seqlens, tokens) if position_ids is None else position_ids.long()
     return Positions(rotary, None, max_seqlen)
 
 
@@ -100,17 +102,29 @@ def fused_weight(linears, cache: dict) -> Tuple[torch.Tensor, Optional[torch.Ten
     return cache["weight"], cache["bias"]
 
 
-def layer_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+def layer_norm(x: torch.Tensor, norm: nn.Module, backend: str = "auto", residual=None) -> torch.Tensor:
+    """norm(x + residual) for an nn.LayerNorm (bias or not) through fastbert's fused op; Identity passes."""
     if isinstance(norm, nn.Identity):
-        return x
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return x if residual is None else x + residual
+    return add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, backend=backend)
 
 
-def residual_linear(h: torch.Tensor, layer: nn.Linear, residual: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """residual + dropout(h W^T + b); on CPU fp32 inference the add runs in the oneDNN GEMM's epilogue."""
-    if dropout_p == 0.0 and residual.dtype == h.dtype and use_onednn(h, layer.weight):
-        return _ONEDNN.binary(h.contiguous(), residual.contiguous(), layer.weight, layer.bias, "add")
-    out = F.dropout(linear(h, layer.weight, layer.bias), dropout_p, dropout_p > 0)
+def post_norm(h: torch.Tensor, dense: nn.Linear, residual: torch.Tensor, norm: nn.LayerNorm, dropout_p: float,
+              backend: str) -> torch.Tensor:
+    """norm(dropout(dense(h)) + residual), the post-LN step; without dropout the residual add is the
+    GEMM's epilogue and the LayerNorm alone follows."""
+    if dropout_p == 0.0 and residual.dtype == h.dtype:
+        return layer_norm(linear(h, dense.weight, dense.bias, residual=residual, backend=backend), norm, backend)
+    a = F.dropout(linear(h, dense.weight, dense.bias, backend=backend), dropout_p, dropout_p > 0)
+    return layer_norm(a.to(residual.dtype), norm, backend, residual=residual)
+
+
+def residual_linear(h: torch.Tensor, layer: nn.Linear, residual: torch.Tensor, dropout_p: float,
+                    backend: str) -> torch.Tensor:
+    """residual + dropout(h W^T + b); without dropout the add is the GEMM's epilogue (oneDNN on CPU)."""
+    if dropout_p == 0.0 and residual.dtype == h.dtype:
+        return linear(h, layer.weight, layer.bias, residual=residual, backend=backend)
+    out = F.dropout(linear(h, layer.weight, layer.bias, backend=backend), dropout_p, dropout_p > 0)
     return residual + out.to(residual.dtype)
 
 
@@ -139,32 +153,8 @@ def dense_attention(q, k, v, packing: Packing, positions: Positions, window: Opt
 
 
 class RotaryFamily(FastPreTrainedModel):
-    """Base of the rotary families' models: their own config checks and Dims (they do not go through
-    the BERT-shaped `check_supported` / `resolve`), and transformers-like initialisation for norms
-    without bias. Subclasses set `model_types` and implement `check_config` / `resolve_config`."""
-
-    def __init__(self, config):
-        nn.Module.__init__(self)
-        if isinstance(config, dict):
-            from transformers import AutoConfig
-            config = AutoConfig.for_model(**config)
-        name = type(self).__name__
-        if getattr(config, "model_type", None) not in self.model_types:
-            raise ConfigError(f"{name} needs a config with model_type in {self.model_types}, "
-                              f"got {getattr(config, 'model_type', None)!r}")
-        self.check_config(config, name)
-        self.config = config
-        self.dims = self.resolve_config(config)
-        self.gradient_checkpointing = False
-        self._checkpoint_options = ({"use_reentrant": False}, 1, False)
-
-    @classmethod
-    def check_config(cls, config, source: str) -> None:
-        raise NotImplementedError
-
-    @classmethod
-    def resolve_config(cls, config):
-        raise NotImplementedError
+    """Base of the rotary families' models: transformers-like initialisation for norms without bias
+    (the registry hooks `check_config` / `resolve_dims` of the family file read the config)."""
 
     def init_std(self, module: nn.Module, name: str) -> Tuple[float, Optional[float]]:
         """(std, truncation cutoff in stds or None) for a Linear/Embedding named `name`."""
@@ -197,7 +187,8 @@ class RotaryFamily(FastPreTrainedModel):
 class RotaryEncoderModel(RotaryFamily, EncoderModel):
     """embeddings -> unpad -> layers(x, packing, positions) -> repad, plus `forward_packed`.
 
-    Families supply `embed(packing, input_ids, token_type_ids, inputs_embeds)`, an nn.ModuleList
+    Families supply `embed(input_ids, token_type_ids, position_ids, inputs_embeds, backend)` on packed
+    (tokens,) tensors -> (tokens, hidden), an nn.ModuleList
     `self.layers` (transformers' name in both families), `finish(x)` (a final norm, identity by
     default) and `pool(sequence_output)`."""
 
@@ -208,7 +199,7 @@ class RotaryEncoderModel(RotaryFamily, EncoderModel):
         return self._modules["layers"]
 
     def max_sequence_length(self) -> int:
-        return self.dims.max_position_embeddings
+        return self.dims.max_position_embeddings   # rotary tables are built up to this length
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -220,13 +211,15 @@ class RotaryEncoderModel(RotaryFamily, EncoderModel):
         attentions = [] if output_attentions else None
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         ckpt_kwargs, every, offload = self._checkpoint_options
+        backend = self._backend
         layers = list(self.layers)
         for i, layer in enumerate(layers):
             if checkpointing and i % every == 0:
                 with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
-                    x, probs = checkpoint(layer, x, packing, positions, bool(output_attentions), **ckpt_kwargs)
+                    x, probs = checkpoint(layer, x, packing, positions, bool(output_attentions), backend,
+                                          **ckpt_kwargs)
             else:
-                x, probs = layer(x, packing, positions, bool(output_attentions))
+                x, probs = layer(x, packing, positions, bool(output_attentions), backend)
             if output_attentions:
                 attentions.append(probs)
             if output_hidden_states and i < len(layers) - 1:
@@ -254,38 +247,27 @@ class RotaryEncoderModel(RotaryFamily, EncoderModel):
             output_attentions = getattr(self.config, "output_attentions", False)
         if output_hidden_states is None:
             output_hidden_states = getattr(self.config, "output_hidden_states", False)
-        batch, seqlen, device = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
-                                             inputs_embeds)
-        packing = unpad(attention_mask, batch, seqlen, device)
-        positions = padded_positions(packing, position_ids, device)
-        x = self.embed(packing, input_ids, token_type_ids, inputs_embeds)        # (tokens, hidden)
+        batch, seqlen, device, stats = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
+                                                    inputs_embeds)
+        packing = unpad(attention_mask, batch, seqlen, device, host_stats=stats)
+        positions = padded_positions(packing, position_ids)
+        x = self.embed(None if input_ids is None else pack(input_ids, packing),
+                       None if token_type_ids is None else pack(token_type_ids, packing), positions.rotary,
+                       None if inputs_embeds is None else pack(inputs_embeds, packing), self._backend)
         x, hidden, attentions = self.run_layers(x, packing, positions, output_attentions, output_hidden_states)
         hidden = [repad(h, packing) for h in hidden] if hidden is not None else None
         sequence_output = hidden[-1] if hidden is not None else repad(x, packing)
         return self._output(sequence_output, hidden, attentions, return_dict)
 
-    def forward_packed(self, input_ids, cu_seqlens, max_seqlen: int, token_type_ids=None, position_ids=None):
-        """Packed tokens in, last hidden state (tokens, hidden) out; no device-to-host sync.
-
-        input_ids (tokens,), cu_seqlens int32 (batch+1,), max_seqlen a host int bounding every length;
-        position_ids (tokens,) default to the offsets inside each sequence. Values are not checked here
-        (checking them would sync): validate on the host before the upload."""
-        if input_ids.dim() != 1:
-            raise ValueError(f"forward_packed takes packed input_ids (tokens,), got shape {tuple(input_ids.shape)}")
-        if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-            raise ValueError(f"cu_seqlens must be 1-D int32 of length batch+1 >= 2, got {cu_seqlens.dtype} "
-                             f"shape {tuple(cu_seqlens.shape)}")
-        max_seqlen = int(max_seqlen)
-        if max_seqlen > self.max_sequence_length():
-            raise ValueError(f"max_seqlen {max_seqlen} exceeds the model's limit of "
-                             f"{self.max_sequence_length()} tokens")
-        for name, t in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-            if t is not None and tuple(t.shape) != tuple(input_ids.shape):
-                raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
-        if token_type_ids is not None and not self.has_token_types:
-            raise ValueError(f"{type(self).__name__} has no token type embeddings; pass token_type_ids=None")
+    def forward_packed(self, input_ids, cu_seqlens, max_seqlen: int, token_type_ids=None,
+                       position_ids=None) -> BaseModelOutput:
+        """EncoderModel.forward_packed's contract (no device-to-host sync; values checked by
+        `check_packed` on the host copy): last_hidden_state (tokens, hidden). Sliding windows are
+        measured in the offsets inside each packed sequence; rotary positions default to them."""
+        check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
         tokens = input_ids.shape[0]
-        packing = Packing(None, cu_seqlens, max_seqlen, 1, tokens)
-        positions = packed_positions(cu_seqlens, max_seqlen, tokens, position_ids)
-        x = self.embed(packing, input_ids[None], None if token_type_ids is None else token_type_ids[None], None)
-        return self.run_layers(x, packing, positions, False, False)[0]
+        packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
+        positions = sequence_positions(cu_seqlens, max_seqlen, tokens, position_ids)
+        x = self.embed(input_ids, token_type_ids, positions.rotary, None, self._backend)
+        x, _, _ = self.run_layers(x, packing, positions, False, False)
+        return BaseModelOutput(last_hidden_state=x)
