@@ -231,7 +231,17 @@ def _pool(config, h, attention_mask, first_real: bool):
     return (h * m).sum(dim=1) / attention_mask.sum(dim=1, keepdim=True).to(h.dtype)
 
 
-class _ModernBertTask(TaskModel, ModernBertFamily):
+class _HeadNamed:
+    """transformers names ModernBERT's prediction head `head`, which TaskModel uses for a method:
+    a property returns the module (nn.Module keeps it in _modules, which plain lookup reads last).
+    ModernBERT's task models have their own forwards, so TaskModel.head is not called."""
+
+    @property
+    def head(self) -> nn.Module:
+        return self._modules["head"]
+
+
+class _ModernBertTask(_HeadNamed, TaskModel, ModernBertFamily):
     base_class = ModernBertModel
 
     def build_head(self, config):
@@ -250,7 +260,7 @@ class _ModernBertTask(TaskModel, ModernBertFamily):
         return self.classifier(self.drop(self.head(h)))
 
 
-class ModernBertForMaskedLM(TaskModel, ModernBertFamily):
+class ModernBertForMaskedLM(_HeadNamed, TaskModel, ModernBertFamily):
     """head -> decoder (tied to tok_embeddings, bias decoder_bias); sparse_prediction as transformers:
     with labels, logits only for the positions whose label is not sparse_pred_ignore_index."""
     base_class = ModernBertModel

@@ -16,9 +16,9 @@ from typing import Dict
 import torch
 from torch import nn
 
-from fastbert.models.bert import _PooledClassifier
 from fastbert.models.config import ConfigError, Dims
-from fastbert.models.heads import MaskedLMModel, Pooler, SequenceClassificationModel, TokenClassificationModel
+from fastbert.models.heads import (MaskedLMModel, PooledClassifier, Pooler, SequenceClassificationModel,
+                                   TokenClassificationModel)
 from fastbert.models.modeling import CheckpointError
 from fastbert.models.outputs import BaseModelOutputWithPooling
 from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
@@ -225,20 +225,14 @@ class NomicBertOnlyMLMHead(nn.Module):
 
 class NomicBertForMaskedLM(MaskedLMModel, NomicBertFamily):
     base_class = NomicBertModel
+    lm_head_name, decoder, decoder_bias = "cls", "cls.predictions.decoder", "cls.predictions.bias"
 
     def build_head(self, config):
         self.cls = NomicBertOnlyMLMHead(config)
 
-    def tied_weights(self):
-        return {"cls.predictions.decoder.weight": "nomic_bert.embeddings.word_embeddings.weight",
-                "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
-    def mlm_logits(self, h):
-        return self.cls(h)
-
-
-class NomicBertForSequenceClassification(_PooledClassifier, SequenceClassificationModel, NomicBertFamily):
-    base_class, uses_pooler = NomicBertModel, True
+class NomicBertForSequenceClassification(PooledClassifier, SequenceClassificationModel, NomicBertFamily):
+    base_class = NomicBertModel
 
 
 class NomicBertForTokenClassification(TokenClassificationModel, NomicBertFamily):

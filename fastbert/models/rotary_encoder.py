@@ -156,6 +156,14 @@ class RotaryFamily(FastPreTrainedModel):
     """Base of the rotary families' models: transformers-like initialisation for norms without bias
     (the registry hooks `check_config` / `resolve_dims` of the family file read the config)."""
 
+    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+               output_hidden_states):
+        """The bare encoder's output for a task head (return_dict=True)."""
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                               output_hidden_states=output_hidden_states, return_dict=True, **extra)
+
     def init_std(self, module: nn.Module, name: str) -> Tuple[float, Optional[float]]:
         """(std, truncation cutoff in stds or None) for a Linear/Embedding named `name`."""
         return getattr(self.config, "initializer_range", 0.02), None
