@@ -60,6 +60,8 @@ FAMILIES = {f.model_type: f for f in (
     Family("electra", "fastbert.models.bert", "Electra"),
     Family("distilbert", "fastbert.models.distilbert", "DistilBert", activation_key="activation"),
     Family("albert", "fastbert.models.albert", "Albert"),
+    Family("mpnet", "fastbert.models.mpnet", "MPNet", roberta_positions=True),
+    Family("deberta-v2", "fastbert.models.deberta", "DebertaV2"),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 ROBERTA_LIKE = tuple(t for t, f in FAMILIES.items() if f.roberta_positions)
