@@ -67,6 +67,11 @@ def check_config(config, source: str) -> None:
         act = getattr(config, name, "gelu")
         if act not in ACTIVATIONS:
             raise ConfigError(f"{source}: {name}={act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    emb = getattr(config, "embedding_size", None) or config.hidden_size
+    if not getattr(config, "legacy", True) and emb != config.hidden_size:
+        raise ConfigError(f"{source}: legacy=False with embedding_size={emb} != hidden_size={config.hidden_size} "
+                          "is not supported (its MLM head multiplies hidden states by the word embeddings; "
+                          "transformers fails on it too)")
     pooler = getattr(config, "pooler_hidden_size", config.hidden_size)
     if pooler != config.hidden_size:
         raise ConfigError(f"{source}: pooler_hidden_size={pooler} != hidden_size={config.hidden_size} "

@@ -155,7 +155,7 @@ def disentangled_attention_padded(q, k, v, key_mask, positions, pos_key=None, po
     d, c = q.shape[-1], _compute(q)
     qh, kh, vh = (t.transpose(1, 2).to(c) for t in (q, k, v))       # (batch, heads, L, d)
     b, h, n, _ = qh.shape
-    scale = torch.sqrt(torch.tensor(d, dtype=torch.float) * scale_factor).to(qh.dtype)
+    scale = torch.sqrt(torch.tensor(float(d * scale_factor), dtype=c))   # as transformers (fp64 stays fp64)
     scores = torch.matmul(qh, kh.transpose(-1, -2) / scale)          # (batch, heads, L, L)
     rel = deberta_relative(positions, position_buckets, max_relative_positions)    # (batch, L, L)
     if pos_key is not None:                                          # content -> position
