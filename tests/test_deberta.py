@@ -215,3 +215,13 @@ def test_log_buckets_and_op_on_packed_sequences():
     with pytest.raises(NotImplementedError, match="no Triton kernel"):
         R.disentangled_attention(q, k, v, cu, 30, fastbert.padding.packed_positions(cu, n), pk, pq, span=span,
                                  backend="triton")
+
+
+def test_forward_packed_compiles_without_graph_breaks():
+    """No device value is read in forward_packed (c2p/p2c included), so fullgraph tracing succeeds."""
+    torch.manual_seed(0)
+    m = fastbert.DebertaV2Model.from_hf_config(config("v3", num_hidden_layers=1), backend="torch").eval()
+    ids, cu = torch.randint(3, 99, (12,)), torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    ref = m.forward_packed(ids, cu, 7).last_hidden_state
+    got = torch.compile(lambda i, c: m.forward_packed(i, c, 7).last_hidden_state, fullgraph=True)(ids, cu)
+    close(ref.detach(), got.detach(), atol=1e-5)   # with autograd on (the no-grad QKV cache is layers.py's)

@@ -212,3 +212,13 @@ def test_tokenizer_exact_parity_with_mpnet_fast(tmp_path):
     d = _mpnet_vocab_dir(tmp_path)
     hf, fb = T.AutoTokenizer.from_pretrained(d), fastbert.AutoTokenizer.from_pretrained(d)
     assert dict(fb("My name is John", "pair")) == dict(hf("My name is John", "pair"))
+
+
+def test_forward_packed_compiles_without_graph_breaks():
+    """No device value is read in forward_packed (bias included), so fullgraph tracing succeeds."""
+    torch.manual_seed(0)
+    m = fastbert.MPNetModel.from_hf_config(config(num_hidden_layers=1), backend="torch").eval()
+    ids, cu = torch.randint(3, 99, (12,)), torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    ref = m.forward_packed(ids, cu, 7).last_hidden_state
+    got = torch.compile(lambda i, c: m.forward_packed(i, c, 7).last_hidden_state, fullgraph=True)(ids, cu)
+    close(ref.detach(), got.detach(), atol=1e-5)   # with autograd on (the no-grad QKV cache is layers.py's)

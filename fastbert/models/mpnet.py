@@ -46,7 +46,7 @@ def relative_packing(packing: Packing, tokens: int, device, **context) -> Relati
                                                                                             device=device)
     else:
         positions = packing.indices % packing.seqlen
-    return RelativePacking(**{f.name: getattr(packing, f.name) for f in dataclasses.fields(Packing)},
+    return RelativePacking(packing.indices, packing.cu_seqlens, packing.max_seqlen, packing.batch, packing.seqlen,
                            positions=positions, context=context)
 
 

@@ -83,7 +83,8 @@ def _run_varlen(core, q, k, v, cu_seqlens, max_seqlen, positions, **kwargs):
 
     out, _ = core(pad(q), pad(k), pad(v), mask, pad(positions), **kwargs)
     out = out.reshape(batch * max_seqlen, *q.shape[1:])
-    return out.index_select(0, mask.flatten().nonzero().squeeze(1))
+    real = torch.nonzero_static(mask.flatten(), size=q.shape[0]).squeeze(1)   # size known: no device sync
+    return out.index_select(0, real)
 
 
 # ---- MPNet: bucketed relative bias (T5-style buckets, as transformers' MPNet) -------------------------
