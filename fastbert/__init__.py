@@ -21,6 +21,7 @@ _LAZY = {
     "Encoder": "fastbert.encoder",
     "optimize": "fastbert.optimize",
     "ops": "fastbert.ops",
+    "cuda_graphs": "fastbert.cuda_graphs",
 }
 
 
