@@ -151,6 +151,8 @@ def test_optimize_transformers_and_sentence_transformer(tmp_path):
     expected = plain.encode(texts, convert_to_tensor=True)
     assert fastbert.optimize(model) is model and "_fastbert_encoder" in model[0].auto_model.__dict__
     close(expected, model.encode(texts, convert_to_tensor=True))
+    # fastbert.Encoder on the same directory (packed path, fastbert's tokenizer): mean pooling by default
+    close(expected, torch.as_tensor(fastbert.Encoder.from_pretrained(str(tmp_path)).encode(texts)))
 
 
 def test_config_refusal_names_the_setting():
