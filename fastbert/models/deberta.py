@@ -319,7 +319,8 @@ class DebertaV2ForMaskedLM(_DebertaV2Head, MaskedLMModel):
     def __init__(self, config):
         self.legacy = getattr(config, "legacy", True)
         if self.legacy:
-            self.lm_head_name, self.decoder, self.decoder_bias = "cls", "cls.predictions.decoder", "cls.predictions.bias"
+            self.lm_head_name, self.decoder = "cls", "cls.predictions.decoder"
+            self.decoder_bias = "cls.predictions.bias"
         super().__init__(config)
 
     def build_head(self, config):

@@ -90,7 +90,8 @@ def check_config(config, source: str) -> None:
     n = config.relative_attention_num_buckets
     if not isinstance(n, int) or n < NUM_BUCKETS:
         raise ConfigError(f"{source}: relative_attention_num_buckets={n!r}: MPNet's relative bias always uses "
-                          f"{NUM_BUCKETS} buckets (transformers does the same), so the table needs >= {NUM_BUCKETS} rows")
+                          f"{NUM_BUCKETS} buckets (transformers does the same), so the table needs >= "
+                          f"{NUM_BUCKETS} rows")
 
 
 # ---- modules under transformers' names -------------------------------------------------------------------
