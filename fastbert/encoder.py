@@ -125,7 +125,7 @@ class Encoder:
 
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None) -> "Encoder":
-        from fastbert.tokenizer_auto import AutoTokenizer, _local_dir
+        from fastbert.tokenizer.auto import AutoTokenizer, local_dir as _local_dir
         from fastbert.auto import AutoModel
 
         path = _local_dir(path)
