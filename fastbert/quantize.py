@@ -24,7 +24,7 @@ class QuantizedLinear(nn.Module):
     form the GEMM reads is built at construction and again after load_state_dict."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 backend: Optional[str] = None, reduce_range: Optional[bool] = None):
+                 backend: Optional[str] = None, reduce_range: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.backend = backend or ql.DEFAULT_BACKEND
@@ -36,7 +36,7 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, backend: Optional[str] = None,
-                    reduce_range: Optional[bool] = None) -> "QuantizedLinear":
+                    reduce_range: bool = False) -> "QuantizedLinear":
         if linear.weight.device.type != "cpu":
             raise ValueError(f"int8 quantization is for CPU models; this Linear is on {linear.weight.device}")
         module = cls.__new__(cls)
