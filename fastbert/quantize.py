@@ -6,6 +6,8 @@ channel and packed once, activations quantized per call, the GEMM one of torch's
 (fastbert.ops.quantized_linear). Embeddings, LayerNorms and attention stay fp32. Expect cosine
 >= 0.99 to the fp32 embeddings; the speedup is on CPU, where int8 GEMMs beat fp32 ones.
 """
+import sys
+import types
 from typing import Iterable, Optional
 
 import numpy as np
@@ -168,3 +170,14 @@ def quantize_embeddings(embeddings, precision: str, ranges: Optional[np.ndarray]
         return buckets.astype(np.uint8) if precision == "uint8" else (buckets - 128).astype(np.int8)
     bits = np.packbits(embeddings > 0, axis=-1)
     return (bits - 128).astype(np.int8) if precision == "binary" else bits
+
+
+class _CallableModule(types.ModuleType):
+    """`fastbert.quantize` names both this module and the function: importing the module makes
+    the package attribute the module, so the module itself calls through to the function."""
+
+    def __call__(self, model, dtype: str = "int8", skip: Iterable[str] = (), backend: Optional[str] = None):
+        return quantize(model, dtype, skip=skip, backend=backend)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -220,7 +220,7 @@ def test_prompts_as_sentence_transformers(tmp_path, short_lines):
     np.testing.assert_allclose(no_prompt, st.encode(short_lines, prompt=""), atol=1e-5)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_prompt_excluded_from_pooling(tmp_path, short_lines, pooling):
     path = _prompt_copy(tmp_path, include_prompt=False, pooling=pooling)
     enc, st = fastbert.Encoder.from_pretrained(path), st_lib.SentenceTransformer(str(path), device="cpu")
@@ -229,8 +229,8 @@ def test_prompt_excluded_from_pooling(tmp_path, short_lines, pooling):
         "Represent this sentence for retrieval: ")
     ours = enc.encode(short_lines, prompt_name="instruct")
     np.testing.assert_allclose(ours, st.encode(short_lines, prompt_name="instruct"), atol=1e-5)
-    included = fastbert.Encoder.from_pretrained(_prompt_copy(tmp_path / "incl", pooling=pooling))
-    assert float(_cosines(ours, included.encode(short_lines, prompt_name="instruct")).min()) < 0.9999
+    enc.include_prompt = True                    # the prompt's tokens pooled too: other vectors
+    assert float(_cosines(ours, enc.encode(short_lines, prompt_name="instruct")).min()) < 0.9999
 
 
 def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines):

@@ -8,10 +8,10 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
   "qlinear_pointwise"  torch.ops.onednn.qlinear_pointwise on a torch.ops.onednn.qlinear_prepack'ed
                        weight; x is quantized per tensor here (torch.quantize_per_tensor_dynamic).
 Weights: symmetric per output channel, scale = max|W_row| / 63, q = round(W / scale) in [-63, 63]
-(zero point 0). Activations: asymmetric uint8 per tensor over [min(x, 0), max(x, 0)]. `reduce_range=True` (7-bit
-activations, torch's eager default, which guards the int16 pair sums of AVX2 kernels against
-saturation) is available but off: on all-MiniLM-L6-v2 it cost more (min cosine to fp32 over 100
-lines 0.932 vs 0.973 with 8 bits on an AVX2 CPU) than saturation does. Inference only: no autograd.
+(zero point 0; 7 bits, see WEIGHT_MAX). Activations: asymmetric uint8 per tensor over
+[min(x, 0), max(x, 0)], all 8 bits; `reduce_range=True` (torch's eager default, 7-bit activations)
+is available but off: on all-MiniLM-L6-v2 the activation range is the scarcer precision.
+Inference only: no autograd.
 """
 import warnings
 from dataclasses import dataclass
