@@ -12,10 +12,14 @@ kernels). Parameter names do not change, so state_dict keys and save_pretrained 
 transformers'. The head (classifier, MLM, QA...) is transformers' own and untouched; it calls the
 base model as before and gets transformers' output class back.
 
-A sentence_transformers.SentenceTransformer is optimized through the transformers model inside
-each of its Transformer modules. Unsupported models (another architecture, relative position
-embeddings, decoders) raise fastbert.models.config.ConfigError, a ValueError, naming the setting.
-Optimizing twice is a no-op.
+Containers are optimized through the transformers models inside them: a transformers Pipeline
+(its `.model`), and sentence-transformers' SentenceTransformer, CrossEncoder and SparseEncoder
+(every transformers model in their modules, e.g. the `auto_model` of a Transformer or
+MLMTransformer); their other modules (Pooling, Dense, Normalize, SpladePooling, prompts, the
+CrossEncoder activation) are untouched. Every model inside is checked before any is changed.
+Unsupported models (another architecture, relative position embeddings, decoders) raise
+fastbert.models.config.ConfigError, a ValueError, naming the setting; other objects raise
+TypeError naming their type and what is supported. Optimizing twice is a no-op.
 """
 import inspect
 import sys
@@ -39,17 +43,38 @@ _OFF_ARGS = ("head_mask", "encoder_hidden_states", "encoder_attention_mask", "pa
              "use_cache")
 
 
-def optimize(model):
-    """Swap the encoder of a transformers model (or of a SentenceTransformer) for fastbert's, in place.
+_SUPPORTED = ("a transformers PreTrainedModel of a supported family (see fastbert.models), a fastbert model, "
+              "a transformers Pipeline, or a sentence-transformers SentenceTransformer, CrossEncoder or "
+              "SparseEncoder")
+_SENTENCE_TRANSFORMERS_TYPES = ("SentenceTransformer", "CrossEncoder", "SparseEncoder")
 
-    Returns `model` itself. Raises TypeError for objects that are neither, and ConfigError (a
-    ValueError) for transformers models fastbert cannot run, naming the model type or setting."""
-    if _is_sentence_transformer(model):
-        found = [m for m in model.children() if _hf_model_of(m) is not None]
+
+def optimize(model):
+    """Swap the encoder of a transformers model, or of the transformers models inside a Pipeline,
+    SentenceTransformer, CrossEncoder or SparseEncoder, for fastbert's, in place.
+
+    Returns `model` itself. Raises TypeError for other objects, and ConfigError (a ValueError) for
+    transformers models fastbert cannot run, naming the model type or setting."""
+    if _is_pipeline(model):
+        optimize(model.model)
+        return model
+    kind = _sentence_transformers_kind(model)
+    if kind is not None:
+        found = _transformers_models_in(model)
+        children = list(model.children()) if isinstance(model, nn.Module) else []
         if not found:
-            raise TypeError("this SentenceTransformer has no transformers-backed Transformer module to optimize")
-        for module in found:
-            optimize(_hf_model_of(module))
+            modules = [type(m).__name__ for m in children]
+            raise TypeError(f"this {kind} has no transformers model to optimize (modules: {modules}); "
+                            "fastbert optimizes the transformers model of a Transformer / MLMTransformer module")
+        for inner in found:                            # all checked before any is changed
+            _check(inner)
+        flattening = [i for i, m in enumerate(children) if getattr(m, "can_flatten_inputs", False)]
+        if flattening:  # flash attention's concatenated batches arrive as cu_seq_lens_* arguments
+            raise ValueError(f"{kind} module(s) {flattening} send unpadded (flattened) inputs for flash "
+                             "attention, which fastbert's encoder does not take; set "
+                             f"model[{flattening[0]}].unpad_inputs = False first (fastbert skips padding itself)")
+        for inner in found:
+            optimize(inner)
         return model
     from fastbert.models.modeling import FastPreTrainedModel
     if isinstance(model, FastPreTrainedModel):
@@ -57,29 +82,70 @@ def optimize(model):
     from transformers import PreTrainedModel
 
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"fastbert.optimize expects a transformers PreTrainedModel or a "
-                        f"sentence_transformers.SentenceTransformer, got {type(model).__name__}")
+        raise TypeError(f"fastbert.optimize expects {_SUPPORTED}; got {_type_name(model)}")
     base = model.base_model
     if "_fastbert_encoder" in base.__dict__:
         return model                                   # optimized before
-    config = model.config
-    source = f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r})"
-    check_supported(config, source)
-    _swap_encoder(base, config, source)
+    source = _check(model)
+    _swap_encoder(base, model.config, source)
     return model
 
 
-def _is_sentence_transformer(obj) -> bool:
-    st = sys.modules.get("sentence_transformers")  # a SentenceTransformer exists only once it is imported
-    return st is not None and isinstance(obj, st.SentenceTransformer)
+def _check(model) -> str:
+    """Raise ConfigError unless fastbert can run this transformers model; returns its description."""
+    from fastbert.models.modeling import FastPreTrainedModel
+
+    if isinstance(model, FastPreTrainedModel):
+        return type(model).__name__
+    config = model.config
+    source = f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r})"
+    check_supported(config, source)
+    return source
 
 
-def _hf_model_of(module):
-    """The transformers model inside a sentence-transformers Transformer module, else None."""
+def _type_name(obj) -> str:
+    cls = type(obj)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_pipeline(obj) -> bool:
+    pipelines = sys.modules.get("transformers.pipelines")  # a Pipeline exists only once it is imported
+    return pipelines is not None and isinstance(obj, pipelines.Pipeline)
+
+
+def _sentence_transformers_kind(obj):
+    """"SentenceTransformer", "CrossEncoder" or "SparseEncoder" for those objects, else None."""
+    st = sys.modules.get("sentence_transformers")  # these exist only once sentence_transformers is imported
+    if st is None:
+        return None
+    for name in _SENTENCE_TRANSFORMERS_TYPES:
+        cls = getattr(st, name, None)
+        if isinstance(cls, type) and isinstance(obj, cls):
+            return name
+    return None
+
+
+def _transformers_models_in(container) -> list:
+    """The outermost transformers (or fastbert) models among a sentence-transformers object's modules."""
     from transformers import PreTrainedModel
 
-    inner = getattr(module, "auto_model", None)
-    return inner if isinstance(inner, PreTrainedModel) else None
+    from fastbert.models.modeling import FastPreTrainedModel
+
+    models = (PreTrainedModel, FastPreTrainedModel)
+    if not isinstance(container, nn.Module):           # CrossEncoder before sentence-transformers 4
+        inner = getattr(container, "model", None)
+        return [inner] if isinstance(inner, models) else []
+    found = []
+
+    def walk(module):
+        for child in module.children():
+            if isinstance(child, models):
+                found.append(child)                    # its own submodules belong to it
+            else:
+                walk(child)
+
+    walk(container)
+    return found
 
 
 def _swap_encoder(base: nn.Module, config, source: str) -> None:

@@ -49,6 +49,7 @@ class FastPreTrainedModel(nn.Module):
     model_types: Tuple[str, ...] = ("bert",)
     # what transformers.Trainer and friends read from a model
     main_input_name = "input_ids"
+    input_modalities = "text"  # transformers pipelines' repr reads it
     supports_gradient_checkpointing = True
     _keys_to_ignore_on_save = None
 

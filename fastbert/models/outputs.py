@@ -1,76 +1,69 @@
-"""Model outputs that behave like transformers' ModelOutput.
+"""Model outputs: transformers' own output dataclasses, with two fastbert rules on top.
 
-Attribute access (`out.logits`), key access (`out["logits"]`) and index access (`out[0]`), where
-fields left as None are skipped, as in transformers. `to_tuple()` is what `return_dict=False` returns.
+Each class subclasses the transformers class of the same name (so `isinstance(out,
+transformers.modeling_outputs.MaskedLMOutput)` holds, and transformers pipelines, which rebuild
+anything that is not a transformers `ModelOutput` as a plain dict, keep it as an output). They
+have the same fields in the same order, hence attribute access (`out.logits`), key access
+(`out["logits"]`) and index access (`out[0]`) skipping fields left as None, and `to_tuple()` is
+what `return_dict=False` returns.
+
+fastbert's rules, kept from before these classes were transformers': `to_tuple()` (and so index
+access) follows the field order even for fields set after construction, and a field set to None
+leaves the keys and the tuple, as if never set (transformers would keep the old value as a key).
 """
 from collections import OrderedDict
+from dataclasses import dataclass, fields
+
+from transformers import modeling_outputs as hf
+from transformers.utils import ModelOutput as HFModelOutput
 
 
-class ModelOutput(OrderedDict):
-    _fields: tuple = ()
+class ModelOutput(HFModelOutput):
+    """Base of fastbert's outputs (not a dataclass itself; every concrete subclass is one)."""
 
-    def __init__(self, **kwargs):
-        super().__init__()
-        unknown = sorted(set(kwargs) - set(self._fields))
-        if unknown:
-            raise TypeError(f"{type(self).__name__} has no field(s) {unknown}; fields are {self._fields}")
-        for name in self._fields:
-            if kwargs.get(name) is not None:
-                self[name] = kwargs[name]
-
-    def __getattr__(self, name):
-        if name in type(self)._fields:
-            return self.get(name)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+    def __post_init__(self):
+        super().__post_init__()
+        self.__dict__["_built"] = True         # from now on a field set to None leaves the keys
 
     def __setattr__(self, name, value):
-        if name in self._fields:
-            if value is None:
-                self.pop(name, None)
-            else:
-                self[name] = value
-        else:
-            super().__setattr__(name, value)
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            return super().__getitem__(key)
-        return self.to_tuple()[key]
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), dict(self)))
+        if value is None and self.__dict__.get("_built") and name in self:
+            OrderedDict.__delitem__(self, name)  # transformers forbids del on outputs; this is a field reset
+        super().__setattr__(name, value)
 
     def to_tuple(self) -> tuple:
-        return tuple(self[name] for name in self._fields if name in self)
+        return tuple(self[f.name] for f in fields(self) if f.name in self)
 
 
-def _rebuild(cls, values):
-    return cls(**values)
+@dataclass
+class BaseModelOutput(ModelOutput, hf.BaseModelOutput):
+    """last_hidden_state, hidden_states, attentions"""
 
 
-class BaseModelOutput(ModelOutput):
-    _fields = ("last_hidden_state", "hidden_states", "attentions")
+@dataclass
+class BaseModelOutputWithPooling(ModelOutput, hf.BaseModelOutputWithPooling):
+    """last_hidden_state, pooler_output, hidden_states, attentions"""
 
 
-class BaseModelOutputWithPooling(ModelOutput):
-    _fields = ("last_hidden_state", "pooler_output", "hidden_states", "attentions")
+@dataclass
+class MaskedLMOutput(ModelOutput, hf.MaskedLMOutput):
+    """loss, logits, hidden_states, attentions"""
 
 
-class MaskedLMOutput(ModelOutput):
-    _fields = ("loss", "logits", "hidden_states", "attentions")
+@dataclass
+class SequenceClassifierOutput(ModelOutput, hf.SequenceClassifierOutput):
+    """loss, logits, hidden_states, attentions"""
 
 
-class SequenceClassifierOutput(ModelOutput):
-    _fields = ("loss", "logits", "hidden_states", "attentions")
+@dataclass
+class TokenClassifierOutput(ModelOutput, hf.TokenClassifierOutput):
+    """loss, logits, hidden_states, attentions"""
 
 
-class TokenClassifierOutput(ModelOutput):
-    _fields = ("loss", "logits", "hidden_states", "attentions")
+@dataclass
+class MultipleChoiceModelOutput(ModelOutput, hf.MultipleChoiceModelOutput):
+    """loss, logits, hidden_states, attentions"""
 
 
-class MultipleChoiceModelOutput(ModelOutput):
-    _fields = ("loss", "logits", "hidden_states", "attentions")
-
-
-class QuestionAnsweringModelOutput(ModelOutput):
-    _fields = ("loss", "start_logits", "end_logits", "hidden_states", "attentions")
+@dataclass
+class QuestionAnsweringModelOutput(ModelOutput, hf.QuestionAnsweringModelOutput):
+    """loss, start_logits, end_logits, hidden_states, attentions"""
