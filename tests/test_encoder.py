@@ -250,7 +250,7 @@ def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines
 
 
 def test_quantize_embeddings_byte_for_byte_with_sentence_transformers(encoder, lines):
-    from sentence_transformers.quantization import quantize_embeddings as st_quantize
+    from sentence_transformers.util.quantization import quantize_embeddings as st_quantize
 
     floats = encoder.encode(lines)
     floats[:, 7] = 0.25                                    # a constant dimension: zero-width buckets
