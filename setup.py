@@ -49,7 +49,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["fastbert", "fastbert.ops", "fastbert.models", "fastbert.benchmarks", "fastbert.kernels"],
+    packages=["fastbert", "fastbert.ops", "fastbert.models", "fastbert.benchmarks", "fastbert.kernels",
+              "fastbert.integrations"],
     package_dir={"fastbert": "fastbert", "fastbert.kernels": "kernels"},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
@@ -74,7 +75,9 @@ setup(
             "nanotoken",
             "django",  # its translation catalogs are the multilingual tokenizer corpus
             "accelerate>=1.1",  # transformers.Trainer needs it (tests/test_training.py)
+            "peft>=0.10",  # LoRA adapters inside fastbert models (tests/test_peft.py)
             "faker", "babel", "emoji",  # held-out multilingual text (tests/test_tokenizer_heldout.py)
+            "ray[data]>=2.9", "pyarrow>=12",  # tests/test_ray.py, tests/test_embed_corpus.py
         ],
         "bench": [
             "pytest-benchmark>=4",
@@ -85,6 +88,7 @@ setup(
             "django",  # multilingual tokenizer corpus
         ],
         "onnx": ["onnxruntime>=1.17", "onnx>=1.15"],
+        "ray": ["ray[data]>=2.9", "pyarrow>=12"],  # fastbert.integrations.ray, embed-corpus --ray
     },
     entry_points={"console_scripts": ["fastbert=fastbert.cli:main"]},
     zip_safe=False,

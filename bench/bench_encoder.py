@@ -4,79 +4,66 @@ fastbert.optimize), same checkpoint.
     pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark (FASTBERT_BENCH_QUICK=1: 500 lines)
     python bench/bench_encoder.py [--quick]          # all, interleaved; ratios, cosine check, JSON
 
-2,000 non-empty lines of CPython's pydoc topics, batch size 32, fp32. The measurement logic lives in
-fastbert.benchmarks.encoder (also behind `fastbert bench`); this file only wraps it.
+2,000 non-empty lines of CPython's pydoc topics, batch size 32, fp32; every round's lines are new to
+every tokenizer (a fresh tag before each). The measurement logic lives in fastbert.benchmarks.encoder
+(also behind `fastbert bench`); this file only wraps it.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import itertools
 import sys
 from pathlib import Path
 
 import torch
+from common import QUICK, RESULTS, model_dir, pytest, say, stamp, write_json
 
 from fastbert.benchmarks import encoder as eb
-from fastbert.benchmarks.env import default_model_dir
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def model_dir() -> str:
-    return str(default_model_dir())
-
+from fastbert.benchmarks.corpus import pydoc_lines
+from fastbert.benchmarks.tokenizer import unseen
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------
 
-try:
-    import pytest
-except ImportError:  # script use needs no pytest
-    pytest = None
-
 if pytest is not None:
-    _QUICK = bool(os.environ.get("FASTBERT_BENCH_QUICK"))
+    _TAGS = itertools.count(1)  # every round of every test: lines no tokenizer has met
 
     @pytest.fixture(scope="module")
-    def texts():
-        return eb.english_lines(eb.QUICK_LINES if _QUICK else eb.FULL_LINES)
-
-    @pytest.fixture(scope="module")
-    def reference(texts):
+    def reference():
         st = pytest.importorskip("sentence_transformers")
-        model = st.SentenceTransformer(model_dir(), device="cpu")
-        return model, model.encode(texts, batch_size=eb.BATCH_SIZE, convert_to_tensor=True)
+        return st.SentenceTransformer(model_dir(), device="cpu")
 
-    def test_sentence_transformers_encode(benchmark, texts, reference):
-        model, _ = reference
-        benchmark.pedantic(model.encode, args=(texts,), kwargs={"batch_size": eb.BATCH_SIZE},
-                           rounds=2 if _QUICK else 3, warmup_rounds=1)
-        benchmark.extra_info.update({"lines/s": len(texts) / benchmark.stats.stats.min,
+    def _time_encode(benchmark, encode, reference):
+        """Times encode(lines) on new lines each round; returns the min cosine of the last round's
+        embeddings with sentence-transformers' on the same lines."""
+        texts, last = pydoc_lines(eb.QUICK_LINES if QUICK else eb.FULL_LINES), []
+
+        def setup():
+            last[:] = unseen(texts, next(_TAGS))
+            return (last,), {"batch_size": eb.BATCH_SIZE, "convert_to_tensor": True}
+
+        got = benchmark.pedantic(encode, setup=setup, rounds=2 if QUICK else 3, warmup_rounds=1)
+        want = reference.encode(list(last), batch_size=eb.BATCH_SIZE, convert_to_tensor=True)
+        cosine = torch.nn.functional.cosine_similarity(got, want, dim=1).min().item()
+        benchmark.extra_info.update({"lines/s": len(texts) / benchmark.stats.stats.min, "min_cosine": cosine,
                                      "device": eb.device_name("cpu"), "versions": eb.versions()})
+        return cosine
 
-    def test_sentence_transformers_optimized_encode(benchmark, texts, reference):
+    def test_sentence_transformers_encode(benchmark, reference):
+        _time_encode(benchmark, reference.encode, reference)
+
+    def test_sentence_transformers_optimized_encode(benchmark, reference):
         import fastbert
         from sentence_transformers import SentenceTransformer
 
         model = fastbert.optimize(SentenceTransformer(model_dir(), device="cpu"))
-        got = benchmark.pedantic(model.encode, args=(texts,),
-                                 kwargs={"batch_size": eb.BATCH_SIZE, "convert_to_tensor": True},
-                                 rounds=2 if _QUICK else 3, warmup_rounds=1)
-        cosine = torch.nn.functional.cosine_similarity(got, reference[1], dim=1).min().item()
-        benchmark.extra_info.update({"lines/s": len(texts) / benchmark.stats.stats.min, "min_cosine": cosine,
-                                     "device": eb.device_name("cpu"), "versions": eb.versions()})
+        cosine = _time_encode(benchmark, model.encode, reference)
         assert cosine >= 0.99999, f"optimized embeddings differ from sentence-transformers': min cosine {cosine}"
 
-    def test_fastbert_encode(benchmark, texts, reference):
+    def test_fastbert_encode(benchmark, reference):
         import fastbert
 
         encoder = fastbert.Encoder.from_pretrained(model_dir(), device="cpu")
-        got = benchmark.pedantic(encoder.encode, args=(texts,),
-                                 kwargs={"batch_size": eb.BATCH_SIZE, "convert_to_tensor": True},
-                                 rounds=2 if _QUICK else 3, warmup_rounds=1)
-        cosine = torch.nn.functional.cosine_similarity(got, reference[1], dim=1).min().item()
-        benchmark.extra_info.update({"lines/s": len(texts) / benchmark.stats.stats.min, "min_cosine": cosine,
-                                     "device": eb.device_name("cpu"), "versions": eb.versions()})
+        cosine = _time_encode(benchmark, encoder.encode, reference)
         assert cosine >= 0.99999, f"fastbert embeddings differ from sentence-transformers': min cosine {cosine}"
 
 
@@ -91,16 +78,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats,
-                  progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True))
+                  progress=say)
     print(rows[0]["device"], rows[0]["versions"])
     for row in rows:
         times = ", ".join(f"{t:.2f}" for t in row.get("all_seconds", []))
         print(f"{row['name']:<42} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
               + (f"  {row['note']}" if row.get("note") else ""))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"encoder-{rows[0]['timestamp'].replace(':', '').replace('-', '')[:15]}.json"
-    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    print(f"JSON: {path}")
+    print(f"JSON: {write_json(args.out, f'encoder-{stamp(rows)}.json', rows)}")
     return 1 if any(r.get("ok") is False for r in rows) else 0
 
 

@@ -27,6 +27,10 @@ Units (the same byte / FLOP count for fastbert and its peers, so ratios are time
   GELU GB/s = bytes read + written / time: forward x in, y out; backward dy and x in, dx out.
   LayerNorm GB/s: forward x and r in, y out (plus the saved sum when training); backward dy and the
       sum in, dx out.
+The inputs and the calls of each op (fastbert's and torch's) are those of the per-op pytest-benchmark
+files, bench_attention.py, bench_bias_gelu.py and bench_add_layer_norm.py; this script adds the
+checks, the SDPA backends, the GPU's peaks, the end-to-end models and the report.
+
 It prints a table last and writes CSV and JSON (GPU name, torch/triton/CUDA versions, date on every
 row) to bench/results/. Exit status 1 when a check fails.
 
@@ -81,11 +85,18 @@ if ARGS.smoke:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the per-op bench files beside this one
+import bench_add_layer_norm  # noqa: E402
+import bench_attention as attn  # noqa: E402
+import bench_bias_gelu  # noqa: E402
+from bench_attention import mask_from_lengths, padding_lengths  # noqa: E402
+
 import fastbert.ops as ops  # noqa: E402
+
+ELEMENTWISE = (("bias+GELU", bench_bias_gelu, 4), ("add+LayerNorm", bench_add_layer_norm, 1))  # width: x hidden
 
 
 # ----------------------------------------------------------------------------------------- setup
@@ -146,15 +157,6 @@ def timer(plan: Plan):
     return wall
 
 
-def padding_lengths(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
-    """Random lengths in [1, seq]: on average half of each padded batch is padding."""
-    return torch.randint(1, seq + 1, (batch,), generator=gen)
-
-
-def mask_from_lengths(lengths: torch.Tensor, seq: int, device) -> torch.Tensor:
-    return (torch.arange(seq)[None, :] < lengths[:, None]).to(device=device, dtype=torch.int32)
-
-
 # ------------------------------------------------------------------------------------ checking
 ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -181,55 +183,36 @@ def combine(checks):
     return ("ok" if ok else "FAIL"), "; ".join(worst)
 
 
-def check_attention(plan, q, k, v, mask, lengths):
+def check_attention(plan, x):
     """fastbert padded and varlen attention vs SDPA, forward and dq/dk/dv, on real query rows."""
-    dtype = q.dtype
-    real = mask.bool()                                                   # (B, S)
-    dout = torch.randn_like(q) * real[:, :, None, None]                  # no gradient from padding rows
-    keep = real[:, None, None, :]                                        # (B, 1, 1, S) for SDPA
-
-    def sdpa(a, b, c):
-        return F.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2),
-                                              attn_mask=keep).transpose(1, 2)
-
-    ref = grads_of(sdpa, [t.float() for t in (q, k, v)], dout.float())
-    peer = grads_of(sdpa, [q, k, v], dout)
-    ours = grads_of(lambda a, b, c: ops.attention(a, b, c, mask, backend=plan.backend), [q, k, v], dout)
+    dtype = x.q.dtype
+    real = x.mask.bool()                                                 # (B, S)
+    dout = torch.randn_like(x.q) * real[:, :, None, None]                # no gradient from padding rows
+    calls = attn.calls(x, plan.backend)
+    sdpa = calls["sdpa"][0]
+    ref = grads_of(sdpa, [t.float() for t in (x.q, x.k, x.v)], dout.float())
+    peer = grads_of(sdpa, [x.q, x.k, x.v], dout)
+    ours = grads_of(calls["fastbert_padded"][0], [x.q, x.k, x.v], dout)
     rows = real[:, :, None, None]
     names = ("out", "dq", "dk", "dv")
     padded = [verdict(f"padded {n}", o * rows, p * rows, r * rows, dtype)
               for n, o, p, r in zip(names, ours, peer, ref)]
-
-    idx = real.flatten().nonzero().squeeze(1)
-    pack = lambda t: t.reshape(-1, *t.shape[2:])[idx]                     # (tokens, H, D)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lengths, 0)
-    cu = cu.to(q.device)
-    max_len = int(lengths.max())
-    var = grads_of(lambda a, b, c: ops.varlen_attention(a, b, c, cu, max_len, backend=plan.backend),
-                   [pack(q), pack(k), pack(v)], pack(dout))
-    varlen = [verdict(f"varlen {n}", o, pack(p), pack(r), dtype) for n, o, p, r in zip(names, var, peer, ref)]
+    fn, packed = calls["fastbert_varlen"]
+    var = grads_of(fn, list(packed), x.pack(dout))
+    varlen = [verdict(f"varlen {n}", o, x.pack(p), x.pack(r), dtype) for n, o, p, r in zip(names, var, peer, ref)]
     return combine(padded), combine(varlen)
 
 
-def check_bias_gelu(plan, x, b):
-    dy = torch.randn_like(x)
-    ref = grads_of(lambda a, c: F.gelu(a + c), [x.float(), b.float()], dy.float())
-    peer = grads_of(lambda a, c: F.gelu(a + c), [x, b], dy)
-    ours = grads_of(lambda a, c: ops.bias_gelu(a, c, backend=plan.backend), [x, b], dy)
-    return combine([verdict(n, o, p, r, x.dtype) for n, o, p, r in zip(("y", "dx", "dbias"), ours, peer, ref)])
-
-
-def check_layer_norm(plan, x, r, w, b):
-    dy = torch.randn_like(x)
-    n = x.shape[-1]
-    torch_ln = lambda a, c, ww, bb: F.layer_norm(a + c, (n,), ww, bb, 1e-12)
-    ref = grads_of(torch_ln, [x.float(), r.float(), w.float(), b.float()], dy.float())
-    peer = grads_of(torch_ln, [x, r, w, b], dy)
-    ours = grads_of(lambda a, c, ww, bb: ops.add_layer_norm(a, c, ww, bb, 1e-12, backend=plan.backend),
-                    [x, r, w, b], dy)
-    names = ("y", "dx", "dresidual", "dweight", "dbias")
-    return combine([verdict(nm, o, p, rf, x.dtype) for nm, o, p, rf in zip(names, ours, peer, ref)])
+def check_elementwise(plan, op, tensors):
+    """op's fused call (a bench_bias_gelu / bench_add_layer_norm module) vs its torch peer, output and
+    every input's gradient, against the torch peer in fp32."""
+    calls = op.calls(plan.backend)
+    dy = torch.randn_like(tensors[0])
+    ref = grads_of(calls["torch"], [t.float() for t in tensors], dy.float())
+    peer = grads_of(calls["torch"], list(tensors), dy)
+    ours = grads_of(calls["fastbert"], list(tensors), dy)
+    dtype = tensors[0].dtype
+    return combine([verdict(n, o, p, r, dtype) for n, o, p, r in zip(op.NAMES, ours, peer, ref)])
 
 
 # ---------------------------------------------------------------------------------------- rows
@@ -268,34 +251,24 @@ def sdpa_backend(name):
 def bench_attention(plan, bench, peak_tflops, dtype, seq, hidden, heads, gen):
     b, d = plan.batch, hidden // heads
     case = f"B{b} S{seq} H{heads} D{d} {str(dtype)[6:]}"
-    lengths = padding_lengths(b, seq, gen)
-    mask = mask_from_lengths(lengths, seq, plan.device)
-    q, k, v = (torch.randn(b, seq, heads, d, generator=gen).to(plan.device, dtype) for _ in range(3))
-    (pad_check, pad_note), (var_check, var_note) = check_attention(plan, q, k, v, mask, lengths)
+    x = attn.inputs(b, seq, heads, d, plan.device, dtype, gen)
+    (pad_check, pad_note), (var_check, var_note) = check_attention(plan, x)
 
     flops = 4 * b * heads * seq * seq * d                                 # 4 * B * H * S^2 * D
-    useful = 4 * heads * d * int((lengths.double() ** 2).sum())           # real tokens only
-    real = mask.bool().flatten().nonzero().squeeze(1)
-    cu = torch.zeros(b + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lengths, 0)
-    cu, max_len = cu.to(plan.device), int(lengths.max())
-    qp, kp, vp = (t.reshape(-1, heads, d)[real].contiguous() for t in (q, k, v))
-    keep = mask.bool()[:, None, None, :]
-    dout, dout_p = torch.randn_like(q), torch.randn_like(qp)
-
+    useful = 4 * heads * d * int((x.lengths.double() ** 2).sum())         # real tokens only
+    calls = attn.calls(x, plan.backend)
+    dout = torch.randn_like(x.q)
     impls = {
-        "fastbert attention (padded)": (lambda a, c, e: ops.attention(a, c, e, mask, backend=plan.backend),
-                                        (q, k, v), dout, pad_check, pad_note, True),
-        "fastbert varlen_attention": (lambda a, c, e: ops.varlen_attention(a, c, e, cu, max_len, backend=plan.backend),
-                                      (qp, kp, vp), dout_p, var_check, var_note, True),
+        "fastbert attention (padded)": (*calls["fastbert_padded"], dout, pad_check, pad_note, True),
+        "fastbert varlen_attention": (*calls["fastbert_varlen"], x.pack(torch.randn_like(x.q)), var_check,
+                                      var_note, True),
     }
     for name in SDPA_BACKENDS:
         def sdpa(a, c, e, name=name):
             with sdpa_backend(name), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a refusing backend warns why, then raises
-                return F.scaled_dot_product_attention(a.transpose(1, 2), c.transpose(1, 2), e.transpose(1, 2),
-                                                      attn_mask=keep)
-        impls[f"SDPA {name.lower()}"] = (sdpa, (q, k, v), dout.transpose(1, 2), "peer", "", False)
+                return attn.sdpa(a, c, e, x.mask)
+        impls[f"SDPA {name.lower()}"] = (sdpa, (x.q, x.k, x.v), dout, "peer", "", False)
 
     rows = []
     for passname, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
@@ -324,31 +297,19 @@ def bench_attention(plan, bench, peak_tflops, dtype, seq, hidden, heads, gen):
 
 
 def bench_elementwise(plan, bench, peak_gbps, dtype, seq, hidden, gen):
+    """bias + GELU on the FFN's intermediate activations (tokens, 4 * hidden), residual add + LayerNorm
+    on (tokens, hidden): each fused op and its torch peer, checked, then timed."""
     tokens = plan.batch * seq
-    es = torch.finfo(dtype).bits // 8
     rows = []
-    # bias + GELU on the FFN's intermediate activations (tokens, 4 * hidden)
-    x = torch.randn(tokens, 4 * hidden, generator=gen).to(plan.device, dtype)
-    bias = torch.randn(4 * hidden, generator=gen).to(plan.device, dtype)
-    check, note = check_bias_gelu(plan, x, bias)
-    case = f"{tokens}x{4 * hidden} {str(dtype)[6:]}"
-    impls = {"fastbert bias_gelu": (lambda a, c: ops.bias_gelu(a, c, backend=plan.backend), check, note, True),
-             "torch F.gelu(x + b)": (lambda a, c: F.gelu(a + c), "peer", "", False)}
-    rows += _time_pair(plan, bench, "bias+GELU", case, impls, (x, bias), {"fwd": 2, "fwd+bwd": 5},
-                       x.numel() * es, peak_gbps)
-    # residual add + LayerNorm on (tokens, hidden)
-    x = torch.randn(tokens, hidden, generator=gen).to(plan.device, dtype)
-    r = torch.randn(tokens, hidden, generator=gen).to(plan.device, dtype)
-    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(plan.device, dtype)
-    b = torch.randn(hidden, generator=gen).to(plan.device, dtype)
-    check, note = check_layer_norm(plan, x, r, w, b)
-    case = f"{tokens}x{hidden} {str(dtype)[6:]}"
-    impls = {"fastbert add_layer_norm": (lambda a, c, ww, bb: ops.add_layer_norm(a, c, ww, bb, 1e-12, backend=plan.backend),
-                                         check, note, True),
-             "torch F.layer_norm(x + r)": (lambda a, c, ww, bb: F.layer_norm(a + c, (hidden,), ww, bb, 1e-12),
-                                           "peer", "", False)}
-    rows += _time_pair(plan, bench, "add+LayerNorm", case, impls, (x, r, w, b), {"fwd": 3, "fwd+bwd": 7},
-                       x.numel() * es, peak_gbps)
+    for section, op, times_hidden in ELEMENTWISE:
+        tensors = op.inputs(tokens, times_hidden * hidden, plan.device, dtype, gen)
+        check, note = check_elementwise(plan, op, tensors)
+        calls = op.calls(plan.backend)
+        impls = {op.LABELS[kind]: (calls[kind], check if kind == "fastbert" else "peer",
+                                   note if kind == "fastbert" else "", kind == "fastbert") for kind in calls}
+        case = f"{tokens}x{times_hidden * hidden} {str(dtype)[6:]}"
+        rows += _time_pair(plan, bench, section, case, impls, tensors, op.TENSORS,
+                           tensors[0].numel() * tensors[0].element_size(), peak_gbps)
     return rows
 
 
@@ -560,8 +521,8 @@ def overhead(plan, out_dir: Path):
     dev, dtype = plan.device, torch.float16
     rows, profiles = [], []
     # BERT-base shapes on a GPU; toy shapes under --cpu-smoke (the interpreter runs each program in Python)
-    ffn, hid, token_sizes, seqs, bsz, heads = ((3072, 768, (4096, 16384), (128, 512), 32, 12) if not plan.smoke
-                                               else (64, 32, (32, 64), (16, 32), 2, 2))
+    hid, token_sizes, seqs, bsz, heads = ((768, (4096, 16384), (128, 512), 32, 12) if not plan.smoke
+                                          else (32, (32, 64), (16, 32), 2, 2))
     hdim = 64 if not plan.smoke else 16
 
     def case(name, impl, fn, leaves=()):
@@ -572,65 +533,49 @@ def overhead(plan, out_dir: Path):
         eager = bench(call)
         rows.append((name, impl, eager * 1e3, host_issue_us(call), device_us(call)))
 
+    # the kernels.* launchers of each element-wise op (its tensors, dy) -> {pass: call}
+    kernel_fns = {bench_bias_gelu: lambda t, dy: {"fwd": lambda: kgelu.bias_gelu_fwd(*t),
+                                                  "bwd": lambda: kgelu.bias_gelu_bwd(dy, *t)},
+                  bench_add_layer_norm: lambda t, dy: {"fwd": lambda: kln.add_layer_norm_fwd(
+                      *t, bench_add_layer_norm.EPS)}}
     for tokens in token_sizes:
-        x = torch.randn(tokens, ffn, generator=gen).to(dev, dtype)
-        b = torch.randn(ffn, generator=gen).to(dev, dtype)
-        dy = torch.randn_like(x)
-        xl, bl = x.clone().requires_grad_(), b.clone().requires_grad_()
-        nm = f"bias_gelu {tokens}x{ffn}"
-        with torch.no_grad():
-            case(nm + " fwd", "fastbert ops", lambda: ops.bias_gelu(x, b))
-            case(nm + " fwd", "kernel fn", lambda: kgelu.bias_gelu_fwd(x, b))
-            case(nm + " fwd", "torch", lambda: F.gelu(x + b))
-        case(nm + " bwd", "kernel fn", lambda: kgelu.bias_gelu_bwd(dy, x, b))
-        case(nm + " fwd+bwd", "fastbert ops", lambda: ops.bias_gelu(xl, bl).backward(dy), (xl, bl))
-        case(nm + " fwd+bwd", "torch", lambda: F.gelu(xl + bl).backward(dy), (xl, bl))
-        if tokens == token_sizes[0]:
-            profiles.append((nm + " fwd+bwd, fastbert", cpu_profile(lambda: ops.bias_gelu(xl, bl).backward(dy))))
-            profiles.append((nm + " fwd+bwd, fastbert, cProfile",
-                             python_profile(lambda: ops.bias_gelu(xl, bl).backward(dy))))
-
-        h = torch.randn(tokens, hid, generator=gen).to(dev, dtype)
-        r = torch.randn_like(h)
-        w, bb = torch.ones(hid, device=dev, dtype=dtype), torch.zeros(hid, device=dev, dtype=dtype)
-        dh = torch.randn_like(h)
-        hl, rl = h.clone().requires_grad_(), r.clone().requires_grad_()
-        wl, bl2 = w.clone().requires_grad_(), bb.clone().requires_grad_()
-        nm = f"add_layer_norm {tokens}x{hid}"
-        with torch.no_grad():
-            case(nm + " fwd", "fastbert ops", lambda: ops.add_layer_norm(h, r, w, bb, 1e-12))
-            case(nm + " fwd", "kernel fn", lambda: kln.add_layer_norm_fwd(h, r, w, bb, 1e-12))
-            case(nm + " fwd", "torch", lambda: F.layer_norm(h + r, (hid,), w, bb, 1e-12))
-        case(nm + " fwd+bwd", "fastbert ops", lambda: ops.add_layer_norm(hl, rl, wl, bl2, 1e-12).backward(dh),
-             (hl, rl, wl, bl2))
-        case(nm + " fwd+bwd", "torch", lambda: F.layer_norm(hl + rl, (hid,), wl, bl2, 1e-12).backward(dh),
-             (hl, rl, wl, bl2))
-        if tokens == token_sizes[0]:
+        for _, op, times_hidden in ELEMENTWISE:
+            width = times_hidden * hid
+            tensors = op.inputs(tokens, width, dev, dtype, gen)
+            leaves = [t.clone().requires_grad_() for t in tensors]
+            dy = torch.randn_like(tensors[0])
+            fused, peer = op.calls(plan.backend)["fastbert"], op.calls(plan.backend)["torch"]
+            nm = f"{op.__name__.removeprefix('bench_')} {tokens}x{width}"
+            kernels = kernel_fns[op](tensors, dy)
             with torch.no_grad():
-                profiles.append((nm + " fwd, fastbert", cpu_profile(lambda: ops.add_layer_norm(h, r, w, bb, 1e-12))))
-                profiles.append((nm + " fwd, fastbert, cProfile",
-                                 python_profile(lambda: ops.add_layer_norm(h, r, w, bb, 1e-12))))
+                case(nm + " fwd", "fastbert ops", lambda: fused(*tensors))
+                case(nm + " fwd", "kernel fn", kernels["fwd"])
+                case(nm + " fwd", "torch", lambda: peer(*tensors))
+                if "bwd" in kernels:
+                    case(nm + " bwd", "kernel fn", kernels["bwd"])
+            case(nm + " fwd+bwd", "fastbert ops", lambda: fused(*leaves).backward(dy), leaves)
+            case(nm + " fwd+bwd", "torch", lambda: peer(*leaves).backward(dy), leaves)
+            if tokens == token_sizes[0]:
+                profiles.append((nm + " fwd+bwd, fastbert", cpu_profile(lambda: fused(*leaves).backward(dy))))
+                profiles.append((nm + " fwd+bwd, fastbert, cProfile",
+                                 python_profile(lambda: fused(*leaves).backward(dy))))
 
     for seq in seqs:
         d = hdim
-        lengths = padding_lengths(bsz, seq, gen)
-        mask = mask_from_lengths(lengths, seq, dev)
-        q, k, v = (torch.randn(bsz, seq, heads, d, generator=gen).to(dev, dtype) for _ in range(3))
+        x = attn.inputs(bsz, seq, heads, d, dev, dtype, gen)
+        q, k, v, mask = x.q, x.k, x.v, x.mask
         do = torch.randn_like(q)
         ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
-        keep = mask.bool()[:, None, None, :]
         nm = f"attention B{bsz} S{seq} H{heads} D{d}"
-        sdpa = lambda a, c, e: F.scaled_dot_product_attention(a.transpose(1, 2), c.transpose(1, 2),
-                                                              e.transpose(1, 2), attn_mask=keep)
         with torch.no_grad():
             case(nm + " fwd", "fastbert ops", lambda: ops.attention(q, k, v, mask))
             km = (mask != 0).to(torch.int8)
             case(nm + " fwd", "kernel fn", lambda: kattn.attention_fwd(q, k, v, scale=d ** -0.5, key_mask=km))
-            case(nm + " fwd", "torch SDPA", lambda: sdpa(q, k, v))
+            case(nm + " fwd", "torch SDPA", lambda: attn.sdpa(q, k, v, mask))
             o, lse = kattn.attention_fwd(q, k, v, scale=d ** -0.5, key_mask=km)
         case(nm + " bwd", "kernel fn", lambda: kattn.attention_bwd(do, q, k, v, o, lse, scale=d ** -0.5, key_mask=km))
         case(nm + " fwd+bwd", "fastbert ops", lambda: ops.attention(ql, kl, vl, mask).backward(do), (ql, kl, vl))
-        case(nm + " fwd+bwd", "torch SDPA", lambda: sdpa(ql, kl, vl).backward(do.transpose(1, 2)), (ql, kl, vl))
+        case(nm + " fwd+bwd", "torch SDPA", lambda: attn.sdpa(ql, kl, vl, mask).backward(do), (ql, kl, vl))
         if seq == seqs[0]:
             profiles.append((nm + " fwd+bwd, fastbert",
                              cpu_profile(lambda: ops.attention(ql, kl, vl, mask).backward(do))))

@@ -3,7 +3,7 @@
     pytest bench/bench_models.py --benchmark-only        # pytest-benchmark, one row per peer
     python bench/bench_models.py [--quick] [--no-compile] [--no-onnx]   # the full comparison table
 
-Workload (issue 4, item 7): 128 real English sentences from CPython's pydoc topics padded to the
+Workload: 128 real English sentences from CPython's pydoc topics padded to the
 longest (33 tokens), about half the slots padding; fp32, 2 threads, torch.inference_mode. The
 script also runs torch.compile(transformers) (compile time reported separately) and ONNX Runtime
 when installed, and checks every output against transformers' in the same run. The measurement

@@ -11,28 +11,15 @@ wraps it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
+from common import RESULTS, model_dir, pytest, say, stamp, write_json
 
 from fastbert.benchmarks import training as tb
-from fastbert.benchmarks.env import default_model_dir
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def model_dir() -> str:
-    return str(default_model_dir())
-
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------
-
-try:
-    import pytest
-except ImportError:  # script use needs no pytest
-    pytest = None
 
 if pytest is not None:
     @pytest.fixture(scope="module")
@@ -86,14 +73,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = tb.run(model_dir(), quick=args.quick, repeats=args.repeats, batch_size=args.batch_size,
                   threads=args.threads, device=args.device, dtype=args.dtype,
-                  progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True))
+                  progress=say)
     print(f"{rows[0]['device_name']} ({rows[0]['device']}); versions {rows[0]['versions']}")
     print(table(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = rows[0]["timestamp"].replace(":", "").replace("-", "")[:15]
-    path = args.out / f"training-{args.device}-{stamp}{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    print(f"JSON: {path}")
+    name = f"training-{args.device}-{stamp(rows)}{'-quick' if args.quick else ''}.json"
+    print(f"JSON: {write_json(args.out, name, rows)}")
     return 0 if all(r.get("ok", True) for r in rows) else 1
 
 

@@ -53,5 +53,6 @@ def time_memory_bound(benchmark):
                 torch.cuda.synchronize()
         fn()  # compile / autotune outside the timed region
         benchmark(timed)
-        benchmark.extra_info["GB/s"] = nbytes / benchmark.stats.stats.median / 1e9
+        if benchmark.stats:  # None under --benchmark-disable (one plain call, nothing timed)
+            benchmark.extra_info["GB/s"] = nbytes / benchmark.stats.stats.median / 1e9
     return run

@@ -23,6 +23,7 @@ _LAZY = {
     "quantize": "fastbert.quantize",
     "QuantizedLinear": "fastbert.quantize",
     "ops": "fastbert.ops",
+    "cuda_graphs": "fastbert.cuda_graphs",
 }
 
 

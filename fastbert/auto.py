@@ -1,16 +1,12 @@
 """Auto classes: pick the fastbert class from config.json's model_type, as transformers' Auto* do.
 
-    model = fastbert.AutoModelForSequenceClassification.from_pretrained(path, dtype=None, device=None)
+    model = fastbert.AutoModelForSequenceClassification.from_pretrained(path, dtype=None, device=None,
+                                                                        backend="auto")
 """
 import os
 
-from fastbert import models as M
-from fastbert.models.config import ConfigError, config_from_dict, read_config_dict
-
-_FAMILIES = {  # model_type -> class name prefix
-    "bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
-    "electra": "Electra", "distilbert": "DistilBert", "albert": "Albert",
-}
+from fastbert.models import registry
+from fastbert.models.config import config_from_dict, read_config_dict
 
 
 class _AutoBase:
@@ -21,25 +17,23 @@ class _AutoBase:
 
     @classmethod
     def class_for(cls, model_type: str):
-        if model_type not in _FAMILIES:
-            raise ConfigError(f"model_type {model_type!r} is not supported by {cls.__name__}; "
-                              f"supported: {sorted(_FAMILIES)}")
-        return getattr(M, _FAMILIES[model_type] + cls._suffix)
+        return registry.model_class(model_type, cls._suffix, source=cls.__name__)
 
     @classmethod
-    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None):
+    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto"):
         from fastbert.hub import resolve_directory
 
         directory = resolve_directory(path_or_hub_id)
         data = read_config_dict(os.path.join(directory, "config.json"))
-        return cls.class_for(data["model_type"]).from_pretrained(directory, dtype=dtype, device=device)
+        return cls.class_for(data["model_type"]).from_pretrained(directory, dtype=dtype, device=device,
+                                                                 backend=backend)
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config, backend: str = "auto"):
         """A freshly initialised model (transformers' init) for a transformers config or config dict."""
         if isinstance(config, dict):
             config = config_from_dict(config)
-        return cls.class_for(config.model_type).from_hf_config(config)
+        return cls.class_for(config.model_type).from_hf_config(config, backend=backend)
 
 
 class AutoModel(_AutoBase):
@@ -64,15 +58,3 @@ class AutoModelForQuestionAnswering(_AutoBase):
 
 class AutoModelForMultipleChoice(_AutoBase):
     _suffix = "ForMultipleChoice"
-
-
-# AutoTokenizer: provided by the tokenizer side (fastbert.Encoder / tokenizer work), added here or in
-# fastbert/tokenizer_auto.py; fastbert/__init__.py maps the public name `AutoTokenizer` to this module.
-def __getattr__(name):
-    if name == "AutoTokenizer":
-        try:
-            from fastbert.tokenizer_auto import AutoTokenizer
-        except ImportError as e:
-            raise AttributeError("fastbert.AutoTokenizer is not available yet (fastbert/tokenizer_auto.py)") from e
-        return AutoTokenizer
-    raise AttributeError(f"module 'fastbert.auto' has no attribute {name!r}")

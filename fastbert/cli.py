@@ -1,4 +1,5 @@
-"""The `fastbert` command: `fastbert bench` (the benchmark suite) and `fastbert encode` (embeddings).
+"""The `fastbert` command: `fastbert bench` (the benchmark suite), `fastbert encode` (embeddings) and
+`fastbert embed-corpus` (a whole corpus, resumable, optionally on Ray).
 
 Bad arguments and bad input files end with an argparse-style message and exit status 2, never a
 traceback. `fastbert bench` exits 1 only when an output check fails (a wrong result), never because
@@ -82,9 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", default=None, help="text put before every line")
     prompt.add_argument("--prompt-name", default=None,
                         help="a prompt from the checkpoint's config_sentence_transformers.json")
+
+    from fastbert.integrations import corpus  # no Ray, pyarrow or torch at import
+
+    embed_corpus = sub.add_parser(
+        "embed-corpus", help="embed every row of Parquet/JSONL/CSV/text files into Parquet shards, "
+                             "resumably, in this process or on Ray",
+        description="Embed the --column of every row of INPUT... into OUTDIR/part-NNNNN.parquet "
+                    "(source, row, id, embedding) with a manifest; rows that cannot be embedded go "
+                    "to OUTDIR/errors.jsonl. Re-running the same command resumes.")
+    corpus.add_arguments(embed_corpus, _positive_int)
     # errors are reported with the subcommand's own usage line
     bench.set_defaults(handler=cmd_bench, parser=bench)
     encode.set_defaults(handler=cmd_encode, parser=encode)
+    embed_corpus.set_defaults(handler=corpus.cmd_embed_corpus, parser=embed_corpus)
     return parser
 
 

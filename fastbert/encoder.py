@@ -35,7 +35,7 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-_ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")  # positions start after padding_idx
+from fastbert.models.registry import ROBERTA_LIKE as _ROBERTA_LIKE  # positions start after padding_idx
 
 
 def _read_json(path: Path) -> dict:

@@ -7,7 +7,7 @@ Every error names the file it is about.
 """
 import json
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -22,12 +22,17 @@ class CheckpointFileError(ValueError):
     """A weights file that cannot be read (truncated, corrupt, or missing a shard)."""
 
 
-def resolve_directory(path_or_hub_id: str) -> str:
+def resolve_directory(path_or_hub_id: str, patterns: Optional[List[str]] = _PATTERNS) -> str:
+    """The local directory of a checkpoint: a local directory as is, else a hub id from the HF cache
+    (works offline), then downloaded unless HF_HUB_OFFLINE is set. `patterns` limits what a
+    download fetches (default: config and weights; None: the whole repository). Every failure is a
+    FileNotFoundError (an OSError) naming the path."""
     path = os.path.expanduser(str(path_or_hub_id))
     if os.path.isdir(path):
         return path
-    looks_local = os.path.isabs(path) or path.startswith(".") or os.path.exists(path) or path.count("/") > 1
-    if looks_local:
+    if os.path.exists(path):
+        raise FileNotFoundError(f"{path} is a file; expected a checkpoint directory")
+    if os.path.isabs(path) or path.startswith(".") or path.count("/") > 1:   # a local path, not a hub id
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
     try:
         from huggingface_hub import snapshot_download
@@ -35,13 +40,13 @@ def resolve_directory(path_or_hub_id: str) -> str:
         raise FileNotFoundError(f"{path!r} is not a local directory and huggingface_hub is not installed") from e
     cache_dir = os.environ.get("HF_HUB_CACHE") or None  # read per call, so a changed environment counts
     try:  # the cache first: no network needed when the checkpoint is cached
-        return snapshot_download(path, allow_patterns=_PATTERNS, local_files_only=True, cache_dir=cache_dir)
+        return snapshot_download(path, allow_patterns=patterns, local_files_only=True, cache_dir=cache_dir)
     except Exception as cached_error:
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
             raise FileNotFoundError(f"{path!r} is not a local directory nor in the Hugging Face cache "
                                     f"(HF_HUB_OFFLINE is set): {cached_error}") from cached_error
     try:
-        return snapshot_download(path, allow_patterns=_PATTERNS, cache_dir=cache_dir)
+        return snapshot_download(path, allow_patterns=patterns, cache_dir=cache_dir)
     except Exception as e:
         raise FileNotFoundError(f"{path!r} is not a local directory and could not be fetched from the "
                                 f"Hugging Face hub: {e}") from e

@@ -31,11 +31,6 @@ from torch import nn
 
 from fastbert.models.config import ConfigError, check_supported
 
-_BASE_CLASS = {  # transformers model_type -> fastbert bare encoder class name
-    "bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel",
-    "camembert": "CamembertModel", "electra": "ElectraModel", "distilbert": "DistilBertModel",
-    "albert": "AlbertModel",
-}
 _FAST_ARGS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds",
               "output_attentions", "output_hidden_states")
 # transformers arguments the fast encoder cannot honour; accepted only at their "off" value
@@ -149,9 +144,9 @@ def _transformers_models_in(container) -> list:
 
 
 def _swap_encoder(base: nn.Module, config, source: str) -> None:
-    from fastbert import models
+    from fastbert.models.registry import model_class
 
-    fast_cls = getattr(models, _BASE_CLASS[config.model_type])
+    fast_cls = model_class(config.model_type, source=source)
     pooled = getattr(base, "pooler", None) is not None
     with torch.device("meta"):                         # built without memory; every tensor comes from base
         fast = fast_cls(config, add_pooling_layer=pooled)

@@ -1,101 +1,83 @@
 """Autotune only where a GPU runs the kernels, and launch tuned kernels cheaply.
 
 Triton's autotuner needs a GPU driver to time configs; under TRITON_INTERPRET=1 on a machine without
-one it raises. So a kernel wrapped here is autotuned over all its configs on a GPU and launched with
-its first config under the interpreter (after the same prune, if one is given).
+one it raises. So a TunedKernel is autotuned over all its configs on a GPU and launched with its first
+config under the interpreter (after the same prune, if one is given).
 
-launch_tuned() skips the autotuner's per-call bookkeeping once a config is chosen: on an H200 host
-one Triton launch cost 50-120 us of CPU time, more than the kernels themselves at BERT sizes, and the
-autotuner's part of it (three dicts, a scan of the argument names, a dict of the config's options per
-call) is what can be dropped without touching Triton's launcher."""
+The caller passes a key of its own (plain ints, bools and torch dtypes it already holds; at least as
+fine as the autotuner's `key` plus the argument dtypes). The first call for a key goes through
+Triton's autotuner, which times the configs; the config it chose is kept here, in this object, under
+the caller's key, and later calls launch the JIT function with it directly: on an H200 host the
+autotuner's per-call bookkeeping (dicts of the arguments, a string per tensor dtype for its key) was a
+large part of a launch's 50-120 us of CPU time.
+
+Under tracing (torch.compile, make_fx, fake tensors) the launch goes through torch.library.wrap_triton
+with the JIT function and a fixed config: the one an eager call tuned for the same key, else the first
+(pruned) config. Warm a model up eagerly before compiling it to get tuned configs in the graph."""
 import os
 
 import torch
 import triton
 
 
-def _gpu_compiles() -> bool:
+def gpu_compiles() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available()
 
 
-class gpu_autotune:
-    """`kernel` autotuned over `configs` (keyed on `key` plus the argument dtypes) on a GPU."""
+_UNTRACED_OPTIONS = ("num_ctas", "maxnreg", "ir_override", "pre_hook", "num_buffers_warp_spec",
+                     "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer")
 
-    def __init__(self, kernel, configs, key, prune=None):
+
+def tracing(t: torch.Tensor) -> bool:
+    """True when t is a tracing stand-in (a fake or functional tensor under torch.compile, make_fx or
+    opcheck) rather than real data: launches then go through torch.library.wrap_triton."""
+    return type(t) is not torch.Tensor and isinstance(t, torch.Tensor)
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs) for a kernel with no configs, traced like TunedKernel.launch."""
+    if tracing(args[0]):
+        from torch.library import wrap_triton
+        return wrap_triton(kernel)[grid](*args, **kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+class TunedKernel:
+    """`kernel` with `configs`, autotuned on `key` (kernel argument names) on a GPU."""
+
+    def __init__(self, kernel, configs, key, prune=None, *, autotune=None):
         self.kernel = kernel
-        self.configs = configs
+        self.configs = list(configs)
         self.prune = prune
-        self.tuned = None
-        if _gpu_compiles():
-            pruning = {"early_config_prune": prune} if prune is not None else None
-            self.tuned = triton.autotune(configs=configs, key=key, prune_configs_by=pruning)(kernel)
+        autotune = gpu_compiles() if autotune is None else autotune
+        pruning = {"early_config_prune": prune} if prune is not None else None
+        self.tuner = (triton.autotune(configs=self.configs, key=key, prune_configs_by=pruning)(kernel)
+                      if autotune and len(self.configs) > 1 else None)
+        self.chosen = {}  # caller key -> the chosen config's kwargs (BLOCK sizes, num_warps, ...)
 
-    def launch(self, grid, *args, **kwargs):
-        if self.tuned is not None:
-            return launch_tuned(self.tuned, grid, *args, **kwargs)
+    def _first(self, kwargs):
         configs = self.prune(self.configs, {}, **kwargs) if self.prune is not None else self.configs
-        first = configs[0]
-        return self.kernel[grid](*args, **kwargs, **first.kwargs, num_warps=first.num_warps)
+        return configs[0].all_kwargs()
 
-
-class _Plan:
-    """What launch_tuned needs of one autotuner, computed once."""
-
-    def __init__(self, tuner):
-        self.names = list(tuner.arg_names)
-        self.index = {name: i for i, name in enumerate(self.names)}
-        self.keys = list(tuner.keys)
-        # id(config) -> config.all_kwargs(), built once per config (a Config hashes by building
-        # all_kwargs(), the very cost this saves); the configs live in the autotuner
-        self.options = {}
-
-
-def _plan(tuner) -> _Plan:
-    plan = getattr(tuner, "_fastbert_launch_plan", None)  # kept on the autotuner it describes
-    if plan is None:
-        plan = tuner._fastbert_launch_plan = _Plan(tuner)
-    return plan
-
-
-def tuning_key(tuner, args, kwargs) -> tuple:
-    """The key Triton's Autotuner.run files this call's config under: the `key` arguments' values,
-    then the dtype of each kernel argument that has one, positional arguments first."""
-    plan = _plan(tuner)
-    n = len(args)
-    key = []
-    for name in plan.keys:
-        if name in kwargs:
-            key.append(kwargs[name])
-        else:
-            i = plan.index.get(name)
-            if i is not None and i < n:
-                key.append(args[i])
-    for a in args[:len(plan.names)]:
-        if hasattr(a, "dtype"):
-            key.append(str(a.dtype))
-    for name, a in kwargs.items():
-        if name in plan.index and hasattr(a, "dtype"):
-            key.append(str(a.dtype))
-    return tuple(key)
-
-
-def launch_tuned(tuner, grid, *args, **kwargs):
-    """tuner[grid](*args, **kwargs), where tuner is a triton.autotune'd kernel. A call whose key the
-    autotuner has tuned launches the JIT function with the chosen config directly; the first call
-    for a key (and any config with a pre_hook) goes through the autotuner, which tunes and caches."""
-    configs = getattr(tuner, "configs", None)
-    if configs is None or not isinstance(getattr(tuner, "cache", None), dict) or not hasattr(tuner, "fn"):
-        return tuner[grid](*args, **kwargs)  # not a Triton Autotuner (another version, or a wrapper)
-    if len(configs) == 1:
-        config = configs[0]
-    else:
-        config = tuner.cache.get(tuning_key(tuner, args, kwargs))
-        if config is None:
-            return tuner[grid](*args, **kwargs)
-    if config.pre_hook is not None:
-        return tuner[grid](*args, **kwargs)
-    options = _plan(tuner).options
-    opts = options.get(id(config))
-    if opts is None:
-        opts = options[id(config)] = config.all_kwargs()
-    return tuner.fn[grid](*args, **kwargs, **opts)
+    def launch(self, key, grid, *args, **kwargs):
+        """kernel[grid](*args, **kwargs) with the config chosen for `key`; grid(meta) -> launch grid.
+        args[0] must be a tensor (an output): its type tells a traced call from an eager one."""
+        if tracing(args[0]):                            # a fixed config, recorded in the graph
+            from torch.library import wrap_triton
+            try:
+                opts = self.chosen.get(key)
+            except TypeError:                           # symbolic sizes in the key
+                opts = None
+            opts = opts if opts is not None else self._first(kwargs)
+            # the meta-parameters and the launch options torch's kernel tracing takes
+            opts = {k: v for k, v in opts.items() if v is not None and k not in _UNTRACED_OPTIONS}
+            return wrap_triton(self.kernel)[grid({**kwargs, **opts})](*args, **kwargs, **opts)
+        opts = self.chosen.get(key)
+        if opts is None:
+            if self.tuner is None:
+                opts = self.chosen[key] = self._first(kwargs)
+            else:
+                self.tuner[grid](*args, **kwargs)       # times the configs, then launches the best
+                self.chosen[key] = self.tuner.best_config.all_kwargs()
+                return None
+        return self.kernel[grid](*args, **kwargs, **opts)

@@ -12,35 +12,36 @@
 # dw and db are deterministic: each backward program sums its rows into its own row of an
 # (n_programs, N) fp32 buffer and the launcher adds those rows in a fixed order (no atomics).
 # Dropout draws keep = rand(seed, row * N + col) >= p from Triton's counter-based Philox generator,
-# so the backward regenerates the same mask from the seed instead of storing it.
+# so the backward regenerates the same mask from the seed instead of storing it. The seed is read
+# from a one-element int64 device tensor, so a call needs no host value (CUDA graphs capture it).
+# Inference skips the stores the backward alone reads (mean, rstd: STORE_STATS=False).
 # Reference: Ba, Kiros & Hinton, "Layer Normalization" (arXiv:1607.06450); Triton tutorial 05.
-import collections
-
 import torch
 import triton
 import triton.language as tl
 
-from fastbert.kernels._autotune import gpu_autotune
+from fastbert.kernels._autotune import TunedKernel
+from fastbert.kernels._common import as_2d, split_rows
 
 MAX_N = 8192
-# kernel launches by name, so tests can prove the Triton path really ran
-launch_count = collections.Counter()
 
 
 @triton.jit
 def _add_layer_norm_fwd_kernel(
     y_ptr,        # (n_rows, N) output, row stride stride_y
     s_ptr,        # (n_rows, N) output dropout(x) + r, written when STORE_SUM, row stride stride_s
-    mean_ptr,     # (n_rows,) fp32 output mean of s
-    rstd_ptr,     # (n_rows,) fp32 output 1 / std of s
+    mean_ptr,     # (n_rows,) fp32 output mean of s, written when STORE_STATS
+    rstd_ptr,     # (n_rows,) fp32 output 1 / std of s, written when STORE_STATS
     x_ptr,        # (n_rows, N) input, row stride stride_x
     r_ptr,        # (n_rows, N) residual, read when HAS_RESIDUAL, row stride stride_r
     w_ptr,        # (N,) weight
     b_ptr,        # (N,) bias
     n_rows, N, stride_y, stride_s, stride_x, stride_r,
     eps,          # added to the variance
-    p, seed,      # dropout probability and Philox seed, used when DROPOUT
+    p,            # dropout probability, used when DROPOUT
+    seed_ptr,     # (1,) int64 Philox seed, read when DROPOUT
     HAS_RESIDUAL: tl.constexpr, STORE_SUM: tl.constexpr, DROPOUT: tl.constexpr,
+    STORE_STATS: tl.constexpr,  # write mean and rstd (the backward needs them)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -50,7 +51,7 @@ def _add_layer_norm_fwd_kernel(
     rows64 = rows.to(tl.int64)[:, None]
     s = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if DROPOUT:
-        keep = tl.rand(seed, rows[:, None] * N + cols[None, :]) >= p
+        keep = tl.rand(tl.load(seed_ptr), rows[:, None] * N + cols[None, :]) >= p
         s = tl.where(keep, s / (1.0 - p), 0.0)
     if HAS_RESIDUAL:
         s += tl.load(r_ptr + rows64 * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -63,8 +64,9 @@ def _add_layer_norm_fwd_kernel(
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = diff * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(y_ptr + rows64 * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
-    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+    if STORE_STATS:
+        tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
+        tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
 @triton.jit
@@ -81,7 +83,8 @@ def _add_layer_norm_bwd_kernel(
     rstd_ptr,     # (n_rows,) fp32 rstd saved by the forward
     n_rows, N, stride_dx, stride_dr, stride_dy, stride_dsum, stride_s,
     rows_per_program,  # rows of this program: [pid * rows_per_program, (pid + 1) * rows_per_program)
-    p, seed,      # dropout probability and Philox seed of the forward, used when DROPOUT
+    p,            # dropout probability of the forward, used when DROPOUT
+    seed_ptr,     # (1,) int64 Philox seed of the forward, read when DROPOUT
     HAS_DSUM: tl.constexpr, DROPOUT: tl.constexpr,
     STORE_DR: tl.constexpr,  # dr differs from dx: dropout, or r has another dtype than x
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -115,7 +118,7 @@ def _add_layer_norm_bwd_kernel(
         if STORE_DR:
             tl.store(dr_ptr + rows64 * stride_dr + cols[None, :], ds.to(dr_ptr.dtype.element_ty), mask=mask)
         if DROPOUT:
-            keep = tl.rand(seed, rows[:, None] * N + cols[None, :]) >= p
+            keep = tl.rand(tl.load(seed_ptr), rows[:, None] * N + cols[None, :]) >= p
             ds = tl.where(keep, ds / (1.0 - p), 0.0)
         tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(dwp_ptr + pid * N + cols, dw, mask=col_ok)
@@ -140,15 +143,10 @@ def _prune(max_elems):
     return prune
 
 
-_fwd = gpu_autotune(_add_layer_norm_fwd_kernel, _configs(), key=["N", "HAS_RESIDUAL", "STORE_SUM", "DROPOUT"],
-                    prune=_prune(16384))
-_bwd = gpu_autotune(_add_layer_norm_bwd_kernel, _configs(), key=["N", "HAS_DSUM", "DROPOUT", "STORE_DR"],
-                    prune=_prune(8192))
-
-
-def _as_2d(t: torch.Tensor, n: int) -> torch.Tensor:
-    t2 = t.reshape(-1, n)  # a view when strides allow, else a copy
-    return t2 if n <= 1 or t2.stride(1) == 1 else t2.contiguous()
+_fwd = TunedKernel(_add_layer_norm_fwd_kernel, _configs(), prune=_prune(16384),
+                   key=["N", "HAS_RESIDUAL", "STORE_SUM", "DROPOUT", "STORE_STATS"])
+_bwd = TunedKernel(_add_layer_norm_bwd_kernel, _configs(), prune=_prune(8192),
+                   key=["N", "HAS_DSUM", "DROPOUT", "STORE_DR"])
 
 
 def _check(x, residual, weight, bias) -> None:
@@ -166,40 +164,44 @@ def _check(x, residual, weight, bias) -> None:
             raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
 
 
+def _check_seed(dropout_p, seed) -> None:
+    if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
+        got = None if seed is None else f"{seed.dtype} {tuple(seed.shape)}"
+        raise ValueError(f"dropout needs a one-element int64 seed tensor, got {got}")
+
+
 def add_layer_norm_fwd(x, residual, weight, bias, eps: float, store_sum: bool = False,
-                       dropout_p: float = 0.0, seed: int = 0):
+                       dropout_p: float = 0.0, seed=None, store_stats: bool = True):
     """Returns (y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and the promoted dtype
-    of x and residual (s is None unless store_sum), mean and rstd fp32 of shape (n_rows,).
-    weight/bias None mean ones/zeros."""
+    of x and residual (s is None unless store_sum), mean and rstd fp32 of shape (n_rows,) (None unless
+    store_stats). weight/bias None mean ones/zeros; seed is a (1,) int64 tensor on x's device."""
     _check(x, residual, weight, bias)
+    _check_seed(dropout_p, seed)
     n = x.shape[-1]
-    x2 = _as_2d(x, n)
+    x2 = as_2d(x, n)
     n_rows = x2.shape[0]
-    r2 = _as_2d(residual, n) if residual is not None else x2
+    r2 = as_2d(residual, n) if residual is not None else x2
     w = weight.contiguous() if weight is not None else x.new_ones(n)
     b = bias.contiguous() if bias is not None else x.new_zeros(n)
     out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     y = torch.empty((n_rows, n), dtype=out_dtype, device=x.device)
     s = torch.empty_like(y) if store_sum else y
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    mean = torch.empty(n_rows if store_stats else 0, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     if n_rows > 0:
-        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
-        _fwd.launch(grid, y, s, mean, rstd, x2, r2, w, b, n_rows, n, y.stride(0), s.stride(0),
-                    x2.stride(0), r2.stride(0), eps, dropout_p, seed,
-                    HAS_RESIDUAL=residual is not None, STORE_SUM=store_sum, DROPOUT=dropout_p > 0,
-                    BLOCK_N=triton.next_power_of_2(n))
-        launch_count["add_layer_norm_fwd"] += 1
-    return y.view(x.shape), (s.view(x.shape) if store_sum else None), mean, rstd
+        has_res, dropout = residual is not None, dropout_p > 0
+        block_n = triton.next_power_of_2(n)
+        key = (n, has_res, store_sum, dropout, store_stats, x.dtype, r2.dtype, w.dtype, b.dtype)
+        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)  # noqa: E731
+        _fwd.launch(key, grid, y, s, mean if store_stats else y, rstd if store_stats else y, x2, r2, w, b,
+                    n_rows, n, y.stride(0), s.stride(0), x2.stride(0), r2.stride(0), eps, dropout_p,
+                    seed if dropout else y, HAS_RESIDUAL=has_res, STORE_SUM=store_sum, DROPOUT=dropout,
+                    STORE_STATS=store_stats, BLOCK_N=block_n)
+    return (y.view(x.shape), (s.view(x.shape) if store_sum else None),
+            mean if store_stats else None, rstd if store_stats else None)
 
 
-def _n_programs(n_rows: int, device: torch.device) -> int:
-    # a few programs per SM on a GPU; few under the interpreter, where each program is slow
-    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(target, triton.cdiv(n_rows, 16)))
-
-
-def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 0.0, seed: int = 0,
+def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 0.0, seed=None,
                        x_dtype=None, residual_dtype=None):
     """Backward of add_layer_norm_fwd. s is the forward's dropout(x) + residual (x itself when there
     was neither). Returns (dx, dresidual, dweight, dbias): dx in x_dtype, dresidual in residual_dtype
@@ -210,8 +212,9 @@ def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 
         raise ValueError(f"dy must be {tuple(s.shape)} {s.dtype}, got {tuple(dy.shape)} {dy.dtype}")
     if dsum is not None and (dsum.shape != s.shape or dsum.dtype != s.dtype):
         raise ValueError(f"dsum must be {tuple(s.shape)} {s.dtype}, got {tuple(dsum.shape)} {dsum.dtype}")
-    s2, dy2 = _as_2d(s, n), _as_2d(dy, n)
-    ds2 = _as_2d(dsum, n) if dsum is not None else dy2
+    _check_seed(dropout_p, seed)
+    s2, dy2 = as_2d(s, n), as_2d(dy, n)
+    ds2 = as_2d(dsum, n) if dsum is not None else dy2
     n_rows = s2.shape[0]
     w = weight.contiguous() if weight is not None else s.new_ones(n)
     x_dtype, residual_dtype = x_dtype or s.dtype, residual_dtype or s.dtype
@@ -221,14 +224,13 @@ def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 
     if n_rows == 0:
         zeros = torch.zeros(n, dtype=torch.float32, device=s.device)
         return dx.view(s.shape), dr.view(s.shape), zeros, zeros.clone()
-    n_prog = _n_programs(n_rows, s.device)
-    rows_per_program = triton.cdiv(n_rows, n_prog)
-    n_prog = triton.cdiv(n_rows, rows_per_program)
+    n_prog, rows_per_program = split_rows(n_rows, s.device)
     dw_partial = torch.empty((n_prog, n), dtype=torch.float32, device=s.device)
     db_partial = torch.empty_like(dw_partial)
-    _bwd.launch((n_prog,), dx, dr, dw_partial, db_partial, dy2, ds2, s2, w, mean, rstd, n_rows, n,
-                dx.stride(0), dr.stride(0), dy2.stride(0), ds2.stride(0), s2.stride(0), rows_per_program,
-                dropout_p, seed, HAS_DSUM=dsum is not None, DROPOUT=dropout_p > 0, STORE_DR=store_dr,
-                BLOCK_N=triton.next_power_of_2(n))
-    launch_count["add_layer_norm_bwd"] += 1
+    dropout = dropout_p > 0
+    key = (n, dsum is not None, dropout, store_dr, s.dtype, w.dtype, x_dtype, residual_dtype)
+    _bwd.launch(key, lambda meta: (n_prog,), dx, dr, dw_partial, db_partial, dy2, ds2, s2, w, mean, rstd,
+                n_rows, n, dx.stride(0), dr.stride(0), dy2.stride(0), ds2.stride(0), s2.stride(0),
+                rows_per_program, dropout_p, seed if dropout else s2, HAS_DSUM=dsum is not None,
+                DROPOUT=dropout, STORE_DR=store_dr, BLOCK_N=triton.next_power_of_2(n))
     return dx.view(s.shape), dr.view(s.shape), dw_partial.sum(0), db_partial.sum(0)

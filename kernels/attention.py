@@ -15,25 +15,21 @@
 # Limits: head_dim 1..128 (padded to the next power of two >= 16 with masked loads), any sequence
 # length, fp16 / bf16 / fp32 in, fp32 accumulation and statistics, output in the input dtype.
 # Dropout: keep(b, h, i, j) = philox_uniform(seed, ((b*H + h)*L + i)*L + j) >= p with L = max_seqlen;
-# kept probabilities are scaled by 1/(1-p). The backward regenerates the same mask from (seed, offset).
+# kept probabilities are scaled by 1/(1-p). The backward regenerates the same mask from the seed, which
+# the kernels read from a one-element int64 device tensor (no host value per call: CUDA graphs capture
+# a training step). Inference skips the lse store (STORE_LSE=False): only the backward reads it.
 # Backward (deterministic, no atomics): delta = rowsum(dO * O); a dk/dv pass over key blocks and a
 # dq pass over query blocks, with dS = P * (dP - delta) (dP taken through the dropout mask).
 # Math: Dao et al., "FlashAttention" (2022) and "FlashAttention-2" (2023).
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from fastbert.kernels._autotune import launch_tuned
+from fastbert.kernels._autotune import TunedKernel, gpu_compiles, launch
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
 SEQ_BUCKET_CAP = 4096
-
-
-def _gpu_compiles() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available()
 
 
 def seq_bucket(n: int) -> int:
@@ -45,7 +41,7 @@ def _configs(pairs):
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                for m, n, w, s in pairs]
     # Multi-config autotune needs a GPU driver to time configs; the interpreter gets the first one.
-    return configs if _gpu_compiles() else configs[:1]
+    return configs if gpu_compiles() else configs[:1]
 
 
 _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3),
@@ -56,15 +52,32 @@ _KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT"]  # + a
 
 
 @triton.jit
-def _sequence(cu_ptr, max_seqlen, b, IS_VARLEN: tl.constexpr):
-    """(first token, length) of sequence b."""
+def _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN: tl.constexpr):
+    """This program's (batch * heads index, block index, batch, head, first token, length)."""
+    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
+    pid = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
     if IS_VARLEN:
         start = tl.load(cu_ptr + b)
         n = tl.load(cu_ptr + b + 1) - start
     else:
         start = tl.full([], 0, tl.int32)  # a tensor, not a constexpr, in both branches
         n = start + max_seqlen
-    return start, n
+    return pid_bh, pid, b, h, start.to(tl.int64), n
+
+
+@triton.jit
+def _head(ptr, b, start64, h, stride_b, stride_s, stride_h):
+    """Pointer to token 0 of sequence b, head h."""
+    return ptr + b.to(tl.int64) * stride_b + start64 * stride_s + h * stride_h
+
+
+@triton.jit
+def _tile(base, rows, n, offs_d, stride_s, stride_d, HEAD_DIM: tl.constexpr):
+    """(len(rows), BLOCK_D) rows of one head; zeros past the sequence and past head_dim."""
+    return tl.load(base + rows[:, None] * stride_s + offs_d[None, :] * stride_d,
+                   mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
 @triton.jit
@@ -77,51 +90,60 @@ def _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK: tl.constexp
 
 
 @triton.jit
-def _keep(seed, rng_base, rows, cols, max_seqlen, dropout_p):
+def _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p):
     offsets = rng_base + rows[:, None].to(tl.int64) * max_seqlen + cols[None, :]
-    return tl.rand(seed, offsets) >= dropout_p
+    return tl.rand(tl.load(seed_ptr), offsets) >= dropout_p
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=_KEY)
+@triton.jit
+def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen, qk_scale, dropout_p,
+              DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """One (rows x cols) tile of the backward: (dropped P, dS), P recomputed from the saved lse."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
+    p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
+    p = tl.where(col_ok[None, :], p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    if HAS_DROPOUT:
+        keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+        scale_keep = 1.0 / (1.0 - dropout_p)
+        p_drop = tl.where(keep, p * scale_keep, 0.0)
+        dp = tl.where(keep, dp * scale_keep, 0.0)
+    else:
+        p_drop = p
+    return p_drop, p * (dp - delta[:, None])
+
+
 @triton.jit
 def _attention_fwd_kernel(
     out_ptr,    # (batch, seq, heads, head_dim) or (total_tokens, heads, head_dim) output
-    lse_ptr,    # (batch, heads, max_seqlen) fp32 logsumexp, +inf for rows without a real key
+    lse_ptr,    # (batch, heads, max_seqlen) fp32 logsumexp, +inf for rows without a real key (STORE_LSE)
     q_ptr,      # like out
     k_ptr,      # like out
     v_ptr,      # like out
     mask_ptr,   # (batch, seq) int8 key mask, nonzero = real token (HAS_MASK)
     cu_ptr,     # (batch + 1,) int32 sequence starts (IS_VARLEN)
+    seed_ptr,   # (1,) int64 Philox seed (HAS_DROPOUT)
     stride_qb, stride_qs, stride_qh, stride_qd,  # batch stride is 0 for varlen
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh, stride_od,
     stride_mb, stride_ms,
-    n_heads, max_seqlen, sm_scale, dropout_p, seed,
+    n_heads, max_seqlen, sm_scale, dropout_p,
     SEQ_BUCKET,  # autotune key only: seq_bucket(max_seqlen)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
-    pid_m = tl.program_id(1)
-    b = pid_bh // n_heads
-    h = pid_bh % n_heads
-    start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
+    pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_m * BLOCK_M >= n:
         return
-    b64 = b.to(tl.int64)
-    start64 = start.to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = rows < n
-    d_ok = offs_d < HEAD_DIM
-    q_base = q_ptr + b64 * stride_qb + start64 * stride_qs + h * stride_qh
-    k_base = k_ptr + b64 * stride_kb + start64 * stride_ks + h * stride_kh
-    v_base = v_ptr + b64 * stride_vb + start64 * stride_vs + h * stride_vh
-    q = tl.load(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = _head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh)
+    v_base = _head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh)
+    q = _tile(_head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh), rows, n, offs_d,
+              stride_qs, stride_qd, HEAD_DIM)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     rng_base = pid_bh.to(tl.int64) * max_seqlen * max_seqlen
     # A finite start for the running max: rows whose keys are all masked keep m finite, p = 0, l = 0.
@@ -131,10 +153,8 @@ def _attention_fwd_kernel(
     for start_n in range(0, n, BLOCK_N):
         cols = start_n + offs_n
         col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
-        kt = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                     mask=(cols[None, :] < n) & d_ok[:, None], other=0.0)       # (BLOCK_D, BLOCK_N)
-        v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                    mask=(cols[:, None] < n) & d_ok[None, :], other=0.0)        # (BLOCK_N, BLOCK_D)
+        kt = tl.trans(_tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM))  # (BLOCK_D, BLOCK_N)
+        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)              # (BLOCK_N, BLOCK_D)
         s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(col_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -142,18 +162,20 @@ def _attention_fwd_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = _keep(seed, rng_base, rows, cols, max_seqlen, dropout_p)
+            keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
             p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     has_key = l_i > 0.0
     l_safe = tl.where(has_key, l_i, 1.0)
     out = acc / l_safe[:, None]
-    lse = tl.where(has_key, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("inf"))
-    o_base = out_ptr + b64 * stride_ob + start64 * stride_os + h * stride_oh
+    row_ok = rows < n
+    o_base = _head(out_ptr, b, start64, h, stride_ob, stride_os, stride_oh)
     tl.store(o_base + rows[:, None] * stride_os + offs_d[None, :] * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, lse, mask=row_ok)
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if STORE_LSE:
+        lse = tl.where(has_key, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("inf"))
+        tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, lse, mask=row_ok)
 
 
 @triton.jit
@@ -167,26 +189,18 @@ def _attention_bwd_preprocess_kernel(
     n_heads, max_seqlen,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
-    pid_m = tl.program_id(1)
-    b = pid_bh // n_heads
-    h = pid_bh % n_heads
-    start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
+    pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_m * BLOCK_M >= n:
         return
-    b64 = b.to(tl.int64)
-    start64 = start.to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = (rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(out_ptr + b64 * stride_ob + (start64 + rows[:, None]) * stride_os + h * stride_oh
-                + offs_d[None, :] * stride_od, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(do_ptr + b64 * stride_db + (start64 + rows[:, None]) * stride_ds + h * stride_dh
-                 + offs_d[None, :] * stride_dd, mask=ok, other=0.0).to(tl.float32)
+    o = _tile(_head(out_ptr, b, start64, h, stride_ob, stride_os, stride_oh), rows, n, offs_d,
+              stride_os, stride_od, HEAD_DIM).to(tl.float32)
+    do = _tile(_head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh), rows, n, offs_d,
+               stride_ds, stride_dd, HEAD_DIM).to(tl.float32)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, tl.sum(o * do, 1), mask=rows < n)
 
 
-@triton.autotune(configs=_BWD_CONFIGS, key=_KEY)
 @triton.jit
 def _attention_bwd_dkdv_kernel(
     dk_ptr,     # like k, contiguous
@@ -195,42 +209,32 @@ def _attention_bwd_dkdv_kernel(
     do_ptr,     # like q
     lse_ptr,    # (batch, heads, max_seqlen) fp32 from the forward
     delta_ptr,  # (batch, heads, max_seqlen) fp32 from the preprocess kernel
-    mask_ptr, cu_ptr,
+    mask_ptr, cu_ptr, seed_ptr,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_db, stride_ds, stride_dh, stride_dd,   # dO
     stride_gb, stride_gs, stride_gh, stride_gd,   # dk and dv
     stride_mb, stride_ms,
-    n_heads, max_seqlen, sm_scale, dropout_p, seed,
+    n_heads, max_seqlen, sm_scale, dropout_p,
     SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    b = pid_bh // n_heads
-    h = pid_bh % n_heads
-    start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
+    pid_bh, pid_n, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_n * BLOCK_N >= n:
         return
-    b64 = b.to(tl.int64)
-    start64 = start.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    col_in = cols < n
     col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
-    q_base = q_ptr + b64 * stride_qb + start64 * stride_qs + h * stride_qh
-    do_base = do_ptr + b64 * stride_db + start64 * stride_ds + h * stride_dh
-    k = tl.load(k_ptr + b64 * stride_kb + start64 * stride_ks + h * stride_kh
-                + cols[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                mask=col_in[:, None] & d_ok[None, :], other=0.0)                 # (BLOCK_N, BLOCK_D)
-    v = tl.load(v_ptr + b64 * stride_vb + start64 * stride_vs + h * stride_vh
-                + cols[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                mask=col_in[:, None] & d_ok[None, :], other=0.0)
+    q_base = _head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh)
+    do_base = _head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh)
+    k = _tile(_head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh), cols, n, offs_d,
+              stride_ks, stride_kd, HEAD_DIM)                                   # (BLOCK_N, BLOCK_D)
+    v = _tile(_head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh), cols, n, offs_d,
+              stride_vs, stride_vd, HEAD_DIM)
     qk_scale = sm_scale * 1.4426950408889634
     stat_base = pid_bh.to(tl.int64) * max_seqlen
     rng_base = stat_base * max_seqlen
@@ -239,97 +243,74 @@ def _attention_bwd_dkdv_kernel(
     for start_m in range(0, n, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < n
-        q = tl.load(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        do = tl.load(do_base + rows[:, None] * stride_ds + offs_d[None, :] * stride_dd,
-                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
+        do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
         lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
-        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
-        p = tl.where(col_ok[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            keep = _keep(seed, rng_base, rows, cols, max_seqlen, dropout_p)
-            scale_keep = 1.0 / (1.0 - dropout_p)
-            p_drop = tl.where(keep, p * scale_keep, 0.0)
-            dp = tl.where(keep, dp * scale_keep, 0.0)
-        else:
-            p_drop = p
+        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen,
+                               qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
-    g_off = b64 * stride_gb + (start64 + cols[:, None]) * stride_gs + h * stride_gh + offs_d[None, :] * stride_gd
-    g_ok = col_in[:, None] & d_ok[None, :]
+    g_off = (b.to(tl.int64) * stride_gb + (start64 + cols[:, None]) * stride_gs + h * stride_gh
+             + offs_d[None, :] * stride_gd)
+    g_ok = (cols[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
     tl.store(dk_ptr + g_off, dk.to(dk_ptr.dtype.element_ty), mask=g_ok)
     tl.store(dv_ptr + g_off, dv.to(dv_ptr.dtype.element_ty), mask=g_ok)
 
 
-@triton.autotune(configs=_BWD_CONFIGS, key=_KEY)
 @triton.jit
 def _attention_bwd_dq_kernel(
     dq_ptr,     # like q, contiguous
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr, cu_ptr, seed_ptr,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_db, stride_ds, stride_dh, stride_dd,   # dO
     stride_gb, stride_gs, stride_gh, stride_gd,   # dq
     stride_mb, stride_ms,
-    n_heads, max_seqlen, sm_scale, dropout_p, seed,
+    n_heads, max_seqlen, sm_scale, dropout_p,
     SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
-    pid_m = tl.program_id(1)
-    b = pid_bh // n_heads
-    h = pid_bh % n_heads
-    start, n = _sequence(cu_ptr, max_seqlen, b, IS_VARLEN)
+    pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_m * BLOCK_M >= n:
         return
-    b64 = b.to(tl.int64)
-    start64 = start.to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
     row_ok = rows < n
-    q = tl.load(q_ptr + b64 * stride_qb + start64 * stride_qs + h * stride_qh
-                + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    do = tl.load(do_ptr + b64 * stride_db + start64 * stride_ds + h * stride_dh
-                 + rows[:, None] * stride_ds + offs_d[None, :] * stride_dd,
-                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = _tile(_head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh), rows, n, offs_d,
+              stride_qs, stride_qd, HEAD_DIM)
+    do = _tile(_head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh), rows, n, offs_d,
+               stride_ds, stride_dd, HEAD_DIM)
     stat_base = pid_bh.to(tl.int64) * max_seqlen
     rng_base = stat_base * max_seqlen
     lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-    k_base = k_ptr + b64 * stride_kb + start64 * stride_ks + h * stride_kh
-    v_base = v_ptr + b64 * stride_vb + start64 * stride_vs + h * stride_vh
+    k_base = _head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh)
+    v_base = _head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh)
     qk_scale = sm_scale * 1.4426950408889634
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, n, BLOCK_N):
         cols = start_n + offs_n
         col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
-        kv_ok = (cols[:, None] < n) & d_ok[None, :]
-        k = tl.load(k_base + cols[:, None] * stride_ks + offs_d[None, :] * stride_kd, mask=kv_ok, other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :] * stride_vd, mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
-        p = tl.where(col_ok[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            keep = _keep(seed, rng_base, rows, cols, max_seqlen, dropout_p)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
-        ds = p * (dp - delta[:, None])
+        k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
+        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
+        _, ds = _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen,
+                          qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
-    tl.store(dq_ptr + b64 * stride_gb + (start64 + rows[:, None]) * stride_gs + h * stride_gh
-             + offs_d[None, :] * stride_gd, dq.to(dq_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
+    g_base = _head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
+    tl.store(g_base + rows[:, None] * stride_gs + offs_d[None, :] * stride_gd, dq.to(dq_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+_fwd = TunedKernel(_attention_fwd_kernel, _FWD_CONFIGS, key=_KEY + ["STORE_LSE"])
+_dkdv = TunedKernel(_attention_bwd_dkdv_kernel, _BWD_CONFIGS, key=_KEY)
+_dq = TunedKernel(_attention_bwd_dq_kernel, _BWD_CONFIGS, key=_KEY)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,56 +321,64 @@ def _strides4(t: torch.Tensor):
     return (0,) + tuple(t.stride()) if t.dim() == 3 else tuple(t.stride())
 
 
-def _layout(q, key_mask, cu_seqlens, max_seqlen):
-    """(batch, heads, max_seqlen, is_varlen, mask, mask strides, cu) for one call."""
-    heads = q.shape[-2]
-    if cu_seqlens is not None:
-        if max_seqlen is None:
-            raise ValueError("varlen attention needs max_seqlen")
-        return (cu_seqlens.numel() - 1, heads, int(max_seqlen), True, q, (0, 0), cu_seqlens)
-    batch, seq = q.shape[0], q.shape[1]
-    if key_mask is None:
-        return batch, heads, seq, False, q, (0, 0), q
-    if key_mask.dtype != torch.int8:
-        key_mask = (key_mask != 0).to(torch.int8)
-    return batch, heads, seq, False, key_mask, tuple(key_mask.stride()), q
+class _Call:
+    """What one forward or backward call shares: layout, sizes, flags and the launch key."""
 
+    def __init__(self, q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
+        head_dim = q.shape[-1]
+        if head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}")
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"the Triton attention kernel takes float16, bfloat16 or float32, got {q.dtype}")
+        if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
+            raise ValueError("attention dropout needs a one-element int64 seed tensor")
+        self.heads = q.shape[-2]
+        self.varlen = cu_seqlens is not None
+        if self.varlen:
+            if max_seqlen is None:
+                raise ValueError("varlen attention needs max_seqlen")
+            self.batch, self.max_seqlen = cu_seqlens.numel() - 1, int(max_seqlen)
+            self.cu, self.mask, self.mstride = cu_seqlens, q, (0, 0)
+        else:
+            self.batch, self.max_seqlen, self.cu = q.shape[0], q.shape[1], q
+            if key_mask is not None and key_mask.dtype != torch.int8:
+                key_mask = (key_mask != 0).to(torch.int8)
+            self.mask = q if key_mask is None else key_mask
+            self.mstride = (0, 0) if key_mask is None else tuple(key_mask.stride())
+        has_mask = key_mask is not None and not self.varlen
+        self.dropout = dropout_p > 0
+        self.seed = seed if self.dropout else q
+        self.scalars = (self.heads, self.max_seqlen, float(scale), float(dropout_p))
+        self.meta = dict(SEQ_BUCKET=seq_bucket(self.max_seqlen), HEAD_DIM=head_dim,
+                         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                         IS_VARLEN=self.varlen, HAS_MASK=has_mask, HAS_DROPOUT=self.dropout)
+        self.key = (self.meta["SEQ_BUCKET"], head_dim, self.varlen, has_mask, self.dropout, q.dtype)
 
-def _common(q, scale, dropout_p, seed, max_seqlen, has_mask, is_varlen):
-    head_dim = q.shape[-1]
-    if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"the Triton attention kernel takes float16, bfloat16 or float32, got {q.dtype}")
-    return dict(sm_scale=float(scale), dropout_p=float(dropout_p), seed=int(seed),
-                SEQ_BUCKET=seq_bucket(max_seqlen), HEAD_DIM=head_dim,
-                BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                IS_VARLEN=is_varlen, HAS_MASK=has_mask, HAS_DROPOUT=dropout_p > 0)
+    def grid(self, block):
+        return lambda meta: (self.batch * self.heads, triton.cdiv(self.max_seqlen, meta[block]))
 
 
 def attention_fwd(q, k, v, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=None,
-                  dropout_p=0.0, seed=0):
-    """out (like q, contiguous) and lse (batch, heads, max_seqlen) fp32."""
-    batch, heads, max_seqlen, is_varlen, mask, mstride, cu = _layout(q, key_mask, cu_seqlens, max_seqlen)
-    meta = _common(q, scale, dropout_p, seed, max_seqlen, key_mask is not None and not is_varlen, is_varlen)
+                  dropout_p=0.0, seed=None, store_lse=True):
+    """out (like q, contiguous) and lse (batch, heads, max_seqlen) fp32, or None without store_lse.
+    seed: a (1,) int64 tensor on q's device, needed when dropout_p > 0."""
+    c = _Call(q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, max_seqlen), dtype=torch.float32, device=q.device)
+    lse = (torch.empty((c.batch, c.heads, c.max_seqlen), dtype=torch.float32, device=q.device)
+           if store_lse else None)
     if out.numel() == 0:
-        return out, lse.fill_(float("inf"))
-    grid = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_M"]))  # noqa: E731
-    launch_tuned(
-        _attention_fwd_kernel, grid, out, lse, q, k, v, mask, cu,
-        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *mstride,
-        heads, max_seqlen, meta.pop("sm_scale"), meta.pop("dropout_p"), meta.pop("seed"), **meta)
+        return out, (lse.fill_(float("inf")) if store_lse else None)
+    _fwd.launch(c.key + (store_lse,), c.grid("BLOCK_M"), out, lse if store_lse else out, q, k, v, c.mask,
+                c.cu, c.seed, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *c.mstride,
+                *c.scalars, **c.meta, STORE_LSE=store_lse)
     return out, lse
 
 
 def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=None,
-                  dropout_p=0.0, seed=0):
-    """(dq, dk, dv), each contiguous in q's shape and dtype; same seed as the forward."""
-    batch, heads, max_seqlen, is_varlen, mask, mstride, cu = _layout(q, key_mask, cu_seqlens, max_seqlen)
-    meta = _common(q, scale, dropout_p, seed, max_seqlen, key_mask is not None and not is_varlen, is_varlen)
+                  dropout_p=0.0, seed=None):
+    """(dq, dk, dv), each contiguous in q's shape and dtype; the same seed tensor as the forward."""
+    c = _Call(q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -397,14 +386,11 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
         return dq, dk, dv
     delta = torch.empty_like(lse)
     block_m = 64
-    _attention_bwd_preprocess_kernel[(batch * heads, triton.cdiv(max_seqlen, block_m))](
-        delta, out, do, cu, *_strides4(out), *_strides4(do), heads, max_seqlen,
-        HEAD_DIM=meta["HEAD_DIM"], BLOCK_D=meta["BLOCK_D"], IS_VARLEN=is_varlen, BLOCK_M=block_m)
-    args = (q, k, v, do, lse, delta, mask, cu,
+    launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, block_m)),
+           delta, out, do, c.cu, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
+           HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=c.varlen, BLOCK_M=block_m)
+    args = (q, k, v, do, lse, delta, c.mask, c.cu, c.seed,
             *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do))
-    scalars = (*mstride, heads, max_seqlen, meta.pop("sm_scale"), meta.pop("dropout_p"), meta.pop("seed"))
-    grid_n = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_N"]))  # noqa: E731
-    grid_m = lambda m: (batch * heads, triton.cdiv(max_seqlen, m["BLOCK_M"]))  # noqa: E731
-    launch_tuned(_attention_bwd_dkdv_kernel, grid_n, dk, dv, *args, *_strides4(dk), *scalars, **meta)
-    launch_tuned(_attention_bwd_dq_kernel, grid_m, dq, *args, *_strides4(dq), *scalars, **meta)
+    _dkdv.launch(c.key, c.grid("BLOCK_N"), dk, dv, *args, *_strides4(dk), *c.mstride, *c.scalars, **c.meta)
+    _dq.launch(c.key, c.grid("BLOCK_M"), dq, *args, *_strides4(dq), *c.mstride, *c.scalars, **c.meta)
     return dq, dk, dv

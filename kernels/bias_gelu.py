@@ -12,16 +12,12 @@
 # fp32 / fp16 / bf16 in (b may differ from x), y and dx in x's dtype; all math in fp32, cast on store.
 # db is deterministic: each program sums its rows into its own row of an (n_programs, n_cols) fp32
 # buffer, and the launcher adds those rows up in a fixed order (no atomics).
-import collections
-
 import torch
 import triton
 import triton.language as tl
 
-from fastbert.kernels._autotune import gpu_autotune
-
-# kernel launches by name, so tests can prove the Triton path really ran
-launch_count = collections.Counter()
+from fastbert.kernels._autotune import TunedKernel
+from fastbert.kernels._common import as_2d, split_rows
 
 # compiled kernels read globals only when they are tl.constexpr; keep a tensor on the left of
 # `*` with them (in the interpreter, constexpr * tensor stays a constexpr)
@@ -112,14 +108,9 @@ def _bwd_configs():
             for m, n, w in ((32, 128, 8), (16, 128, 4), (8, 256, 4), (16, 256, 8))]
 
 
-_fwd = gpu_autotune(_bias_gelu_fwd_kernel, _fwd_configs(), key=["n_cols", "APPROX_TANH"])
+_fwd = TunedKernel(_bias_gelu_fwd_kernel, _fwd_configs(), key=["n_cols", "APPROX_TANH"])
 # BLOCK_N changes the number of column programs, not the partial-sum layout, so tuning it is safe
-_bwd = gpu_autotune(_bias_gelu_bwd_kernel, _bwd_configs(), key=["n_cols", "APPROX_TANH"])
-
-
-def _as_2d(t: torch.Tensor, n_cols: int) -> torch.Tensor:
-    t2 = t.reshape(-1, n_cols)  # a view when strides allow, else a copy
-    return t2 if n_cols <= 1 or t2.stride(1) == 1 else t2.contiguous()
+_bwd = TunedKernel(_bias_gelu_bwd_kernel, _bwd_configs(), key=["n_cols", "APPROX_TANH"])
 
 
 def _check(x: torch.Tensor, b: torch.Tensor) -> None:
@@ -130,27 +121,17 @@ def _check(x: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def bias_gelu_fwd(x: torch.Tensor, b: torch.Tensor, approx_tanh: bool = False) -> torch.Tensor:
-    """gelu(x + b) over the last dim; returns a new tensor of x's shape and dtype."""
+    """gelu(x + b) over the last dim; returns a new contiguous tensor of x's shape and dtype."""
     _check(x, b)
     n_cols = x.shape[-1]
-    x2 = _as_2d(x, n_cols)
-    y = torch.empty((x2.shape[0], n_cols), dtype=x.dtype, device=x.device)
+    x2 = as_2d(x, n_cols)
     n_rows = x2.shape[0]
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows > 0:
-        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]), triton.cdiv(n_cols, meta["BLOCK_N"]))
-        _fwd.launch(grid, y, x2, b.contiguous(), n_rows, n_cols, x2.stride(0), y.stride(0),
-                    APPROX_TANH=approx_tanh)
-        launch_count["bias_gelu_fwd"] += 1
+        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]), triton.cdiv(n_cols, meta["BLOCK_N"]))  # noqa: E731
+        _fwd.launch((n_cols, approx_tanh, x.dtype, b.dtype), grid, y, x2, b.contiguous(), n_rows, n_cols,
+                    x2.stride(0), y.stride(0), APPROX_TANH=approx_tanh)
     return y.view(x.shape)
-
-
-def _row_programs(n_rows: int, device: torch.device) -> int:
-    # enough row programs to fill the GPU a few times over; few under the interpreter (slow per program)
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 4
-    return max(1, min(target, triton.cdiv(n_rows, 16)))
 
 
 def bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, b: torch.Tensor, approx_tanh: bool = False):
@@ -159,17 +140,15 @@ def bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, b: torch.Tensor, approx_tan
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(f"dy must be {tuple(x.shape)} {x.dtype}, got {tuple(dy.shape)} {dy.dtype}")
     n_cols = x.shape[-1]
-    x2, dy2 = _as_2d(x, n_cols), _as_2d(dy, n_cols)
+    x2, dy2 = as_2d(x, n_cols), as_2d(dy, n_cols)
     n_rows = x2.shape[0]
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx.view(x.shape), torch.zeros_like(b)
-    n_prog = _row_programs(n_rows, x.device)
-    rows_per_program = triton.cdiv(n_rows, n_prog)
-    n_prog = triton.cdiv(n_rows, rows_per_program)
+    n_prog, rows_per_program = split_rows(n_rows, x.device)
     db_partial = torch.empty((n_prog, n_cols), dtype=torch.float32, device=x.device)
-    grid = lambda meta: (n_prog, triton.cdiv(n_cols, meta["BLOCK_N"]))
-    _bwd.launch(grid, dx, db_partial, dy2, x2, b.contiguous(), n_rows, n_cols,
-                dx.stride(0), dy2.stride(0), x2.stride(0), rows_per_program, APPROX_TANH=approx_tanh)
-    launch_count["bias_gelu_bwd"] += 1
+    grid = lambda meta: (n_prog, triton.cdiv(n_cols, meta["BLOCK_N"]))  # noqa: E731
+    _bwd.launch((n_cols, approx_tanh, x.dtype, b.dtype), grid, dx, db_partial, dy2, x2, b.contiguous(),
+                n_rows, n_cols, dx.stride(0), dy2.stride(0), x2.stride(0), rows_per_program,
+                APPROX_TANH=approx_tanh)
     return dx.view(x.shape), db_partial.sum(0).to(b.dtype)

@@ -1,16 +1,14 @@
-"""launch_tuned: a tuned call launches the chosen config directly, under the key Triton itself uses.
+"""TunedKernel: the interpreter launches the first (pruned) config; a tuned key launches the chosen
+config directly, without Triton's autotuner; the chosen configs live in the TunedKernel object.
 
-Triton's autotuner cannot time configs without a GPU, so these tests fill its cache by hand: a key that
-differed from Triton's own would send Triton's path to tuning, which raises here."""
+Triton's autotuner cannot time configs without a GPU, so the tuned-path tests replace its run() with
+one that picks a config and launches it, as a real tuning would."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from fastbert.kernels._autotune import launch_tuned, tuning_key
-
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
+from fastbert.kernels._autotune import TunedKernel, gpu_compiles
 
 
 @triton.jit
@@ -21,64 +19,69 @@ def _scale_kernel(out_ptr, x_ptr, n, factor, N_KEY, BLOCK: tl.constexpr, SHIFT: 
     tl.store(out_ptr + offs, x * factor + SHIFT, mask=ok)
 
 
-def _tuner():
-    configs = [triton.Config({"BLOCK": 32, "SHIFT": 1}, num_warps=1),
-               triton.Config({"BLOCK": 64, "SHIFT": 2}, num_warps=2)]
-    return triton.autotune(configs=configs, key=["N_KEY"])(_scale_kernel)
+CONFIGS = [triton.Config({"BLOCK": 32, "SHIFT": 1}, num_warps=1),
+           triton.Config({"BLOCK": 64, "SHIFT": 2}, num_warps=2)]
 
 
 def _grid(meta, n=100):
     return (triton.cdiv(n, meta["BLOCK"]),)
 
 
-def _inputs(dtype=torch.float32):
-    x = torch.randn(100, dtype=dtype, device=DEVICE)
+def _inputs(device, dtype=torch.float32):
+    x = torch.randn(100, dtype=dtype, device=device)
     return torch.empty_like(x), x
 
 
-def test_key_matches_tritons_own():
-    """Triton's Autotuner.run finds the config filed under tuning_key(), with args and kwargs mixed."""
-    if GPU:
-        pytest.skip("on a GPU Triton would tune a missing key instead of failing; the CPU run checks the key")
-    tuner = _tuner()
-    out, x = _inputs()
-    args, kwargs = (out, x, 100), {"factor": 3.0, "N_KEY": 128}
-    tuner.cache[tuning_key(tuner, args, kwargs)] = tuner.configs[1]
-    tuner[_grid](*args, **kwargs)                       # Triton's own path: must hit the cache
-    torch.testing.assert_close(out, x * 3.0 + 2)
+def test_without_a_gpu_the_first_config_runs(device):
+    if gpu_compiles():
+        pytest.skip("on a GPU the kernel is autotuned; the tuned-path tests cover it")
+    tuned = TunedKernel(_scale_kernel, CONFIGS, key=["N_KEY"])
+    assert tuned.tuner is None
+    out, x = _inputs(device)
+    tuned.launch(("k",), _grid, out, x, 100, 3.0, N_KEY=128)
+    torch.testing.assert_close(out, x * 3.0 + 1)
+    assert tuned.chosen == {("k",): CONFIGS[0].all_kwargs()}
 
 
-def test_tuned_call_launches_the_cached_config_directly(monkeypatch):
-    tuner = _tuner()
-    out, x = _inputs(torch.float16)
-    args, kwargs = (out, x, 100, 0.5), {"N_KEY": 64}
-    key = tuning_key(tuner, args, kwargs)
-    assert key == (64, "torch.float16", "torch.float16")
-    tuner.cache[key] = tuner.configs[0]
-    monkeypatch.setattr(type(tuner), "run", lambda *a, **k: pytest.fail("went through Autotuner.run"))
-    launch_tuned(tuner, _grid, *args, **kwargs)
-    torch.testing.assert_close(out, (x.float() * 0.5 + 1).half())
+def test_prune_chooses_the_first_config(device):
+    if gpu_compiles():
+        pytest.skip("on a GPU the pruned configs are timed")
+    tuned = TunedKernel(_scale_kernel, CONFIGS, key=["N_KEY"], prune=lambda configs, nargs, **kw: configs[1:])
+    out, x = _inputs(device)
+    tuned.launch(("k",), _grid, out, x, 100, -1.0, N_KEY=7)
+    torch.testing.assert_close(out, -x + 2)
 
 
-def test_untuned_key_goes_through_the_autotuner(monkeypatch):
-    tuner = _tuner()
-    out, x = _inputs()
+def _fake_tuning(tuner, pick, seen):
+    def run(self, *args, grid, **kwargs):       # what Autotuner.run does once it has timed the configs
+        seen.append(kwargs["N_KEY"])
+        self.best_config = self.configs[pick]
+        return self.fn.run(*args, grid=grid, **kwargs, **self.best_config.all_kwargs())
+    return run
+
+
+def test_first_call_tunes_then_the_chosen_config_launches_directly(device, monkeypatch):
+    tuned = TunedKernel(_scale_kernel, CONFIGS, key=["N_KEY"], autotune=True)
     seen = []
-    monkeypatch.setattr(type(tuner), "run", lambda self, *a, **k: seen.append(k))
-    launch_tuned(tuner, _grid, out, x, 100, 2.0, N_KEY=32)
-    assert seen and seen[0]["N_KEY"] == 32
+    monkeypatch.setattr(type(tuned.tuner), "run", _fake_tuning(tuned.tuner, 1, seen))
+    out, x = _inputs(device, torch.float16)
+    key = (64, torch.float16)
+    tuned.launch(key, _grid, out, x, 100, 0.5, N_KEY=64)
+    torch.testing.assert_close(out, (x.float() * 0.5 + 2).half())
+    assert seen == [64] and tuned.chosen[key] == CONFIGS[1].all_kwargs()
+    monkeypatch.setattr(type(tuned.tuner), "run", lambda *a, **k: pytest.fail("went through Autotuner.run"))
+    out2 = torch.empty_like(out)
+    tuned.launch(key, _grid, out2, x, 100, 0.5, N_KEY=64)
+    torch.testing.assert_close(out2, out)
+    assert not hasattr(tuned.tuner, "_fastbert_launch_plan"), "nothing is kept on Triton's objects"
 
 
-def test_single_config_launches_without_a_key():
-    tuner = triton.autotune(configs=[triton.Config({"BLOCK": 128, "SHIFT": 5}, num_warps=1)],
-                            key=["N_KEY"])(_scale_kernel)
-    out, x = _inputs()
-    launch_tuned(tuner, _grid, out, x, 100, -1.0, N_KEY=7)
-    torch.testing.assert_close(out, -x + 5)
-
-
-def test_anything_else_is_launched_as_is():
-    """A kernel that is not a Triton Autotuner (a plain JIT function, a wrapper) launches unchanged."""
-    out, x = _inputs()
-    launch_tuned(_scale_kernel, _grid, out, x, 100, 4.0, N_KEY=1, BLOCK=32, SHIFT=0)
-    torch.testing.assert_close(out, x * 4.0)
+def test_each_key_is_tuned_once(device, monkeypatch):
+    tuned = TunedKernel(_scale_kernel, CONFIGS, key=["N_KEY"], autotune=True)
+    seen = []
+    monkeypatch.setattr(type(tuned.tuner), "run", _fake_tuning(tuned.tuner, 0, seen))
+    out, x = _inputs(device)
+    for n_key in (16, 32, 16, 32, 16):
+        tuned.launch((n_key,), _grid, out, x, 100, 2.0, N_KEY=n_key)
+    assert seen == [16, 32]
+    torch.testing.assert_close(out, x * 2.0 + 1)

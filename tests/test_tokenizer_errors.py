@@ -11,7 +11,7 @@ from transformers import BertTokenizerFast
 
 import fastbert
 import tokenizer_corpus as tc
-from fastbert.benchmarks import corpus
+import corpora as corpus
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fastbert
-from fastbert.benchmarks import corpus
+import corpora as corpus
 
 MB = 1 << 20
 STREAM_MB = 32

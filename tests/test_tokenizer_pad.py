@@ -5,7 +5,7 @@ import torch
 import transformers
 
 import fastbert
-from fastbert.benchmarks.corpus import english_lines
+from corpora import english_lines
 
 
 @pytest.fixture(scope="module")

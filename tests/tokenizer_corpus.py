@@ -1,6 +1,6 @@
 """Hand-picked tokenizer inputs and hypothesis strategies shared by the tokenizer tests.
 
-Real text (English, multilingual) comes from fastbert.benchmarks.corpus; this module holds the
+Real text (English, multilingual) comes from corpora.py (the benchmarks' corpus); this module holds the
 small adversarial pieces: HF's golden strings, characters that stress each normalizer step, and
 the hypothesis strategies built from them.
 """

@@ -1,6 +1,7 @@
-"""Real text for tokenizer tests and benchmarks, shared by tests/, bench/ and `fastbert bench`.
+"""Real text for the benchmarks (`fastbert bench`, bench/); tests/corpora.py reads its text from here too.
 
-English: the help topics that ship with CPython (``pydoc_data.topics``), split into paragraphs.
+English: the help topics that ship with CPython (``pydoc_data.topics``), split into paragraphs
+(or, for the embedding benchmark, into lines).
 Multilingual: the translated message catalogs (``.po`` files) shipped inside Django's wheel,
 about 100 languages in many scripts (Latin, Cyrillic, Greek, Arabic, Hebrew, Devanagari, Bengali,
 Tamil, Thai, Khmer, Georgian, Armenian, CJK, ...). Only the translations (``msgstr``) are used,
@@ -36,21 +37,26 @@ def take(texts: list[str], max_bytes: int | None) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _english_paragraphs() -> tuple[str, ...]:
+def english_paragraphs() -> tuple[str, ...]:
+    """The paragraphs of CPython's pydoc topics as written (newlines and indents kept), topics in sorted order."""
     from pydoc_data.topics import topics
 
     return tuple(p for key in sorted(topics) for p in topics[key].split("\n\n") if p.strip())
 
 
-def english_texts(max_bytes: int | None = None) -> list[str]:
-    """Paragraphs of CPython's pydoc topics (about 0.46 MB in all) as written, newlines and indents kept."""
-    return take(list(_english_paragraphs()), max_bytes)
-
-
 def english_lines(max_bytes: int | None = None) -> list[str]:
-    """The same paragraphs, each on one line (whitespace runs become one space): sentence-like inputs
-    for the model and embedding benchmarks, and the English text of the tokenizer benchmark."""
-    return take([" ".join(p.split()) for p in _english_paragraphs()], max_bytes)
+    """Paragraphs of CPython's pydoc topics (about 0.46 MB in all), each on one line (whitespace runs
+    become one space): the English text of the tokenizer benchmarks, and sentences for the model ones."""
+    return take([" ".join(p.split()) for p in english_paragraphs()], max_bytes)
+
+
+def pydoc_lines(count: int | None = None) -> list[str]:
+    """The first ``count`` (all if None) non-empty lines of CPython's pydoc topics, as written (topics
+    in sorted order): short inputs, the text of the embedding benchmark."""
+    from pydoc_data.topics import topics
+
+    lines = [line for key in sorted(topics) for line in topics[key].splitlines() if line.strip()]
+    return lines[:count]
 
 
 def _po_string(line: str, path: Path, lineno: int) -> str:

@@ -1,31 +1,30 @@
 """Embedding throughput: fastbert `Encoder.encode` vs sentence-transformers' `encode`, same checkpoint.
 
-Workload: 2,000 lines of real English text (CPython's pydoc topics split into non-empty lines;
-500 with quick=True), batch size 32, both libraries given the same list. Each library is timed
-`repeats` times, interleaved (ST, fastbert, ST, fastbert, ...) so that load from other processes
-hits both alike; the best time of each counts. The output check: every fastbert embedding has
-cosine >= 0.99999 with sentence-transformers' (fp32; 0.999 in fp16/bf16).
+Workload: 2,000 lines of real English text (CPython's pydoc topics split into non-empty lines,
+corpus.pydoc_lines; 500 with quick=True), batch size 32, every library given the same list. The
+tokenizer runs inside the timed call, and fastbert's caches whole texts and words: so each repeat
+(and the untimed first call) gets the lines under a tag no earlier call used (a number and a space
+before each, tokenizer.Rounds), text new to every tokenizer, and the word caches are cleared before
+each. Each library is timed `repeats` times, interleaved (ST, fastbert, ST, fastbert, ...) so that
+load from other processes hits both alike; the best time of each counts. The output check, on the
+first call's lines: every fastbert embedding has cosine >= 0.99999 with sentence-transformers'
+(fp32; 0.999 in fp16/bf16).
 """
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import os
 import time
 
 import torch
 
 from fastbert.benchmarks import env
+from fastbert.benchmarks.corpus import pydoc_lines
+from fastbert.benchmarks.tokenizer import Rounds
 
 FULL_LINES, QUICK_LINES = 2000, 500
 BATCH_SIZE = 32
-
-
-def english_lines(n: int = FULL_LINES) -> list[str]:
-    """The first n non-empty lines of CPython's pydoc topics (topics in sorted order)."""
-    from pydoc_data.topics import topics
-
-    lines = [line for key in sorted(topics) for line in topics[key].splitlines() if line.strip()]
-    return lines[:n]
 
 
 def device_name(device: str) -> str:
@@ -38,24 +37,17 @@ def versions() -> dict:
     return env.versions(("fastbert", "torch", "transformers", "sentence-transformers"))
 
 
-def _best_time(fn, repeats: int, times: list) -> None:
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-
-
 def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: str = "float32",
         repeats: int | None = None, progress=None, lines: int | None = None) -> list[dict]:
     """One row per implementation: lines/s (best of `repeats`), and for fastbert the output check.
 
     Peers: sentence-transformers as it is, and the same SentenceTransformer after fastbert.optimize
     (its own tokenizer and character-length batching, fastbert's encoder). texts: the lines to
-    embed (default english_lines()); lines: how many (default 2,000; 500 with quick)."""
+    embed (default corpus.pydoc_lines()); lines: how many (default 2,000; 500 with quick)."""
     import fastbert
 
     n = lines or (QUICK_LINES if quick else FULL_LINES)  # lines: a smaller workload (CLI smoke tests)
-    texts = list(texts[:n]) if texts is not None else english_lines(n)
+    texts = list(texts[:n]) if texts is not None else pydoc_lines(n)
     repeats = repeats or (2 if quick else 3)
     torch_dtype = getattr(torch, dtype)
     say = progress or (lambda message: None)
@@ -66,7 +58,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
     say("loading fastbert.Encoder")
     encoder = fastbert.Encoder.from_pretrained(model_dir, device=device, dtype=torch_dtype)
     runs = {"fastbert Encoder.encode":
-            lambda: encoder.encode(texts, batch_size=BATCH_SIZE, convert_to_tensor=True)}
+            lambda lines: encoder.encode(lines, batch_size=BATCH_SIZE, convert_to_tensor=True)}
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
@@ -76,18 +68,31 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
         plain = SentenceTransformer(str(model_dir), device=device).to(torch_dtype)
         optimized = fastbert.optimize(SentenceTransformer(str(model_dir), device=device).to(torch_dtype))
         runs = {"sentence-transformers encode":
-                lambda: plain.encode(texts, batch_size=BATCH_SIZE, convert_to_tensor=True),
+                lambda lines: plain.encode(lines, batch_size=BATCH_SIZE, convert_to_tensor=True),
                 "sentence-transformers + fastbert.optimize":
-                lambda: optimized.encode(texts, batch_size=BATCH_SIZE, convert_to_tensor=True),
+                lambda lines: optimized.encode(lines, batch_size=BATCH_SIZE, convert_to_tensor=True),
                 **runs}
 
+    models = [encoder] + ([plain, optimized] if SentenceTransformer is not None else [])
+
+    def clear_caches():  # the tokenizers that cache words (fastbert's): nothing kept from a round
+        for model in models:
+            clear = getattr(getattr(model, "tokenizer", None), "clear_cache", None)
+            if clear is not None:
+                clear()
+
+    rounds = Rounds(texts, itertools.count(1))  # round r: the same lines for all, new to every tokenizer
     say("warm-up and output check")
-    outputs = {name: fn().float() for name, fn in runs.items()}
+    outputs = {name: fn(rounds(0)).float() for name, fn in runs.items()}
     times = {name: [] for name in runs}
-    for i in range(repeats):                           # interleaved: outside load hits all alike
-        say(f"timing {i + 1}/{repeats}")
+    for i in range(1, repeats + 1):                    # interleaved: outside load hits all alike
+        say(f"timing {i}/{repeats}")
+        lines_i = rounds(i)
         for name, fn in runs.items():
-            _best_time(fn, 1, times[name])
+            clear_caches()
+            start = time.perf_counter()
+            fn(lines_i)
+            times[name].append(time.perf_counter() - start)
 
     ref_name = "sentence-transformers encode"
     ref = outputs.get(ref_name)

@@ -7,17 +7,24 @@ Every peer encodes the same documents in one process, on two paths:
 MB/s = UTF-8 bytes of the input documents / median seconds; tokens/s counts real (non-pad) tokens.
 On padded128 the bytes past a document's 128th token count too, though a tokenizer may stop before them
 (fastbert does; nanotoken and HF do not): about 10% of the English and 8% of the multilingual characters.
-Before a figure counts, its output is compared with BertTokenizerFast's: a faster wrong answer is a
-failure row (ids_match False). Word caches are cleared before each timed repeat, outside the timed
-region, so a repeat sees the text as new, as a single pass over a corpus would (row "cache": "cold").
-``warm_cache=True`` keeps them ("warm"): then a repeat re-encodes text the tokenizer has just seen, which
-nanotoken's chunk cache turns into 5-10x higher figures that text it has not seen never gets (measured:
-priming it with other text from the same corpus gains little). Inputs are built before timing; the timed
-call only encodes.
+
+The headline is text new to every tokenizer. The tokenizers cache: fastbert whole texts and
+whitespace-delimited chunks, nanotoken chunks, so a benchmark that encodes one corpus again and
+again measures cache lookups. Here every round (and the untimed first pass) gets the corpus under a
+tag no earlier call of the run used (``unseen``: a number and a space before each document, built
+outside the timed region), so no whole text repeats, and the word caches are cleared before each
+round (``Peer.clear_cache``), so no word is remembered from an earlier round either: each round reads
+like a first pass over text the tokenizer has never met. Every row carries the first pass's MB/s
+(a fresh tokenizer's first call on the corpus, after a one-line warm-up) as the check: "vs first pass"
+near 1x says the rounds found nothing cached. ``repeated=True`` also measures the same text encoded
+again and again without clearing (rows whose "text seen" is "repeated"): the cache-lookup figure.
+Before a figure counts, its output (round 1's) is compared with BertTokenizerFast's on the same texts:
+a faster wrong answer is a failure row (ids_match False).
 """
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import os
 import statistics
 import time
@@ -229,22 +236,67 @@ def evict_cpu_caches(mb: int = 64) -> None:
     _SCRATCH.fill(1)
 
 
-def time_interleaved(calls, texts, min_repeats=3, min_seconds=1.0, max_repeats=20):
-    """Median seconds of each ``fn(texts)`` in ``calls`` ({name: (fn, before)}), timed in rounds that
+def unseen(docs: list[str], tag) -> list[str]:
+    """``docs`` with ``tag`` and a space before each: the same text to read, but no document is one a
+    tokenizer has met before, as long as no earlier call used that tag (whole-text caches miss)."""
+    prefix = f"{tag} "
+    return [prefix + doc for doc in docs]
+
+
+class Rounds:
+    """The texts of each round: round r's are the documents under a tag taken from ``tags`` the first
+    time round r is asked for, so every tokenizer gets the same list in round r, and no two rounds (nor
+    two cases sharing ``tags``) share a text. ``repeated=True``: one tagged list for every round."""
+
+    def __init__(self, docs: list[str], tags, repeated: bool = False):
+        self.docs, self.tags, self.repeated, self._lists = docs, tags, repeated, {}
+
+    def __call__(self, r: int) -> list[str]:
+        key = 0 if self.repeated else r
+        if key not in self._lists:
+            self._lists[key] = unseen(self.docs, next(self.tags))
+        return self._lists[key]
+
+
+def primer(docs: list[str]) -> list[str]:
+    """``docs`` with every word spelled backwards: as much text, but (nearly) none of its words. Encoded
+    before the first pass, with the caches cleared after it, it pays a tokenizer's one-time costs
+    (lazy state, threads, cache memory mapped) without leaving anything of the real text behind."""
+    return [" ".join(word[::-1] for word in doc.split()) for doc in docs]
+
+
+def time_interleaved(calls, rounds, min_repeats=3, min_seconds=1.0, max_repeats=20):
+    """Median seconds of each ``fn(rounds(r))`` in ``calls`` ({name: (fn, before)}), timed in rounds that
     take every tokenizer in turn, so that load from elsewhere on the machine falls on all of them alike.
 
-    Each gets one untimed warm-up call, then at least ``min_repeats`` timed calls, more (up to
-    ``max_repeats``) until its timed calls add up to ``min_seconds``. ``before`` runs outside the
-    timed region ahead of each call (cache clearing, thread settings). Returns {name: (median,
-    repeats, last output)} or {name: exception} for a tokenizer that raised. The order rotates each
-    round; with EVICT every timed call also starts on evicted CPU caches (evict_cpu_caches)."""
+    Each first encodes ``primer`` of round 0's texts and then, timed once, round 0's texts: the first
+    pass of a tokenizer that has met as much text but none of these words. Then at
+    least ``min_repeats`` timed rounds (1, 2, ...), more (up to ``max_repeats``) until they add up to
+    ``min_seconds``. ``before`` runs outside the timed region ahead of each call (cache clearing, thread
+    settings). Returns {name: (median, repeats, round 1's output, first-pass seconds)} or
+    {name: exception} for a tokenizer that raised. The order rotates each round; with EVICT every timed
+    call also starts on evicted CPU caches (evict_cpu_caches)."""
     times = {name: [] for name in calls}
-    outs, failed = {}, {}
+    outs, first, failed = {}, {}, {}
+
+    def timed(name, r):
+        fn, before = calls[name]
+        texts = rounds(r)
+        if before:
+            before()
+        if EVICT:
+            evict_cpu_caches()
+        start = time.perf_counter()
+        out = fn(texts)
+        return time.perf_counter() - start, out
+
+    warm_up = primer(rounds(0))
     for name, (fn, before) in calls.items():
         try:
             if before:
                 before()
-            fn(texts)  # warm-up: page in, build lazy state
+            fn(warm_up)
+            first[name], _ = timed(name, 0)
         except Exception as exc:
             failed[name] = exc
 
@@ -258,21 +310,17 @@ def time_interleaved(calls, texts, min_repeats=3, min_seconds=1.0, max_repeats=2
         # (after BertTokenizerFast's large working set, the CPU caches are cold)
         order = order[1:] + order[:1]
         for name in order:
-            fn, before = calls[name]
             if not wants_more(name):
                 continue
             try:
-                if before:
-                    before()
-                if EVICT:
-                    evict_cpu_caches()
-                start = time.perf_counter()
-                outs[name] = fn(texts)
-                times[name].append(time.perf_counter() - start)
+                seconds, out = timed(name, len(times[name]) + 1)
+                times[name].append(seconds)
+                if len(times[name]) == 1:
+                    outs[name] = out
             except Exception as exc:
                 failed[name] = exc
     return {name: failed[name] if name in failed else
-            (statistics.median(times[name]), len(times[name]), outs[name]) for name in calls}
+            (statistics.median(times[name]), len(times[name]), outs[name], first[name]) for name in calls}
 
 
 def _resolve_threads(threads) -> list[int]:
@@ -280,14 +328,25 @@ def _resolve_threads(threads) -> list[int]:
     return list(dict.fromkeys(cores if t is None else int(t) for t in threads))
 
 
+def _reps(quick: bool, smoke: bool) -> dict:
+    if smoke:
+        return dict(min_repeats=1, min_seconds=0.0, max_repeats=1)
+    if quick:
+        return dict(min_repeats=3, min_seconds=0.5, max_repeats=7)
+    return dict(min_repeats=5, min_seconds=2.0, max_repeats=25)
+
+
 def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *, smoke=False,
-        warm_cache=False, peers=PEERS) -> list[dict]:
+        repeated=False, peers=PEERS) -> list[dict]:
     """Measure every peer on every text, path and thread count; returns one dict per measurement.
 
     texts: None for the default English + multilingual corpora; a list replaces the English
     documents (`fastbert bench` passes corpus.english_lines(), the default); or {name: documents}
     to measure exactly those. threads: 1 = serial; None = all cores
-    (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone)."""
+    (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone).
+    repeated: also measure each case on one text encoded again every round, caches kept (rows whose
+    "text seen" is "repeated"; the headline rows' is "new each round"): True for every thread count,
+    or the thread counts to do it at (1 for serial only; None = all cores), False for none."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         say("loading text")
@@ -295,62 +354,69 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
         texts = default_texts(quick=quick, smoke=smoke)
         if english is not None:
             texts["english"] = corpus.take(list(english), _text_bytes(quick, smoke))
-    reps = dict(min_repeats=1, min_seconds=0.0, max_repeats=1) if smoke else \
-        dict(min_repeats=3, min_seconds=0.5, max_repeats=7) if quick else \
-        dict(min_repeats=5, min_seconds=2.0, max_repeats=25)
+    reps = _reps(quick, smoke)
     cores = os.cpu_count() or 1
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     common = {"device": device(), "versions": versions(), "timestamp": stamp,
-              "cache": "warm" if warm_cache else "cold",
               "cpu_caches": "evicted before each call" if EVICT else "not evicted"}
+    tags = itertools.count(1)  # one counter for the whole run: no two calls share a text
+    again = set(_resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else None
     rows: list[dict] = []
     for text_name, docs in texts.items():
-        nbytes = corpus.total_bytes(docs)
         say(f"{text_name}: reference output ({REFERENCE})")
         ref_peer = TransformersPeer(model_dir, 1)
         ref_peer.before_repeat()
-        reference = {path: getattr(ref_peer, method)(docs) for path, method in PATHS.items()}
         for n_threads in _resolve_threads(threads):
-            base = {"text": text_name, "threads": n_threads, "bytes": nbytes, "docs": len(docs), **common}
             built = {}
+            base = {"text": text_name, "threads": n_threads, "docs": len(docs), **common}
+            kinds = [("new each round", False)]
+            if repeated is True or (again and n_threads in again):
+                kinds.append(("repeated", True))
             for peer_cls in peers:
                 if peer_cls is not FastbertPeer and n_threads not in (1, cores):
                     continue  # rayon pools are sized once per process: 1 thread or all cores only
                 try:
                     built[peer_cls.name] = peer_cls(model_dir, n_threads)
                 except Exception as exc:  # an unavailable peer is a row with a note, not a crash
-                    rows.extend({**base, "name": peer_cls.name, "path": path, "MB/s": None, "tokens/s": None,
-                                 "ids_match": None, "error": f"{type(exc).__name__}: {exc}"} for path in PATHS)
-            for path, method in PATHS.items():
-                say(f"{text_name}: {path}, {n_threads} thread(s): {', '.join(built)}")
+                    rows.extend({**base, "name": peer_cls.name, "path": path, "text seen": seen, "MB/s": None,
+                                 "tokens/s": None, "ids_match": None, "error": f"{type(exc).__name__}: {exc}"}
+                                for path in PATHS for seen, _ in kinds)
+            for seen, keep_caches in kinds:
+                for path, method in PATHS.items():
+                    say(f"{text_name}: {path}, {n_threads} thread(s), {seen}: {', '.join(built)}")
+                    rounds = Rounds(docs, tags, repeated=keep_caches)
+                    reference = getattr(ref_peer, method)(rounds(1))
+                    nbytes = corpus.total_bytes(rounds(1))
 
-                def before_for(peer):
-                    def before():
-                        peer.before_repeat()
-                        if not warm_cache:
-                            peer.clear_cache()
-                    return before
+                    def before_for(peer):
+                        def before():
+                            peer.before_repeat()
+                            if not keep_caches:
+                                peer.clear_cache()
+                        return before
 
-                calls = {name: (getattr(peer, method), before_for(peer)) for name, peer in built.items()}
-                for name, result in time_interleaved(calls, docs, **reps).items():
-                    row = {**base, "name": name, "path": path}
-                    if isinstance(result, Exception):
-                        rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
-                                     "error": f"{type(result).__name__}: {result}"})
-                        continue
-                    seconds, repeats, out = result
-                    match = same_output(path, out, reference[path])
-                    row.update({"MB/s": nbytes / seconds / 1e6, "tokens/s": count_tokens(path, out) / seconds,
-                                "ids_match": match, "seconds": seconds, "repeats": repeats,
-                                "tokens": count_tokens(path, out)})
-                    if not match:
-                        row["error"] = "output differs from BertTokenizerFast: " + \
-                            first_difference(path, out, reference[path], docs)
-                    rows.append(row)
+                    calls = {name: (getattr(peer, method), before_for(peer)) for name, peer in built.items()}
+                    for name, result in time_interleaved(calls, rounds, **reps).items():
+                        row = {**base, "name": name, "path": path, "text seen": seen, "bytes": nbytes}
+                        if isinstance(result, Exception):
+                            rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
+                                         "error": f"{type(result).__name__}: {result}"})
+                            continue
+                        seconds, repeats, out, first_pass = result
+                        match = same_output(path, out, reference)
+                        row.update({"MB/s": nbytes / seconds / 1e6, "tokens/s": count_tokens(path, out) / seconds,
+                                    "ids_match": match, "seconds": seconds, "repeats": repeats,
+                                    "tokens": count_tokens(path, out), "first pass MB/s": nbytes / first_pass / 1e6,
+                                    "vs first pass": first_pass / seconds})
+                        if not match:
+                            row["error"] = "output differs from BertTokenizerFast: " + \
+                                first_difference(path, out, reference, rounds(1))
+                        rows.append(row)
     order = {cls.name: i for i, cls in enumerate(peers)}
     texts_order = {name: i for i, name in enumerate(texts)}
-    rows.sort(key=lambda r: (texts_order[r["text"]], r["threads"], order.get(r["name"], 99),
-                             list(PATHS).index(r["path"])))
+    seen_order = ["new each round", "repeated"]
+    rows.sort(key=lambda r: (seen_order.index(r["text seen"]), texts_order[r["text"]], r["threads"],
+                             order.get(r["name"], 99), list(PATHS).index(r["path"])))
     add_ratios(rows)
     return rows
 
@@ -359,21 +425,22 @@ def add_ratios(rows: list[dict]) -> None:
     """Adds "vs nanotoken" / "vs BertTokenizerFast": this row's MB/s over the peer's, same case;
     and "vs 1 thread": this row's MB/s over the same tokenizer's serial MB/s (thread scaling)."""
     def key(r):
-        return r["text"], r["path"], r["threads"]
+        return r.get("text seen"), r["text"], r["path"], r["threads"]
 
     by_case = {(key(r), r["name"]): r.get("MB/s") for r in rows}
     for r in rows:
         for peer, field in ((BASELINE, "vs nanotoken"), (REFERENCE, "vs BertTokenizerFast")):
             other = by_case.get((key(r), peer))
             r[field] = r["MB/s"] / other if r.get("MB/s") and other else None
-        serial = by_case.get(((r["text"], r["path"], 1), r["name"]))
+        serial = by_case.get(((r.get("text seen"), r["text"], r["path"], 1), r["name"]))
         r["vs 1 thread"] = r["MB/s"] / serial if r.get("MB/s") and serial else None
 
 
 def format_table(rows: list[dict]) -> str:
-    """Plain-text table of the rows, with the ratios against nanotoken and BertTokenizerFast."""
-    head = (f"{'text':<13}{'path':<10}{'thr':>4}  {'tokenizer':<18}{'MB/s':>9}{'Mtok/s':>9}"
-            f"{'ids':>6}{'vs nanotoken':>14}{'vs BertTokFast':>16}{'vs 1 thread':>13}")
+    """Plain-text table of the rows, with the ratios against nanotoken and BertTokenizerFast, and each
+    row's speed over its own first pass (about 1x when the rounds found nothing cached)."""
+    head = (f"{'text seen':<16}{'text':<13}{'path':<10}{'thr':>4}  {'tokenizer':<18}{'MB/s':>9}{'Mtok/s':>9}"
+            f"{'ids':>6}{'vs nanotoken':>14}{'vs BertTokFast':>16}{'vs 1 thread':>13}{'vs 1st pass':>13}")
     lines = [head, "-" * len(head)]
 
     def num(x, fmt, width, suffix=""):
@@ -383,11 +450,12 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         ok = {True: "ok", False: "FAIL", None: "-"}[r.get("ids_match")]
         tok = r["tokens/s"] / 1e6 if r.get("tokens/s") else None
-        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {r['name']:<18}"
+        lines.append(f"{r.get('text seen', ''):<16}{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {r['name']:<18}"
                      f"{num(r.get('MB/s'), '.2f', 9)}{num(tok, '.2f', 9)}{ok:>6}"
                      f"{num(r.get('vs nanotoken'), '.2f', 14, 'x')}"
                      f"{num(r.get('vs BertTokenizerFast'), '.2f', 16, 'x')}"
-                     f"{num(r.get('vs 1 thread'), '.2f', 13, 'x')}")
+                     f"{num(r.get('vs 1 thread'), '.2f', 13, 'x')}"
+                     f"{num(r.get('vs first pass'), '.2f', 13, 'x')}")
         if r.get("error"):
-            lines.append(f"{'':<29}{r['error'][:200]}")
+            lines.append(f"{'':<45}{r['error'][:200]}")
     return "\n".join(lines)

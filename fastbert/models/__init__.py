@@ -1,23 +1,12 @@
-"""Encoder families with Hugging Face parameter names (see bert.py for how to share weights)."""
-from fastbert.models.albert import (AlbertForMaskedLM, AlbertForMultipleChoice, AlbertForQuestionAnswering,
-                                    AlbertForSequenceClassification, AlbertForTokenClassification, AlbertModel)
-from fastbert.models.bert import (
-    BertForMaskedLM, BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
-    BertForTokenClassification, BertModel, CamembertForMaskedLM, CamembertForMultipleChoice,
-    CamembertForQuestionAnswering, CamembertForSequenceClassification, CamembertForTokenClassification,
-    CamembertModel, ElectraForMaskedLM, ElectraForMultipleChoice, ElectraForQuestionAnswering,
-    ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel, RobertaForMaskedLM,
-    RobertaForMultipleChoice, RobertaForQuestionAnswering, RobertaForSequenceClassification,
-    RobertaForTokenClassification, RobertaModel, XLMRobertaForMaskedLM, XLMRobertaForMultipleChoice,
-    XLMRobertaForQuestionAnswering, XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
-    XLMRobertaModel)
-from fastbert.models.distilbert import (DistilBertForMaskedLM, DistilBertForMultipleChoice,
-                                        DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
-                                        DistilBertForTokenClassification, DistilBertModel)
+"""Encoder families with Hugging Face parameter names (see bert.py for how to share weights).
+
+The public class names (BertModel, RobertaForMaskedLM, ...) are the registry's (registry.py)."""
+import importlib
+
 from fastbert.models.modeling import CheckpointError, EncoderModel, FastPreTrainedModel
+from fastbert.models.registry import public_names
 
-_FAMILIES = ("Bert", "Roberta", "XLMRoberta", "Camembert", "Electra", "DistilBert", "Albert")
-_TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
-          "ForQuestionAnswering", "ForMultipleChoice")
-
-__all__ = [f + t for f in _FAMILIES for t in _TASKS]
+__all__ = list(public_names())
+for _name, (_module, _task) in public_names().items():
+    globals()[_name] = getattr(importlib.import_module(_module), _name)
+del _name, _module, _task

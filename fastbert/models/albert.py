@@ -10,11 +10,18 @@ from typing import List
 import torch
 from torch import nn
 
+from fastbert.models.config import ConfigError
 from fastbert.models.embeddings import Embeddings
-from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, QuestionAnsweringModel,
+from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, PooledClassifier, QuestionAnsweringModel,
                                    SequenceClassificationModel, TokenClassificationModel, activation)
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
+
+
+def check_config(config, source: str) -> None:
+    groups, layers = config.num_hidden_groups, config.num_hidden_layers
+    if groups < 1 or groups > layers:
+        raise ConfigError(f"{source}: num_hidden_groups={groups} must be in [1, num_hidden_layers={layers}]")
 
 
 class AlbertAttention(nn.Module):
@@ -65,11 +72,8 @@ class AlbertModel(EncoderModel):
         self.encoder = AlbertTransformer(config, self.dims)
         self.pooler = nn.Linear(self.dims.hidden_size, self.dims.hidden_size) if add_pooling_layer else None
 
-    def max_sequence_length(self) -> int:
-        return self.embeddings.max_sequence_length()
-
-    def embed(self, packing, input_ids, token_type_ids, position_ids, inputs_embeds):
-        x = self.embeddings(packing, input_ids, token_type_ids, position_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.encoder.embedding_hidden_mapping_in(x)
 
     def layers(self) -> List[FastLayer]:
@@ -101,31 +105,15 @@ class _AlbertHead:
 
 
 class AlbertForMaskedLM(_AlbertHead, MaskedLMModel):
+    lm_head_name, decoder, decoder_bias = "predictions", "predictions.decoder", "predictions.bias"
+
     def build_head(self, config):
         self.predictions = AlbertMLMHead(self.dims)
 
-    def tied_weights(self):
-        return {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
-                "predictions.decoder.bias": "predictions.bias"}
 
-    def mlm_logits(self, h):
-        return self.predictions(h)
-
-
-class _Pooled:
-    uses_pooler = True
-
-    def build_head(self, config):
-        self.dropout = nn.Dropout(config.classifier_dropout_prob)
-        self.classifier = nn.Linear(self.dims.hidden_size, self.num_outputs(config))
-
-    def num_outputs(self, config):
-        return config.num_labels
-
-    def classify(self, out):
-        return self.classifier(self.dropout(out.pooler_output))
-
-    choice_logits = classify
+class _Pooled(PooledClassifier):
+    def pooled_dropout(self, config):
+        return config.classifier_dropout_prob
 
 
 class AlbertForSequenceClassification(_AlbertHead, _Pooled, SequenceClassificationModel):

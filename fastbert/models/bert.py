@@ -23,7 +23,7 @@ from torch import nn
 
 from fastbert.models.embeddings import Embeddings
 from fastbert.models.heads import (BertMLMHead, ClassificationHead, MaskedLMModel, MultipleChoiceModel, Pooler,
-                                   QuestionAnsweringModel, RobertaLMHead,
+                                   PooledClassifier, QuestionAnsweringModel, RobertaLMHead,
                                    SequenceClassificationModel, TokenClassificationModel, activation,
                                    classifier_dropout)
 from fastbert.models.layers import FastLayer, LayerParts
@@ -86,22 +86,18 @@ class BertEncoder(nn.Module):
 class BertModel(EncoderModel):
     base_model_prefix = "bert"
     model_types = ("bert",)
-    roberta_positions = False
 
     def __init__(self, config, add_pooling_layer: bool = True):
         super().__init__(config)
         d = self.dims
-        self.embeddings = Embeddings(d, roberta_positions=self.roberta_positions)
+        self.embeddings = Embeddings(d)
         if d.embedding_size != d.hidden_size:  # ELECTRA's factorised embeddings
             self.embeddings_project = nn.Linear(d.embedding_size, d.hidden_size)
         self.encoder = BertEncoder(d)
         self.pooler = Pooler(d.hidden_size) if add_pooling_layer else None
 
-    def max_sequence_length(self) -> int:
-        return self.embeddings.max_sequence_length()
-
-    def embed(self, packing, input_ids, token_type_ids, position_ids, inputs_embeds):
-        x = self.embeddings(packing, input_ids, token_type_ids, position_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x
 
     def layers(self) -> List[FastLayer]:
@@ -114,7 +110,6 @@ class BertModel(EncoderModel):
 class RobertaModel(BertModel):
     base_model_prefix = "roberta"
     model_types = ("roberta",)
-    roberta_positions = True
 
 
 class XLMRobertaModel(RobertaModel):
@@ -132,49 +127,27 @@ class ElectraModel(BertModel):
     output_class = BaseModelOutput  # no pooler_output
 
     def __init__(self, config, add_pooling_layer: bool = False):
-        super().__init__(config, add_pooling_layer=False)  # ELECTRA has no pooler
+        if add_pooling_layer:
+            raise ValueError("ElectraModel has no pooler (transformers' ELECTRA has none); "
+                             "pass add_pooling_layer=False")
+        super().__init__(config, add_pooling_layer=False)
 
 
 # ---- BERT heads ------------------------------------------------------------------------------------
 class BertForMaskedLM(MaskedLMModel):
     base_class, base_model_prefix, model_types = BertModel, "bert", ("bert",)
+    lm_head_name, decoder, decoder_bias = "cls", "cls.predictions.decoder", "cls.predictions.bias"
 
     def build_head(self, config):
         self.cls = BertMLMHead(self.dims)
 
-    def tied_weights(self):
-        return {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-                "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
-    def mlm_logits(self, h):
-        return self.cls(h)
+class BertForSequenceClassification(PooledClassifier, SequenceClassificationModel):
+    base_class, base_model_prefix, model_types = BertModel, "bert", ("bert",)
 
 
-class _PooledClassifier:
-    """BERT/ALBERT sequence classification: dropout + classifier on the pooler output."""
-
-    def build_head(self, config):
-        self.dropout = nn.Dropout(self.pooled_dropout(config))
-        self.classifier = nn.Linear(self.dims.hidden_size, self.num_outputs(config))
-
-    def pooled_dropout(self, config):
-        return classifier_dropout(config, self.dims)
-
-    def num_outputs(self, config):
-        return config.num_labels
-
-    def classify(self, out):
-        return self.classifier(self.dropout(out.pooler_output))
-
-    choice_logits = classify
-
-
-class BertForSequenceClassification(_PooledClassifier, SequenceClassificationModel):
-    base_class, base_model_prefix, model_types, uses_pooler = BertModel, "bert", ("bert",), True
-
-
-class BertForMultipleChoice(_PooledClassifier, MultipleChoiceModel):
-    base_class, base_model_prefix, model_types, uses_pooler = BertModel, "bert", ("bert",), True
+class BertForMultipleChoice(PooledClassifier, MultipleChoiceModel):
+    base_class, base_model_prefix, model_types = BertModel, "bert", ("bert",)
 
     def num_outputs(self, config):
         return 1
@@ -191,16 +164,10 @@ class BertForQuestionAnswering(QuestionAnsweringModel):
 # ---- RoBERTa heads (XLM-R and CamemBERT reuse them under their own names) ----------------------------
 class RobertaForMaskedLM(MaskedLMModel):
     base_class, base_model_prefix, model_types = RobertaModel, "roberta", ("roberta",)
+    lm_head_name, decoder, decoder_bias = "lm_head", "lm_head.decoder", "lm_head.bias"
 
     def build_head(self, config):
         self.lm_head = RobertaLMHead(self.dims)
-
-    def tied_weights(self):
-        return {"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
-                "lm_head.decoder.bias": "lm_head.bias"}
-
-    def mlm_logits(self, h):
-        return self.lm_head(h)
 
 
 class RobertaForSequenceClassification(SequenceClassificationModel):
@@ -213,8 +180,8 @@ class RobertaForSequenceClassification(SequenceClassificationModel):
         return self.classifier(out.last_hidden_state)
 
 
-class RobertaForMultipleChoice(_PooledClassifier, MultipleChoiceModel):
-    base_class, base_model_prefix, model_types, uses_pooler = RobertaModel, "roberta", ("roberta",), True
+class RobertaForMultipleChoice(PooledClassifier, MultipleChoiceModel):
+    base_class, base_model_prefix, model_types = RobertaModel, "roberta", ("roberta",)
 
     def pooled_dropout(self, config):
         return self.dims.hidden_dropout  # RoBERTa ignores classifier_dropout here, as transformers
@@ -271,12 +238,11 @@ class ElectraGeneratorPredictions(nn.Module):
 class ElectraForMaskedLM(MaskedLMModel):
     base_class, base_model_prefix, model_types = ElectraModel, "electra", ("electra",)
 
+    decoder = "generator_lm_head"
+
     def build_head(self, config):
         self.generator_predictions = ElectraGeneratorPredictions(self.dims)
         self.generator_lm_head = nn.Linear(self.dims.embedding_size, self.dims.vocab_size)
-
-    def tied_weights(self):
-        return {"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"}
 
     def mlm_logits(self, h):
         return self.generator_lm_head(self.generator_predictions(h))

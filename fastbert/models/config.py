@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-# model_type -> family file that implements it
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "albert")
+from fastbert.models.registry import MODEL_TYPES, family
+
 # hidden_act -> bias_gelu's `approximate`, or "relu" for a plain torch ReLU
 ACTIVATIONS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh",
                "gelu_pytorch_tanh": "tanh", "relu": "relu"}
@@ -65,9 +65,7 @@ def config_from_dict(data: dict, source: str = "config"):
     from transformers import AutoConfig
 
     model_type = data.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ConfigError(f"{source}: model_type {model_type!r} is not supported; "
-                          f"fastbert supports {MODEL_TYPES}")
+    family(model_type, source)
     fields = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version")}
     for key in ("dtype", "torch_dtype"):
         value = fields.get(key)
@@ -88,10 +86,7 @@ def load_config(path: str):
 
 def check_supported(config, source: str = "config") -> None:
     """Raise ConfigError naming the first setting the fast path cannot honour."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in MODEL_TYPES:
-        raise ConfigError(f"{source}: model_type {model_type!r} is not supported; "
-                          f"fastbert supports {MODEL_TYPES}")
+    fam = family(getattr(config, "model_type", None), source)
     pos = getattr(config, "position_embedding_type", "absolute")
     if pos not in (None, "absolute"):
         raise ConfigError(f"{source}: position_embedding_type={pos!r} is not supported "
@@ -99,14 +94,13 @@ def check_supported(config, source: str = "config") -> None:
     for flag in ("is_decoder", "add_cross_attention"):
         if getattr(config, flag, False):
             raise ConfigError(f"{source}: {flag}=True is not supported (fastbert runs bidirectional encoders)")
-    act = config.activation if model_type == "distilbert" else config.hidden_act
+    act = getattr(config, fam.activation_key, None)
     if act not in ACTIVATIONS:
-        raise ConfigError(f"{source}: hidden activation {act!r} is not supported; "
+        raise ConfigError(f"{source}: hidden activation {fam.activation_key}={act!r} is not supported; "
                           f"supported: {sorted(ACTIVATIONS)}")
-    if model_type == "albert":
-        groups, layers = config.num_hidden_groups, config.num_hidden_layers
-        if groups < 1 or groups > layers:
-            raise ConfigError(f"{source}: num_hidden_groups={groups} must be in [1, num_hidden_layers={layers}]")
+    check_config = fam.hook("check_config")
+    if check_config is not None:
+        check_config(config, source)
     d = resolve(config)
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
                  "classifier_dropout_prob", "dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout",
@@ -127,11 +121,10 @@ def check_supported(config, source: str = "config") -> None:
 
 
 def resolve(config) -> Dims:
-    if config.model_type == "distilbert":
-        return Dims(config.model_type, config.vocab_size, config.dim, config.dim, config.n_layers,
-                    config.n_heads, config.hidden_dim, ACTIVATIONS[config.activation], 1e-12,
-                    config.max_position_embeddings, 0, config.pad_token_id, float(config.dropout),
-                    float(config.attention_dropout))
+    """The family's own `resolve_dims(config)` when it has one, else BertConfig's names."""
+    resolve_dims = family(config.model_type).hook("resolve_dims")
+    if resolve_dims is not None:
+        return resolve_dims(config)
     emb = getattr(config, "embedding_size", None) or config.hidden_size
     return Dims(config.model_type, config.vocab_size, emb, config.hidden_size, config.num_hidden_layers,
                 config.num_attention_heads, config.intermediate_size, ACTIVATIONS[config.hidden_act],

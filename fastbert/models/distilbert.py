@@ -10,12 +10,21 @@ from typing import List
 import torch
 from torch import nn
 
+from fastbert.models.config import ACTIVATIONS, Dims
 from fastbert.models.embeddings import Embeddings
 from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, QuestionAnsweringModel,
                                    SequenceClassificationModel, TokenClassificationModel, activation)
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
 from fastbert.models.outputs import BaseModelOutput
+
+
+def resolve_dims(config) -> Dims:
+    """DistilBertConfig's names (dim, n_layers, hidden_dim, ...); no token types; LayerNorm eps 1e-12."""
+    return Dims(config.model_type, config.vocab_size, config.dim, config.dim, config.n_layers,
+                config.n_heads, config.hidden_dim, ACTIVATIONS[config.activation], 1e-12,
+                config.max_position_embeddings, 0, config.pad_token_id, float(config.dropout),
+                float(config.attention_dropout))
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -62,15 +71,15 @@ class DistilBertModel(EncoderModel):
     output_class = BaseModelOutput
 
     def __init__(self, config, add_pooling_layer: bool = False):
+        if add_pooling_layer:
+            raise ValueError("DistilBertModel has no pooler (transformers' DistilBERT has none); "
+                             "pass add_pooling_layer=False")
         super().__init__(config)
         self.embeddings = Embeddings(self.dims)
         self.transformer = Transformer(self.dims)
 
-    def max_sequence_length(self) -> int:
-        return self.embeddings.max_sequence_length()
-
-    def embed(self, packing, input_ids, token_type_ids, position_ids, inputs_embeds):
-        return self.embeddings(packing, input_ids, None, position_ids, inputs_embeds)
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
+        return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)
 
     def layers(self) -> List[FastLayer]:
         return list(self.transformer.layer)
@@ -87,8 +96,7 @@ class DistilBertForMaskedLM(_DistilBertHead, MaskedLMModel):
         self.vocab_layer_norm = nn.LayerNorm(d.hidden_size, eps=1e-12)
         self.vocab_projector = nn.Linear(d.hidden_size, d.vocab_size)
 
-    def tied_weights(self):
-        return {"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"}
+    decoder = "vocab_projector"
 
     def mlm_logits(self, h):
         h = self.vocab_layer_norm(activation(self.dims.activation)(self.vocab_transform(h)))

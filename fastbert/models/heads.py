@@ -13,16 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastbert.models.layers import TORCH_ACTIVATION
 from fastbert.models.modeling import FastPreTrainedModel
 from fastbert.models.outputs import (MaskedLMOutput, MultipleChoiceModelOutput, QuestionAnsweringModelOutput,
                                      SequenceClassifierOutput, TokenClassifierOutput)
 
-_ACT = {"none": lambda x: F.gelu(x), "tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": torch.relu}
-
-
 def activation(name: str):
     """Module-free activation by fastbert's resolved name ("none" = exact GELU)."""
-    return _ACT[name]
+    return TORCH_ACTIVATION[name]
 
 
 # ---- building blocks under transformers' names ------------------------------------------------------
@@ -141,10 +139,15 @@ def qa_loss(start_logits, end_logits, start_positions, end_positions):
 
 # ---- task models ---------------------------------------------------------------------------------------
 class TaskModel(FastPreTrainedModel):
-    """An encoder (attribute named base_model_prefix) plus a head built by `build_head`."""
+    """An encoder (attribute named base_model_prefix) plus a head built by `build_head`.
+
+    One forward for every task: encode, `head(out, inputs) -> {output field: tensor}`, and
+    `loss(fields, **targets)` when targets are given. Tasks differ only in those two hooks, their
+    output class, and (question answering) the names of the targets."""
 
     base_class = None
     uses_pooler = False
+    output_class = None
 
     def __init__(self, config):
         super().__init__(config)
@@ -155,50 +158,96 @@ class TaskModel(FastPreTrainedModel):
     def build_head(self, config) -> None:
         raise NotImplementedError
 
-    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-               output_attentions, output_hidden_states):
-        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        return self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                               output_hidden_states=output_hidden_states, return_dict=True, **extra)
+    def head(self, out, inputs: dict) -> dict:
+        raise NotImplementedError
+
+    def loss(self, fields: dict, **targets) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encoder_inputs(self, inputs: dict) -> dict:
+        return inputs
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                      position_ids=position_ids, inputs_embeds=inputs_embeds)
+        return self.run(inputs, dict(labels=labels), output_attentions, output_hidden_states, return_dict)
+
+    def run(self, inputs: dict, targets: dict, output_attentions, output_hidden_states, return_dict):
+        out = self.base_model(**self.encoder_inputs(inputs), output_attentions=output_attentions,
+                              output_hidden_states=output_hidden_states, return_dict=True)
+        fields = self.head(out, inputs)
+        loss = self.loss(fields, **targets) if all(t is not None for t in targets.values()) else None
+        return self._finish(self.output_class(loss=loss, **fields, hidden_states=out.hidden_states,
+                                              attentions=out.attentions), return_dict)
 
 
 class MaskedLMModel(TaskModel):
+    """Families name their LM head's parts; the decoder's weight is tied to the word embeddings."""
+
+    output_class = MaskedLMOutput
+    lm_head_name: Optional[str] = None  # the module build_head sets (its forward gives the logits)
+    decoder: str = ""                   # path of the decoder Linear, e.g. "cls.predictions.decoder"
+    decoder_bias: Optional[str] = None  # the head's own bias that decoder.bias is tied to, if any
+
+    def tied_weights(self):
+        tied = {f"{self.decoder}.weight": f"{self.base_model_prefix}.embeddings.word_embeddings.weight"}
+        if self.decoder_bias is not None:
+            tied[f"{self.decoder}.bias"] = self.decoder_bias
+        return tied
+
     def get_output_embeddings(self) -> nn.Linear:
-        return self.get_submodule(next(iter(self.tied_weights())).rpartition(".")[0])
+        return self.get_submodule(self.decoder)
 
     def mlm_logits(self, sequence_output):
-        raise NotImplementedError
+        return getattr(self, self.lm_head_name)(sequence_output)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None):
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
-        logits = self.mlm_logits(out.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))  # -100 ignored
-        return self._finish(MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                           attentions=out.attentions), return_dict)
+    def head(self, out, inputs):
+        return {"logits": self.mlm_logits(out.last_hidden_state)}
+
+    def loss(self, fields, labels):
+        logits = fields["logits"]
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))  # -100 ignored
+
+
+class PooledClassifier:
+    """Mixin: dropout + classifier on the pooler output (BERT, ALBERT, RoBERTa multiple choice)."""
+
+    uses_pooler = True
+
+    def build_head(self, config):
+        self.dropout = nn.Dropout(self.pooled_dropout(config))
+        self.classifier = nn.Linear(self.dims.hidden_size, self.num_outputs(config))
+
+    def pooled_dropout(self, config):
+        return classifier_dropout(config, self.dims)
+
+    def num_outputs(self, config):
+        return config.num_labels
+
+    def classify(self, out):
+        return self.classifier(self.dropout(out.pooler_output))
+
+    choice_logits = classify
 
 
 class SequenceClassificationModel(TaskModel):
+    output_class = SequenceClassifierOutput
+
     def classify(self, out):
         raise NotImplementedError
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None):
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
-        logits = self.classify(out)
-        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
-        return self._finish(SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                                     attentions=out.attentions), return_dict)
+    def head(self, out, inputs):
+        return {"logits": self.classify(out)}
+
+    def loss(self, fields, labels):
+        return sequence_classification_loss(self.config, fields["logits"], labels)
 
 
 class TokenClassificationModel(TaskModel):
+    output_class = TokenClassifierOutput
+
     def build_head(self, config):
         self.dropout = nn.Dropout(self.token_dropout(config))
         self.classifier = nn.Linear(self.dims.hidden_size, config.num_labels)
@@ -206,20 +255,16 @@ class TokenClassificationModel(TaskModel):
     def token_dropout(self, config) -> float:
         return classifier_dropout(config, self.dims)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None):
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
-        logits = self.classifier(self.dropout(out.last_hidden_state))
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))  # -100 ignored
-        return self._finish(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                                  attentions=out.attentions), return_dict)
+    def head(self, out, inputs):
+        return {"logits": self.classifier(self.dropout(out.last_hidden_state))}
+
+    def loss(self, fields, labels):
+        return F.cross_entropy(fields["logits"].view(-1, self.config.num_labels), labels.view(-1))  # -100 ignored
 
 
 class QuestionAnsweringModel(TaskModel):
+    output_class = QuestionAnsweringModelOutput
+
     def qa_dropout(self, config) -> Optional[float]:
         return None  # DistilBERT applies dropout before qa_outputs
 
@@ -231,40 +276,42 @@ class QuestionAnsweringModel(TaskModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None):
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                      position_ids=position_ids, inputs_embeds=inputs_embeds)
+        return self.run(inputs, dict(start_positions=start_positions, end_positions=end_positions),
+                        output_attentions, output_hidden_states, return_dict)
+
+    def head(self, out, inputs):
         h = out.last_hidden_state
         if hasattr(self, "dropout"):
             h = self.dropout(h)
         start_logits, end_logits = self.qa_outputs(h).split(1, dim=-1)
-        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = qa_loss(start_logits, end_logits, start_positions, end_positions)
-        return self._finish(QuestionAnsweringModelOutput(
-            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=out.hidden_states,
-            attentions=out.attentions), return_dict)
+        return {"start_logits": start_logits.squeeze(-1).contiguous(),
+                "end_logits": end_logits.squeeze(-1).contiguous()}
+
+    def loss(self, fields, start_positions, end_positions):
+        return qa_loss(fields["start_logits"], fields["end_logits"], start_positions, end_positions)
 
 
 class MultipleChoiceModel(TaskModel):
+    output_class = MultipleChoiceModelOutput
+
     def choice_logits(self, out):
         raise NotImplementedError
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None):
-        ref = input_ids if input_ids is not None else inputs_embeds
+    def encoder_inputs(self, inputs):
+        """(batch, num_choices, seq[, dim]) -> (batch * num_choices, seq[, dim])."""
+        ref = inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"]
         if ref is None or ref.dim() < 3:
             raise ValueError("multiple choice inputs must be (batch, num_choices, seq), got shape "
                              f"{None if ref is None else tuple(ref.shape)}")
-        num_choices = ref.shape[1]
+        keep = {"inputs_embeds": 2}
+        return {name: None if t is None else t.reshape(-1, *t.shape[-keep.get(name, 1):])
+                for name, t in inputs.items()}
 
-        def flat(t, keep=1):
-            return None if t is None else t.reshape(-1, *t.shape[-keep:])
+    def head(self, out, inputs):
+        ref = inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"]
+        return {"logits": self.choice_logits(out).view(-1, ref.shape[1])}
 
-        out = self.encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
-                          flat(inputs_embeds, 2), output_attentions, output_hidden_states)
-        logits = self.choice_logits(out).view(-1, num_choices)
-        loss = None if labels is None else F.cross_entropy(logits, labels)
-        return self._finish(MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                                      attentions=out.attentions), return_dict)
+    def loss(self, fields, labels):
+        return F.cross_entropy(fields["logits"], labels)

@@ -25,7 +25,9 @@ from torch.utils.checkpoint import checkpoint
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.layers import FastLayer
 from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
-from fastbert.padding import Packing, repad, unpad
+from fastbert.models.registry import family
+from fastbert.ops._dispatch import BACKENDS
+from fastbert.padding import Packing, mask_stats, pack, packed_positions, repad, unpad
 
 logger = logging.getLogger("fastbert")
 
@@ -68,30 +70,47 @@ class FastPreTrainedModel(nn.Module):
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, config):
+    def from_hf_config(cls, config, backend: str = "auto"):
         """A model with transformers' initialisation, ready for load_state_dict(hf.state_dict())."""
         model = cls(config)
         model.init_weights()
+        model.backend = backend
         return model
 
     @classmethod
-    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, **kwargs):
-        """Load a config.json + weights checkpoint (local dir or HF cache); strict (see load_checkpoint)."""
+    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto", **kwargs):
+        """Load a config.json + weights checkpoint (local dir or HF cache); strict (see load_checkpoint).
+        `backend` ("auto" | "triton" | "torch") is the model's op backend (see `backend`)."""
         from fastbert.hub import load_checkpoint_files
 
         if kwargs:
             raise TypeError(f"from_pretrained got unexpected arguments {sorted(kwargs)}")
         config, state, source = load_checkpoint_files(path_or_hub_id)
-        return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source)
+        return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source, backend=backend)
 
     @classmethod
     def from_state_dict(cls, config, state: Dict[str, torch.Tensor], dtype=None, device=None,
-                        source: str = "state_dict"):
+                        source: str = "state_dict", backend: str = "auto"):
         dtype = _resolve_dtype(dtype, config, state)
         with torch.device("meta"):
             model = cls(config)
         model.load_checkpoint(state, dtype=dtype, device=device or "cpu", source=source)
+        model.backend = backend
         return model.eval()
+
+    # ---- op backend -----------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """Which implementation every fastbert op of this model runs: "auto" (Triton kernels on CUDA,
+        torch on CPU), "triton" (the kernels; on CPU only under TRITON_INTERPRET=1) or "torch" (the
+        pure-torch references). Held by the bare encoder and passed to each op call."""
+        return self.base_model._backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        if value not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {value!r}")
+        self.base_model._backend = value
 
     # ---- weights --------------------------------------------------------------------------------
     @property
@@ -306,16 +325,24 @@ def _resolve_dtype(dtype, config, state) -> Optional[torch.dtype]:
 # bare encoders
 # ---------------------------------------------------------------------------------------------------
 class EncoderModel(FastPreTrainedModel):
-    """A bare encoder: embeddings -> unpad -> layers -> repad -> (pooler).
+    """A bare encoder: embeddings -> unpad -> layers -> repad -> (pooler), or, from packed inputs,
+    embeddings -> layers (`forward_packed`).
 
-    Families supply `embed(packing, ...) -> (tokens, hidden)`, `layers()` (in execution order) and
-    `pool(sequence_output)` (None without a pooler). Padding positions of last_hidden_state and of
-    hidden_states are zeros (transformers computes them on padding tokens; nothing should read them)."""
+    Families supply `embed(input_ids, token_type_ids, position_ids, inputs_embeds, backend)` on packed
+    (tokens,) tensors -> (tokens, hidden), `layers()` (in execution order) and `pool(sequence_output)`
+    (None without a pooler). Position ids follow the registry's convention for the model type
+    (`padded_positions` / `packed_positions`; a family with another scheme overrides them). Padding
+    positions of last_hidden_state and of hidden_states are zeros (transformers computes them on
+    padding tokens; nothing should read them)."""
 
     has_token_types = True
     output_class = BaseModelOutputWithPooling
 
-    def embed(self, packing: Packing, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
+    def __init__(self, config):
+        super().__init__(config)
+        self._backend = "auto"
+
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend: str) -> torch.Tensor:
         raise NotImplementedError
 
     def layers(self) -> List[FastLayer]:
@@ -324,33 +351,71 @@ class EncoderModel(FastPreTrainedModel):
     def pool(self, sequence_output: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
+    def max_sequence_length(self) -> int:
+        return self.embeddings.max_sequence_length()
+
+    # ---- position ids, packed ---------------------------------------------------------------------------
+    def position_offset(self) -> int:
+        return family(self.dims.model_type).position_offset(self.dims.pad_token_id)
+
+    def padded_positions(self, packing: Packing, input_ids, position_ids) -> torch.Tensor:
+        """(tokens,) position ids of the real tokens of a padded batch, as transformers numbers them:
+        by column, or (RoBERTa-like) padding_idx + running count of non-pad ids."""
+        b, s, device = packing.batch, packing.seqlen, packing.cu_seqlens.device
+        if position_ids is not None:
+            return pack(position_ids.expand(b, s), packing)
+        offset = self.position_offset()
+        if not family(self.dims.model_type).roberta_positions:
+            column = torch.arange(s, device=device).repeat(b) if packing.indices is None else packing.indices % s
+            return column + offset
+        if input_ids is None:  # no ids to find padding in: sequential, as transformers
+            return pack(torch.arange(offset, s + offset, device=device).expand(b, s), packing)
+        real = input_ids.ne(self.dims.pad_token_id).int()
+        return pack(torch.cumsum(real, dim=1).type_as(real) * real + self.dims.pad_token_id, packing)
+
+    def packed_positions(self, cu_seqlens: torch.Tensor, tokens: int, position_ids) -> torch.Tensor:
+        """(tokens,) position ids of packed sequences: 0..len-1 each (plus the family's offset)."""
+        if position_ids is not None:
+            return position_ids
+        return packed_positions(cu_seqlens, tokens, self.position_offset())
+
+    # ---- entry points --------------------------------------------------------------------------------
+    def _run_layers(self, x, packing, output_attentions: bool, hidden_states: Optional[list]):
+        attentions = [] if output_attentions else None
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        ckpt_kwargs, every, offload = self._checkpoint_options
+        backend = self._backend
+        for i, layer in enumerate(self.layers()):
+            if checkpointing and i % every == 0:
+                with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
+                    x, probs = checkpoint(layer, x, packing, output_attentions, backend, **ckpt_kwargs)
+            else:
+                x, probs = layer(x, packing, output_attentions, backend)
+            if hidden_states is not None:
+                hidden_states.append(repad(x, packing))
+            if output_attentions:
+                attentions.append(probs)
+        return x, attentions
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
                 **kwargs):
+        """transformers' padded forward; one device-to-host sync (input ranges and mask lengths together)."""
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward got unexpected arguments {sorted(kwargs)}")
         if output_attentions is None:
             output_attentions = getattr(self.config, "output_attentions", False)
         if output_hidden_states is None:
             output_hidden_states = getattr(self.config, "output_hidden_states", False)
-        batch, seqlen, device = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
-                                             inputs_embeds)
-        packing = unpad(attention_mask, batch, seqlen, device)
-        x = self.embed(packing, input_ids, token_type_ids, position_ids, inputs_embeds)  # (tokens, hidden)
+        batch, seqlen, device, stats = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
+                                                    inputs_embeds)
+        packing = unpad(attention_mask, batch, seqlen, device, host_stats=stats)
+        x = self.embed(None if input_ids is None else pack(input_ids, packing),
+                       None if token_type_ids is None else pack(token_type_ids, packing),
+                       self.padded_positions(packing, input_ids, position_ids),
+                       None if inputs_embeds is None else pack(inputs_embeds, packing), self._backend)
         hidden_states = [repad(x, packing)] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        ckpt_kwargs, every, offload = self._checkpoint_options
-        for i, layer in enumerate(self.layers()):
-            if checkpointing and i % every == 0:
-                with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
-                    x, probs = checkpoint(layer, x, packing, bool(output_attentions), **ckpt_kwargs)
-            else:
-                x, probs = layer(x, packing, bool(output_attentions))
-            if output_hidden_states:
-                hidden_states.append(repad(x, packing))
-            if output_attentions:
-                attentions.append(probs)
+        x, attentions = self._run_layers(x, packing, bool(output_attentions), hidden_states)
         sequence_output = hidden_states[-1] if output_hidden_states else repad(x, packing)
         out = self.output_class(last_hidden_state=sequence_output,
                                 hidden_states=tuple(hidden_states) if output_hidden_states else None,
@@ -359,27 +424,80 @@ class EncoderModel(FastPreTrainedModel):
                                    if self.output_class is BaseModelOutputWithPooling else {}))
         return self._finish(out, return_dict)
 
+    def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                       token_type_ids: Optional[torch.Tensor] = None,
+                       position_ids: Optional[torch.Tensor] = None) -> BaseModelOutput:
+        """The packed entry: real tokens back to back, no padding anywhere.
+
+        input_ids (tokens,) integer; cu_seqlens (batch + 1,) int32 cumulative lengths; max_seqlen a
+        Python int >= the longest sequence; token_type_ids / position_ids (tokens,) or None (type 0;
+        positions 0..len-1 per sequence, plus the family's offset). -> BaseModelOutput with
+        last_hidden_state (tokens, hidden). Never waits for the device (no value is read on the
+        host), so torch.compile(fullgraph=True) and CUDA graphs can capture it; values are checked
+        by `check_packed` (call it on the host copy before uploading)."""
+        check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
+        tokens = input_ids.shape[0]
+        packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
+        x = self.embed(input_ids, token_type_ids, self.packed_positions(cu_seqlens, tokens, position_ids), None,
+                       self._backend)
+        x, _ = self._run_layers(x, packing, False, None)
+        return BaseModelOutput(last_hidden_state=x)
+
+    def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> None:
+        """Value checks for forward_packed's inputs (reads them: run it on the host copy)."""
+        check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
+
+
+def _range_checks(model: EncoderModel, input_ids, token_type_ids, position_ids) -> list:
+    """(name, tensor, low, high exclusive, what) for the value ranges of the given inputs."""
+    d = model.dims
+    checks = []
+    if input_ids is not None:
+        checks.append(("token id", input_ids, 0, d.vocab_size, "vocab size"))
+    if token_type_ids is not None:
+        checks.append(("token type id", token_type_ids, 0, d.type_vocab_size, "type_vocab_size"))
+    if position_ids is not None:
+        checks.append(("position id", position_ids, 0, d.max_position_embeddings, "max_position_embeddings"))
+    return [c for c in checks if c[1].numel()]
+
+
+def _raise_out_of_range(checks: list, stats: list) -> None:
+    for i, (name, _, low, high, what) in enumerate(checks):
+        lo, hi = stats[2 * i], stats[2 * i + 1]
+        bad = lo if lo < low else hi if hi >= high else None
+        if bad is not None:
+            raise ValueError(f"{name} {bad} is out of range for {what} {high} (valid: {low}..{high - 1})")
+
+
+def _check_integer(name: str, t: torch.Tensor, dim: int, layout: str) -> None:
+    if t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D {layout}, got shape {tuple(t.shape)}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+
+
+def _check_device(model: EncoderModel, device) -> None:
+    weight = model.get_input_embeddings().weight
+    if device != weight.device:
+        raise ValueError(f"inputs are on {device} but {type(model).__name__} is on {weight.device}; "
+                         f"move them with .to({str(weight.device)!r})")
+
 
 def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds):
-    """Shape and range checks, with one host sync for all value ranges (no device-side asserts)."""
+    """Shape and range checks -> (batch, seq, device, mask stats for unpad or None), with one host
+    sync for all value ranges and the mask's lengths together (no device-side asserts)."""
     d = model.dims
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
     if input_ids is not None:
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be 2-D (batch, seq), got shape {tuple(input_ids.shape)}")
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        _check_integer("input_ids", input_ids, 2, "(batch, seq)")
         shape, device = tuple(input_ids.shape), input_ids.device
     else:
         if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != d.embedding_size:
             raise ValueError(f"inputs_embeds must be (batch, seq, {d.embedding_size}), "
                              f"got shape {tuple(inputs_embeds.shape)}")
         shape, device = tuple(inputs_embeds.shape[:2]), inputs_embeds.device
-    weight = model.get_input_embeddings().weight
-    if device != weight.device:
-        raise ValueError(f"inputs are on {device} but {type(model).__name__} is on {weight.device}; "
-                         f"move them with .to({str(weight.device)!r})")
+    _check_device(model, device)
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has shape {shape}")
@@ -393,19 +511,56 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
     if shape[1] > limit and position_ids is None:
         raise ValueError(f"sequence length {shape[1]} exceeds the model's limit of {limit} tokens "
                          f"(max_position_embeddings={d.max_position_embeddings})")
-    checks = []  # (name, tensor, low, high exclusive, what)
-    if input_ids is not None:
-        checks.append(("token id", input_ids, 0, d.vocab_size, "vocab size"))
-    if token_type_ids is not None:
-        checks.append(("token type id", token_type_ids, 0, d.type_vocab_size, "type_vocab_size"))
-    if position_ids is not None:
-        checks.append(("position id", position_ids, 0, d.max_position_embeddings, "max_position_embeddings"))
-    checks = [c for c in checks if c[1].numel()]
+    checks = _range_checks(model, input_ids, token_type_ids, position_ids)
+    values = [s.long() for c in checks for s in (c[1].min(), c[1].max())]
+    if attention_mask is not None:
+        values.extend(mask_stats(attention_mask).unbind())
+    if not values:
+        return shape[0], shape[1], device, None
+    stats = torch.stack(values).tolist()                       # the one sync
+    _raise_out_of_range(checks, stats)
+    return shape[0], shape[1], device, (stats[-2:] if attention_mask is not None else None)
+
+
+def check_packed_shapes(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids):
+    """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints)."""
+    _check_integer("input_ids", input_ids, 1, "(tokens,) packed ids")
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 2, got {cu_seqlens.dtype} "
+                         f"shape {tuple(cu_seqlens.shape)}")
+    if isinstance(max_seqlen, (bool, torch.Tensor)) or not isinstance(max_seqlen, (int, torch.SymInt)) or max_seqlen < 0:
+        raise ValueError(f"max_seqlen must be a non-negative Python int (reading a tensor would sync), "
+                         f"got {max_seqlen!r}")
+    _check_device(model, input_ids.device)
+    if cu_seqlens.device != input_ids.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but input_ids is on {input_ids.device}")
+    for name, t in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if t is not None:
+            _check_integer(name, t, 1, "(tokens,)")
+            if t.shape != input_ids.shape or t.device != input_ids.device:
+                raise ValueError(f"{name} must match input_ids {tuple(input_ids.shape)} on {input_ids.device}, "
+                                 f"got {tuple(t.shape)} on {t.device}")
+    if token_type_ids is not None and not model.has_token_types:
+        raise ValueError(f"{type(model).__name__} has no token type embeddings; pass token_type_ids=None")
+    limit = model.max_sequence_length()
+    if max_seqlen > limit and position_ids is None:
+        raise ValueError(f"max_seqlen {max_seqlen} exceeds the model's limit of {limit} tokens "
+                         f"(max_position_embeddings={model.dims.max_position_embeddings})")
+
+
+def check_packed(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_type_ids=None,
+                 position_ids=None) -> None:
+    """Every check of forward_packed's inputs, values included (reads them: one sync on a device)."""
+    check_packed_shapes(model, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
+    checks = _range_checks(model, input_ids, token_type_ids, position_ids)
     if checks:
-        stats = torch.stack([s for c in checks for s in (c[1].min(), c[1].max())]).tolist()
-        for i, (name, _, low, high, what) in enumerate(checks):
-            lo, hi = stats[2 * i], stats[2 * i + 1]
-            bad = lo if lo < low else hi if hi >= high else None
-            if bad is not None:
-                raise ValueError(f"{name} {bad} is out of range for {what} {high} (valid: {low}..{high - 1})")
-    return shape[0], shape[1], device
+        _raise_out_of_range(checks, torch.stack([s.long() for c in checks for s in (c[1].min(), c[1].max())]).tolist())
+    cu = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    if cu[0] != 0 or cu[-1] != input_ids.shape[0]:
+        raise ValueError(f"cu_seqlens must start at 0 and end at the token count {input_ids.shape[0]}, "
+                         f"got {cu[0]} ... {cu[-1]}")
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu}")
+    if max(lengths) > max_seqlen:
+        raise ValueError(f"max_seqlen={max_seqlen} is smaller than the longest sequence ({max(lengths)})")

@@ -48,3 +48,19 @@ def records_grad(*tensors) -> bool:
     """True when autograd would record a call on these tensors; otherwise an op can run its forward
     kernel directly and skip autograd.Function's per-call host cost (inference)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def run_kernel(t: torch.Tensor, interpret: bool) -> bool:
+    """Inside a fastbert custom op: True for the Triton kernel (CUDA tensors, or CPU tensors with
+    interpret=True, which run it in Triton's interpreter), False for the torch reference (CPU)."""
+    if interpret and t.device.type != "cpu":
+        raise ValueError(f"interpret=True runs the kernel in Triton's interpreter on CPU tensors; got {t.device}")
+    return interpret or t.device.type == "cuda"
+
+
+def draw_seed(device, generator=None) -> torch.Tensor:
+    """A (1,) int64 Philox seed for a kernel's dropout, drawn on `device` from torch's generator for it
+    (or from `generator`, then moved): no host value, so a CUDA graph can capture the draw."""
+    gen_device = generator.device if generator is not None else device
+    seed = torch.randint(0, 2**31 - 1, (1,), generator=generator, device=gen_device, dtype=torch.int64)
+    return seed.to(device)

@@ -1,10 +1,16 @@
-"""layer_norm(x + residual): the post-LN residual block of BERT, fused into one pass."""
+"""layer_norm(x + residual): the post-LN residual block of BERT, fused into one pass.
+
+Registered as the custom ops torch.ops.fastbert.add_layer_norm and add_layer_norm_backward: the
+Triton kernel on CUDA (on CPU with interpret=True, in Triton's interpreter), the torch reference on
+CPU (without dropout: the kernel's Philox mask has no torch equivalent; add_layer_norm(backend="torch")
+draws its own)."""
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from torch.library import triton_op
 
-from fastbert.ops._dispatch import records_grad, use_triton
+from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, use_triton
 
 MAX_HIDDEN = 8192
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -46,31 +52,127 @@ def add_layer_norm_ref(x, residual, weight, bias, eps: float = 1e-12, return_sum
     return (y, s.to(out)) if return_sum else y
 
 
-class _AddLayerNorm(torch.autograd.Function):
-    """Triton forward/backward. Saves s = dropout(x) + residual (x itself when there is neither), the
-    fp32 mean and rstd; the dropout mask is regenerated from the seed, never stored."""
+def _stores_sum(residual, return_sum, dropout_p, save_stats) -> bool:
+    # s = dropout(x) + residual is an output when asked for, and saved for the backward when it is
+    # not x itself
+    return return_sum or (save_stats and (residual is not None or dropout_p > 0))
 
-    @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, return_sum, dropout_p, seed):
+
+def _no_ref_dropout(dropout_p) -> None:
+    if dropout_p > 0:
+        raise ValueError("fastbert::add_layer_norm on CPU tensors runs the torch reference, which has no "
+                         "Philox dropout; use interpret=True, or add_layer_norm(..., backend='torch')")
+
+
+def _stats_ref(x, residual, weight, bias, eps):
+    """(y, s, mean, rstd) in the kernel's dtypes, computed in fp32 (fp64 stays fp64)."""
+    out = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    compute = torch.float64 if out == torch.float64 else torch.float32
+    s = x.to(compute) if residual is None else x.to(compute) + residual.to(compute)
+    mean = s.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((s - mean).pow(2).mean(-1, keepdim=True) + eps)
+    y = (s - mean) * rstd
+    y = y if weight is None else y * weight.to(compute)
+    y = y if bias is None else y + bias.to(compute)
+    return (y.to(out).contiguous(), s.to(out).contiguous(), mean.reshape(-1).float(), rstd.reshape(-1).float())
+
+
+@triton_op("fastbert::add_layer_norm", mutates_args=())
+def _add_layer_norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], eps: float, return_sum: bool, dropout_p: float,
+                       seed: Optional[torch.Tensor], save_stats: bool, interpret: bool
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, s, mean, rstd); s is empty unless _stores_sum(), mean and rstd are empty unless save_stats."""
+    store = _stores_sum(residual, return_sum, dropout_p, save_stats)
+    if run_kernel(x, interpret):
         from fastbert.kernels.add_layer_norm import add_layer_norm_fwd
-        training = any(ctx.needs_input_grad[:4])
-        store = return_sum or (training and (residual is not None or dropout_p > 0))
-        y, s, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, store, dropout_p, seed)
-        ctx.save_for_backward(x if s is None else s, weight, mean, rstd)
-        ctx.args = (x.dtype, None if residual is None else residual.dtype, None if bias is None else bias.dtype,
-                    dropout_p, seed, return_sum)
-        return (y, s) if return_sum else y
+        y, s, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, store, dropout_p, seed, save_stats)
+    else:
+        _no_ref_dropout(dropout_p)
+        y, s, mean, rstd = _stats_ref(x, residual, weight, bias, eps)
+    empty = mean if save_stats else torch.empty(0, dtype=torch.float32, device=x.device)
+    return y, (s if store else y.new_empty(0)), empty, (rstd if save_stats else empty.clone())
 
-    @staticmethod
-    def backward(ctx, dy, dsum=None):
+
+@_add_layer_norm_op.register_fake
+def _(x, residual, weight, bias, eps, return_sum, dropout_p, seed, save_stats, interpret):
+    out = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y = torch.empty(x.shape, dtype=out, device=x.device)
+    s = torch.empty_like(y) if _stores_sum(residual, return_sum, dropout_p, save_stats) else y.new_empty(0)
+    rows = x.numel() // x.shape[-1] if save_stats else 0
+    stats = torch.empty(rows, dtype=torch.float32, device=x.device)
+    return y, s, stats, torch.empty_like(stats)
+
+
+def _separate_dresidual(dropout_p, x_dtype, residual_dtype) -> bool:
+    # the residual's gradient is dx itself unless dropout or a dtype stands between them
+    return residual_dtype is not None and (dropout_p > 0 or residual_dtype != x_dtype)
+
+
+@triton_op("fastbert::add_layer_norm_backward", mutates_args=())
+def _add_layer_norm_backward_op(dy: torch.Tensor, dsum: Optional[torch.Tensor], s: torch.Tensor,
+                                weight: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor,
+                                dropout_p: float, seed: Optional[torch.Tensor], x_dtype: torch.dtype,
+                                residual_dtype: Optional[torch.dtype], interpret: bool
+                                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dresidual, dweight, dbias); dresidual is empty unless _separate_dresidual() (it is dx then),
+    dweight and dbias are fp32 sums."""
+    separate = _separate_dresidual(dropout_p, x_dtype, residual_dtype)
+    if run_kernel(s, interpret):
         from fastbert.kernels.add_layer_norm import add_layer_norm_bwd
-        s, weight, mean, rstd = ctx.saved_tensors
-        x_dtype, residual_dtype, bias_dtype, dropout_p, seed, return_sum = ctx.args
-        dx, dres, dw, db = add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum if return_sum else None,
-                                              dropout_p, seed, x_dtype, residual_dtype)
-        dw = dw.to(weight.dtype) if weight is not None else None
-        db = db.to(bias_dtype) if bias_dtype is not None else None
-        return dx, (dres if residual_dtype is not None else None), dw, db, None, None, None, None
+        dx, dres, dw, db = add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum, dropout_p, seed, x_dtype,
+                                              residual_dtype if separate else x_dtype)
+        return dx, (dres if separate else dx.new_empty(0)), dw, db
+    _no_ref_dropout(dropout_p)
+    n = s.shape[-1]
+    compute = torch.float64 if s.dtype == torch.float64 else torch.float32
+    s2, dy2 = s.reshape(-1, n).to(compute), dy.reshape(-1, n).to(compute)
+    xhat = (s2 - mean.to(compute)[:, None]) * rstd.to(compute)[:, None]
+    g = dy2 if weight is None else dy2 * weight.to(compute)
+    ds = (g - xhat * (g * xhat).mean(-1, keepdim=True) - g.mean(-1, keepdim=True)) * rstd.to(compute)[:, None]
+    if dsum is not None:
+        ds = ds + dsum.reshape(-1, n).to(compute)
+    ds = ds.view(s.shape)
+    dres = ds.to(residual_dtype) if separate else s.new_empty(0, dtype=x_dtype)
+    return ds.to(x_dtype), dres, (dy2 * xhat).sum(0).float(), dy2.sum(0).float()
+
+
+@_add_layer_norm_backward_op.register_fake
+def _(dy, dsum, s, weight, mean, rstd, dropout_p, seed, x_dtype, residual_dtype, interpret):
+    separate = _separate_dresidual(dropout_p, x_dtype, residual_dtype)
+    dx = torch.empty(s.shape, dtype=x_dtype, device=s.device)
+    dres = torch.empty(s.shape, dtype=residual_dtype, device=s.device) if separate else dx.new_empty(0)
+    stat = torch.empty(s.shape[-1], dtype=torch.float32, device=s.device)
+    return dx, dres, stat, torch.empty_like(stat)
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, bias, _, return_sum, dropout_p, seed, save_stats, interpret = inputs
+    y, s, mean, rstd = output
+    if not save_stats:
+        ctx.mark_non_differentiable(y)  # nothing saved: a backward would be wrong, so there is none
+    ctx.mark_non_differentiable(mean, rstd)
+    stored = _stores_sum(residual, return_sum, dropout_p, save_stats)
+    ctx.save_for_backward(s if stored else x, weight, mean, rstd, seed)
+    ctx.args = (x.dtype, None if residual is None else residual.dtype, None if bias is None else bias.dtype,
+                dropout_p, return_sum, interpret)
+
+
+def _backward(ctx, dy, dsum, _dmean, _drstd):
+    s, weight, mean, rstd, seed = ctx.saved_tensors
+    x_dtype, residual_dtype, bias_dtype, dropout_p, return_sum, interpret = ctx.args
+    dy = torch.zeros_like(s) if dy is None else dy
+    dsum = dsum if return_sum else None
+    dx, dres, dw, db = torch.ops.fastbert.add_layer_norm_backward(
+        dy, dsum, s, weight, mean, rstd, dropout_p, seed, x_dtype, residual_dtype, interpret)
+    if residual_dtype is not None and not _separate_dresidual(dropout_p, x_dtype, residual_dtype):
+        dres = dx
+    return (dx, dres if residual_dtype is not None else None,
+            dw.to(weight.dtype) if weight is not None else None,
+            db.to(bias_dtype) if bias_dtype is not None else None, None, None, None, None, None, None)
+
+
+_add_layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
@@ -83,8 +185,8 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
     as under autocast, gives fp32); weight and bias may be any float dtype; math is fp32.
 
     dropout_p > 0 is HF's hidden dropout (training mode); the Triton path draws its mask from a
-    counter-based generator keyed by `seed` (default: drawn from torch's CPU generator, so
-    torch.manual_seed makes it reproducible). dropout_p = 0 is exact."""
+    counter-based generator keyed by `seed` (default: a seed drawn on x's device by torch's generator,
+    so torch.manual_seed makes it reproducible and a CUDA graph can capture it). dropout_p = 0 is exact."""
     _check(x, residual, weight, bias, eps, dropout_p)
     if seed is not None and not 0 <= seed < 2**31:
         raise ValueError(f"seed must be in [0, 2**31), got {seed}")
@@ -95,13 +197,14 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
                              "got float64; use backend='torch'")
         backend = "torch"
     if use_triton(backend, *tensors):
-        if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0 else 0
-        if not records_grad(*tensors):
-            from fastbert.kernels.add_layer_norm import add_layer_norm_fwd
-            y, s, _, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, return_sum, float(dropout_p), seed)
-            return (y, s) if return_sum else y
-        return _AddLayerNorm.apply(x, residual, weight, bias, eps, return_sum, float(dropout_p), seed)
+        seed_t = None
+        if dropout_p > 0:
+            seed_t = (draw_seed(x.device) if seed is None
+                      else torch.tensor([seed], dtype=torch.int64).to(x.device, non_blocking=True))
+        y, s, _, _ = torch.ops.fastbert.add_layer_norm(x, residual, weight, bias, float(eps), return_sum,
+                                                       float(dropout_p), seed_t, records_grad(*tensors),
+                                                       not x.is_cuda)
+        return (y, s) if return_sum else y
     if dropout_p > 0:
         gen = None if seed is None else torch.Generator(device=x.device).manual_seed(seed)
         keep = torch.empty_like(x).bernoulli_(1.0 - dropout_p, generator=gen)

@@ -1,17 +1,23 @@
 """Bidirectional multi-head attention, padded (key-padding mask) or packed varlen.
 
-CUDA tensors run the flash-attention Triton kernel (fastbert.kernels.attention) through a small
-autograd.Function; CPU tensors run the torch reference, which is also the test oracle. Attention
-dropout (training) comes from a seed drawn from `generator` (or torch's default CPU generator), so
-`torch.manual_seed` makes a call reproducible; the kernel and the reference draw different masks."""
+CUDA tensors run the flash-attention Triton kernel (fastbert.kernels.attention) through the custom
+ops torch.ops.fastbert.attention / varlen_attention (and their _backward ops); CPU tensors run the
+torch reference, which is also the test oracle. Attention dropout (training) comes from a seed
+tensor drawn on the device from `generator` (or torch's default generator for that device), so
+`torch.manual_seed` makes a call reproducible; the kernel and the reference draw different masks.
+
+Packing metadata: cu_seqlens' values are the caller's contract. CPU tensors are checked on every
+call; CUDA tensors are not read (that would be a device-to-host sync per layer, and no CUDA graph or
+torch.compile graph could hold it): check them on the host copy before the upload, with
+check_cu_seqlens(), as the tokenizer's packed output and the padding helpers do."""
 import math
-import weakref
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.library import triton_op
 
-from fastbert.ops._dispatch import records_grad, use_triton
+from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, use_triton
 
 MAX_HEAD_DIM = 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -54,23 +60,17 @@ def _check_mask(q, attention_mask) -> None:
         raise ValueError(f"attention_mask must be bool, integer or float, got {attention_mask.dtype}")
 
 
-def _check_cu_seqlens(q, cu_seqlens, max_seqlen) -> None:
+def check_cu_seqlens(cu_seqlens: torch.Tensor, total_tokens: int, max_seqlen: int) -> None:
+    """Raise ValueError unless cu_seqlens (int32, (batch + 1,)) starts at 0, never decreases, ends at
+    total_tokens and has no sequence longer than max_seqlen. Reads the values: call it on the host
+    copy (a CUDA tensor would sync)."""
     if cu_seqlens.dtype != torch.int32:
         raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != q.device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
-    # Reading the values syncs a GPU; the models pass one cu_seqlens to every layer, so the last
-    # tensor checked (same object, unmodified: same version counter) is not read again.
-    global _last_cu_seqlens
-    key = (cu_seqlens._version, q.shape[0], int(max_seqlen))
-    last, last_key = _last_cu_seqlens
-    if last is not None and last() is cu_seqlens and last_key == key:
-        return
     c = cu_seqlens.tolist()
-    if c[0] != 0 or c[-1] != q.shape[0]:
-        raise ValueError(f"cu_seqlens must start at 0 and end at total_tokens={q.shape[0]}, "
+    if c[0] != 0 or c[-1] != total_tokens:
+        raise ValueError(f"cu_seqlens must start at 0 and end at total_tokens={total_tokens}, "
                          f"got {c[0]} ... {c[-1]}")
     lengths = [b - a for a, b in zip(c[:-1], c[1:])]
     bad = [i for i, n in enumerate(lengths) if n < 0]
@@ -78,10 +78,20 @@ def _check_cu_seqlens(q, cu_seqlens, max_seqlen) -> None:
         raise ValueError(f"cu_seqlens must be non-decreasing; it decreases at index {bad[0] + 1}: {c}")
     if max(lengths) > max_seqlen:
         raise ValueError(f"max_seqlen={max_seqlen} is smaller than the longest sequence ({max(lengths)})")
-    _last_cu_seqlens = (weakref.ref(cu_seqlens), key)
 
 
-_last_cu_seqlens = (None, None)  # (weakref to the last valid cu_seqlens, its check key)
+def _check_packing(q, cu_seqlens, max_seqlen) -> None:
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+    if not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"max_seqlen must be a Python int >= 0, got {max_seqlen!r}")
+    # values: on the host only, and not while torch.compile traces (they are the caller's contract)
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
 
 
 def _draw_keep(shape, dropout_p, generator, device) -> torch.Tensor:
@@ -133,6 +143,23 @@ def attention_ref(q, k, v, attention_mask=None, scale: Optional[float] = None, *
     return out.transpose(1, 2).to(q.dtype)
 
 
+def _slots(cu_seqlens, max_seqlen: int, total: int) -> torch.Tensor:
+    """(total,) int64: where each packed token sits in the (batch * max_seqlen) padded layout. Built
+    from cu_seqlens alone (no nonzero(): its size would depend on the values, a torch.compile break)."""
+    tokens = torch.arange(total, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    seq = torch.searchsorted(cu_seqlens[1:].contiguous(), tokens, right=True)
+    return (seq.long() * max_seqlen + (tokens - cu_seqlens[seq]).long())
+
+
+def _padding(cu_seqlens, max_seqlen: int):
+    """(src, mask): the packed token each padded slot reads (token 0 for padding slots) and the
+    (batch, max_seqlen) mask of real slots."""
+    starts, lengths = cu_seqlens[:-1].long(), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    pos = torch.arange(max_seqlen, device=cu_seqlens.device)
+    mask = pos[None, :] < lengths[:, None]                           # (batch, max_seqlen)
+    return torch.where(mask, starts[:, None] + pos[None, :], 0).flatten(), mask
+
+
 def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[float] = None, *,
                          dropout_p: float = 0.0, generator: Optional[torch.Generator] = None,
                          _drop_keep: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -141,12 +168,9 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
     Repads to (batch, max_seqlen) and runs one batched attention, so the CPU path stays fast."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     batch = cu_seqlens.numel() - 1
-    starts, lengths = cu_seqlens[:-1].long(), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    pos = torch.arange(max_seqlen, device=q.device)
-    mask = pos[None, :] < lengths[:, None]                           # (batch, max_seqlen)
     # Gather (not scatter into zeros): padding slots read token 0 (or nothing when there are no
     # tokens); they are masked as keys and dropped as queries, so they add nothing to the gradients.
-    src = torch.where(mask, starts[:, None] + pos[None, :], 0).flatten()
+    src, mask = _padding(cu_seqlens, max_seqlen)
     compute = _compute_dtype(q.dtype)
     if q.shape[0] == 0:
         return q * 0 + k * 0 + v * 0                                 # empty, but still in the graph
@@ -157,50 +181,187 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
 
     out = _attend(pad(q), pad(k), pad(v), mask, scale, dropout_p, generator, _drop_keep)
     out = out.transpose(1, 2).reshape(batch * max_seqlen, *q.shape[1:])
-    return out.index_select(0, mask.flatten().nonzero().squeeze(1)).to(q.dtype)
+    return out.index_select(0, _slots(cu_seqlens, max_seqlen, q.shape[0])).to(q.dtype)
 
 
-def _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
-    """(out, lse, kernel options) of the Triton forward; the options replay the same call backward."""
-    from fastbert.kernels import attention as kernel
-    if key_mask is not None:
-        key_mask = (key_mask != 0).to(torch.int8)                    # once, for both passes
-    opts = dict(scale=scale, key_mask=key_mask, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                dropout_p=dropout_p, seed=seed)
-    out, lse = kernel.attention_fwd(q, k, v, **opts)
-    return out, lse, opts
+# ----------------------------------------------------------------------------------------------
+# The custom ops: (out, lse) forward and (dq, dk, dv) backward, the kernel's quantities. On CPU
+# their torch reference computes the same lse and the flash backward's formulas, without dropout.
+
+def _no_ref_dropout(dropout_p) -> None:
+    if dropout_p > 0:
+        raise ValueError("fastbert's attention ops on CPU tensors run the torch reference, which has no "
+                         "Philox dropout; use interpret=True, or attention(..., backend='torch')")
 
 
-def _flash(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
-    if not records_grad(q, k, v):
-        return _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)[0]
-    return _FlashAttention.apply(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
+def _no_stats(q) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=q.device)
 
 
-class _FlashAttention(torch.autograd.Function):
-    """The Triton forward and backward; key_mask (padded) or cu_seqlens (varlen) selects the layout."""
+def _flash_ref(q, k, v, key_keep, scale):
+    """(out, lse) for (batch, seq, heads, dim): lse (batch, heads, seq) fp32, +inf for a row with no key."""
+    compute = _compute_dtype(q.dtype)
+    qh, kh, vh = (t.transpose(1, 2).to(compute) for t in (q, k, v))
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale           # (batch, heads, seq, seq)
+    if key_keep is not None:
+        scores = scores.masked_fill(~key_keep[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    has_key = lse > float("-inf")
+    p = torch.exp(scores - torch.where(has_key, lse, 0.0)[..., None])  # rows with no key: all 0
+    out = torch.matmul(p, vh).transpose(1, 2).to(q.dtype).contiguous()
+    return out, torch.where(has_key, lse, float("inf")).float()
 
-    @staticmethod
-    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
-        out, lse, opts = _flash_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opts = opts
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
+def _flash_backward_ref(dout, q, k, v, out, lse, key_keep, scale):
+    """(dq, dk, dv) from the forward's out and lse: P = exp(S - lse), dS = P * (dP - rowsum(dO * O))."""
+    compute = _compute_dtype(q.dtype)
+    qh, kh, vh, oh, doh = (t.transpose(1, 2).to(compute) for t in (q, k, v, out, dout))
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+    p = torch.exp(scores - lse.to(compute)[..., None])
+    if key_keep is not None:
+        p = p.masked_fill(~key_keep[:, None, None, :], 0.0)
+    dv = torch.matmul(p.transpose(-1, -2), doh)
+    ds = p * (torch.matmul(doh, vh.transpose(-1, -2)) - (doh * oh).sum(-1, keepdim=True))
+    dq = torch.matmul(ds, kh) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), qh) * scale
+    return tuple(t.transpose(1, 2).to(q.dtype).contiguous() for t in (dq, dk, dv))
+
+
+def _repad(t, cu_seqlens, max_seqlen):
+    """Packed (total, heads, dim) -> (batch, max_seqlen, heads, dim), zeros in the padding."""
+    src, mask = _padding(cu_seqlens, max_seqlen)
+    padded = t.index_select(0, src).view(mask.shape[0], max_seqlen, *t.shape[1:])
+    return padded * mask[:, :, None, None].to(t.dtype), mask
+
+
+def _unpad(t, cu_seqlens, max_seqlen, total):
+    return t.reshape(-1, *t.shape[2:]).index_select(0, _slots(cu_seqlens, max_seqlen, total)).contiguous()
+
+
+@triton_op("fastbert::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+                  scale: float, dropout_p: float, seed: Optional[torch.Tensor], save_stats: bool,
+                  interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of padded attention; key_mask (batch, seq) int8, seed (1,) int64 when dropout_p > 0;
+    lse is empty unless save_stats."""
+    if run_kernel(q, interpret):
         from fastbert.kernels import attention as kernel
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = kernel.attention_bwd(dout, q, k, v, out, lse, **ctx.opts)
-        return dq, dk, dv, None, None, None, None, None, None
+        out, lse = kernel.attention_fwd(q, k, v, scale=scale, key_mask=key_mask, dropout_p=dropout_p,
+                                        seed=seed, store_lse=save_stats)
+    else:
+        _no_ref_dropout(dropout_p)
+        out, lse = _flash_ref(q, k, v, None if key_mask is None else key_mask != 0, scale)
+    return out, (lse if save_stats else _no_stats(q))
 
 
-def _seed(dropout_p, generator) -> int:
-    """A kernel seed drawn from generator (or torch's default generator); 0 without dropout."""
-    if dropout_p == 0.0:
-        return 0
-    device = generator.device if generator is not None else "cpu"
-    return int(torch.randint(0, 2**31 - 1, (), generator=generator, device=device))
+@triton_op("fastbert::varlen_attention", mutates_args=())
+def _varlen_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                         max_seqlen: int, scale: float, dropout_p: float, seed: Optional[torch.Tensor],
+                         save_stats: bool, interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of packed attention; lse is (batch, heads, max_seqlen), empty unless save_stats."""
+    if run_kernel(q, interpret):
+        from fastbert.kernels import attention as kernel
+        out, lse = kernel.attention_fwd(q, k, v, scale=scale, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                        dropout_p=dropout_p, seed=seed, store_lse=save_stats)
+        return out, (lse if save_stats else _no_stats(q))
+    _no_ref_dropout(dropout_p)
+    batch, total = cu_seqlens.numel() - 1, q.shape[0]
+    if total == 0:
+        lse = torch.full((batch, q.shape[1], max_seqlen), float("inf"), device=q.device)
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device), (lse if save_stats else _no_stats(q))
+    (qp, mask), kp, vp = _repad(q, cu_seqlens, max_seqlen), _repad(k, cu_seqlens, max_seqlen)[0], \
+        _repad(v, cu_seqlens, max_seqlen)[0]
+    out, lse = _flash_ref(qp, kp, vp, mask, scale)
+    return _unpad(out, cu_seqlens, max_seqlen, total), (lse if save_stats else _no_stats(q))
+
+
+@triton_op("fastbert::attention_backward", mutates_args=())
+def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           out: torch.Tensor, lse: torch.Tensor, key_mask: Optional[torch.Tensor],
+                           scale: float, dropout_p: float, seed: Optional[torch.Tensor],
+                           interpret: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if run_kernel(q, interpret):
+        from fastbert.kernels import attention as kernel
+        return kernel.attention_bwd(dout, q, k, v, out, lse, scale=scale, key_mask=key_mask,
+                                    dropout_p=dropout_p, seed=seed)
+    _no_ref_dropout(dropout_p)
+    return _flash_backward_ref(dout, q, k, v, out, lse, None if key_mask is None else key_mask != 0, scale)
+
+
+@triton_op("fastbert::varlen_attention_backward", mutates_args=())
+def _varlen_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
+                                  max_seqlen: int, scale: float, dropout_p: float,
+                                  seed: Optional[torch.Tensor], interpret: bool
+                                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if run_kernel(q, interpret):
+        from fastbert.kernels import attention as kernel
+        return kernel.attention_bwd(dout, q, k, v, out, lse, scale=scale, cu_seqlens=cu_seqlens,
+                                    max_seqlen=max_seqlen, dropout_p=dropout_p, seed=seed)
+    _no_ref_dropout(dropout_p)
+    total = q.shape[0]
+    if total == 0:
+        return tuple(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+    padded = [_repad(t, cu_seqlens, max_seqlen)[0] for t in (dout, q, k, v, out)]
+    mask = _padding(cu_seqlens, max_seqlen)[1]
+    lse = torch.where(mask[:, None, :], lse, float("inf"))            # padding rows: P = 0
+    grads = _flash_backward_ref(*padded, lse, mask, scale)
+    return tuple(_unpad(g, cu_seqlens, max_seqlen, total) for g in grads)
+
+
+def _lse_like(q, batch, seq, save_stats):
+    heads = q.shape[-2]
+    return torch.empty((batch, heads, seq) if save_stats else (0,), dtype=torch.float32, device=q.device)
+
+
+@_attention_op.register_fake
+def _(q, k, v, key_mask, scale, dropout_p, seed, save_stats, interpret):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), _lse_like(q, q.shape[0], q.shape[1], save_stats)
+
+
+@_varlen_attention_op.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, save_stats, interpret):
+    lse = _lse_like(q, cu_seqlens.shape[0] - 1, max_seqlen, save_stats)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), lse
+
+
+def _grads_like(q):
+    return tuple(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+
+
+_attention_backward_op.register_fake(lambda dout, q, *args: _grads_like(q))
+_varlen_attention_backward_op.register_fake(lambda dout, q, *args: _grads_like(q))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, layout = inputs[:4]
+    *options, scale, dropout_p, seed, save_stats, interpret = inputs[4:]
+    out, lse = output
+    if not save_stats:
+        ctx.mark_non_differentiable(out)  # no lse saved: a backward would be wrong, so there is none
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, layout, seed)
+    ctx.args = (*options, scale, dropout_p)
+    ctx.interpret = interpret
+
+
+def _backward(op):
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, layout, seed = ctx.saved_tensors
+        *options, scale, dropout_p = ctx.args
+        dq, dk, dv = op(dout, q, k, v, out, lse, layout, *options, scale, dropout_p, seed, ctx.interpret)
+        return (dq, dk, dv) + (None,) * (len(options) + 6)
+    return backward
+
+
+_attention_op.register_autograd(_backward(torch.ops.fastbert.attention_backward), setup_context=_setup_context)
+_varlen_attention_op.register_autograd(_backward(torch.ops.fastbert.varlen_attention_backward),
+                                       setup_context=_setup_context)
+
+
+def _seed(dropout_p, generator, device) -> Optional[torch.Tensor]:
+    """The kernel's (1,) int64 seed tensor on `device`; None without dropout."""
+    return draw_seed(device, generator) if dropout_p > 0 else None
 
 
 def _use_kernel(backend, q, k, v) -> bool:
@@ -222,21 +383,46 @@ def attention(q, k, v, attention_mask=None, *, scale: Optional[float] = None, ba
     _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
-        return _flash(q, k, v, attention_mask, None, None, scale, dropout_p,
-                                     _seed(dropout_p, generator))
+        key_mask = None if attention_mask is None else (attention_mask != 0).to(torch.int8)
+        return torch.ops.fastbert.attention(q, k, v, key_mask, scale, float(dropout_p),
+                                            _seed(dropout_p, generator, q.device), records_grad(q, k, v),
+                                            not q.is_cuda)[0]
     return attention_ref(q, k, v, attention_mask, scale, dropout_p=dropout_p, generator=generator)
 
 
 def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[float] = None,
                      backend: str = "auto", dropout_p: float = 0.0,
                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Attention over packed sequences, as flash-attention's flash_attn_varlen_func (non-causal)."""
+    """Attention over packed sequences, as flash-attention's flash_attn_varlen_func (non-causal).
+
+    cu_seqlens' values are checked here for CPU tensors only; see check_cu_seqlens()."""
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
-    _check_cu_seqlens(q, cu_seqlens, max_seqlen)
+    if isinstance(max_seqlen, torch.Tensor):
+        raise ValueError("max_seqlen must be a Python int, not a tensor (reading one would sync the device)")
+    _check_packing(q, cu_seqlens, int(max_seqlen))
     _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
-        return _flash(q, k, v, None, cu_seqlens, int(max_seqlen), scale, dropout_p,
-                                     _seed(dropout_p, generator))
-    return varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p=dropout_p,
+        return torch.ops.fastbert.varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), scale, float(dropout_p),
+                                                   _seed(dropout_p, generator, q.device),
+                                                   records_grad(q, k, v), not q.is_cuda)[0]
+    return varlen_attention_ref(q, k, v, cu_seqlens, int(max_seqlen), scale, dropout_p=dropout_p,
                                 generator=generator)
+
+
+def attention_probs_ref(q, k, attention_mask=None, scale: Optional[float] = None) -> torch.Tensor:
+    """softmax(q k^T * scale) over real keys, for output_attentions: (batch, seq, heads, head_dim)
+    -> (batch, heads, seq, seq) probabilities in q's dtype (computed in fp32; fp64 stays fp64).
+
+    Masking as attention_ref's: keys where attention_mask == 0 get no weight and a query row with
+    no real key is all zeros, so `probs @ v` equals attention_ref(q, k, v, attention_mask)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    compute = _compute_dtype(q.dtype)
+    qh, kh = (t.transpose(1, 2).to(compute) for t in (q, k))     # (batch, heads, seq, head_dim)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale      # (batch, heads, seq, seq)
+    if attention_mask is None:
+        return torch.softmax(scores, dim=-1).to(q.dtype)
+    keep = (attention_mask != 0)[:, None, None, :]
+    any_key = keep.any(-1, keepdim=True)
+    scores = scores.masked_fill(~keep, float("-inf")).masked_fill(~any_key, 0.0)
+    return (torch.softmax(scores, dim=-1) * any_key).to(q.dtype)

@@ -1,8 +1,15 @@
-"""gelu(x + bias): the FFN's first activation, fused so x is read and written once."""
+"""gelu(x + bias): the FFN's first activation, fused so x is read and written once.
+
+Registered as the custom ops torch.ops.fastbert.bias_gelu and bias_gelu_backward: the Triton kernel
+on CUDA (on CPU with interpret=True, in Triton's interpreter), the torch reference on CPU."""
+import math
+from typing import Tuple
+
 import torch
 import torch.nn.functional as F
+from torch.library import triton_op
 
-from fastbert.ops._dispatch import records_grad, use_triton
+from fastbert.ops._dispatch import run_kernel, use_triton
 
 APPROXIMATE = ("none", "tanh")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -21,29 +28,67 @@ def _check(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
         raise ValueError(f"x and bias must be on one device, got {x.device} and {bias.device}")
 
 
+def _compute(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def bias_gelu_ref(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """Pure-torch reference: computes in fp32 (fp64 stays fp64), returns x's dtype."""
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = _compute(x.dtype)
     y = F.gelu(x.to(compute) + bias.to(compute), approximate=approximate)
     return y.to(x.dtype)
 
 
-class _BiasGelu(torch.autograd.Function):
-    """Triton forward and backward; saves x and bias and recomputes x + bias in the backward."""
+def _gelu_grad(h: torch.Tensor, approx_tanh: bool) -> torch.Tensor:
+    """d gelu / dh, the same formulas as the kernel."""
+    if approx_tanh:
+        c = math.sqrt(2 / math.pi)
+        t = torch.tanh(c * (h + 0.044715 * h ** 3))
+        return 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * c * (1 + 3 * 0.044715 * h * h)
+    return 0.5 * (1 + torch.erf(h * math.sqrt(0.5))) + h * torch.exp(-0.5 * h * h) / math.sqrt(2 * math.pi)
 
-    @staticmethod
-    def forward(ctx, x, bias, approx_tanh):
+
+@triton_op("fastbert::bias_gelu", mutates_args=())
+def _bias_gelu_op(x: torch.Tensor, bias: torch.Tensor, approx_tanh: bool, interpret: bool) -> torch.Tensor:
+    if run_kernel(x, interpret):
         from fastbert.kernels.bias_gelu import bias_gelu_fwd
-        ctx.save_for_backward(x, bias)
-        ctx.approx_tanh = approx_tanh
         return bias_gelu_fwd(x, bias, approx_tanh)
+    return bias_gelu_ref(x, bias, APPROXIMATE[approx_tanh]).contiguous()
 
-    @staticmethod
-    def backward(ctx, dy):
+
+@triton_op("fastbert::bias_gelu_backward", mutates_args=())
+def _bias_gelu_backward_op(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approx_tanh: bool,
+                           interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    if run_kernel(x, interpret):
         from fastbert.kernels.bias_gelu import bias_gelu_bwd
-        x, bias = ctx.saved_tensors
-        dx, dbias = bias_gelu_bwd(dy, x, bias, ctx.approx_tanh)
-        return dx, dbias, None
+        return bias_gelu_bwd(dy, x, bias, approx_tanh)
+    compute = _compute(x.dtype)
+    dx = dy.to(compute) * _gelu_grad(x.to(compute) + bias.to(compute), approx_tanh)
+    return dx.to(x.dtype).contiguous(), dx.reshape(-1, x.shape[-1]).sum(0).to(bias.dtype)
+
+
+@_bias_gelu_op.register_fake
+def _(x, bias, approx_tanh, interpret):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@_bias_gelu_backward_op.register_fake
+def _(dy, x, bias, approx_tanh, interpret):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(bias)
+
+
+def _setup_context(ctx, inputs, output):
+    x, bias, ctx.approx_tanh, ctx.interpret = inputs
+    ctx.save_for_backward(x, bias)
+
+
+def _backward(ctx, dy):
+    x, bias = ctx.saved_tensors
+    dx, dbias = torch.ops.fastbert.bias_gelu_backward(dy, x, bias, ctx.approx_tanh, ctx.interpret)
+    return dx, dbias, None, None
+
+
+_bias_gelu_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, approximate: str = "none",
@@ -59,8 +104,5 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, approximate: str = "none",
                              "got float64; use backend='torch'")
         backend = "torch"
     if use_triton(backend, x, bias):
-        if not records_grad(x, bias):
-            from fastbert.kernels.bias_gelu import bias_gelu_fwd
-            return bias_gelu_fwd(x, bias, approximate == "tanh")
-        return _BiasGelu.apply(x, bias, approximate == "tanh")
+        return torch.ops.fastbert.bias_gelu(x, bias, approximate == "tanh", not x.is_cuda)
     return bias_gelu_ref(x, bias, approximate)

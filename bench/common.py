@@ -1,0 +1,78 @@
+"""What the bench/ scripts share: where results go, the default checkpoint, progress lines, and
+pytest (optional: the scripts also run without it, as plain programs).
+
+Importable as `common` both from `python bench/<script>.py` (the script's folder is on sys.path)
+and under `pytest bench/` (bench/ has no __init__.py, so pytest puts the folder on sys.path).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from fastbert.benchmarks.env import default_model_dir
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK = bool(os.environ.get("FASTBERT_BENCH_QUICK"))  # pytest-benchmark runs: smaller workloads
+
+try:
+    import pytest
+except ImportError:  # script use needs no pytest
+    pytest = None
+
+
+def model_dir() -> str:
+    return str(default_model_dir())
+
+
+def say(message) -> None:
+    """Progress callback for the measurement modules: one indented line on stderr."""
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def write_json(out_dir: Path, name: str, rows) -> Path:
+    """rows as indented JSON in out_dir/name (made if missing); returns the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return path
+
+
+def stamp(rows) -> str:
+    """The first row's ISO timestamp as a file-name part, 20261201T224037."""
+    return rows[0]["timestamp"].replace(":", "").replace("-", "")[:15] if rows else "empty"
+
+
+def elementwise_test(module_name: str):
+    """The pytest-benchmark test of an element-wise op's bench file (bench_bias_gelu.py, ...): each kind
+    of its calls(), forward and forward+backward, on CPU and (marked `gpu`) on CUDA. The module gives
+    inputs(tokens, width, device, dtype, gen), calls(backend), CPU_TOKENS / GPU_TOKENS, WIDTH and
+    TENSORS (tensors of tokens x width read + written per pass: the GB/s)."""
+    import torch
+
+    op = sys.modules[module_name]
+    stem = module_name.removeprefix("bench_")
+
+    @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+    @pytest.mark.parametrize("passname", list(op.TENSORS))
+    @pytest.mark.parametrize("kind", ["torch", "fastbert"])
+    def test(benchmark, time_memory_bound, kind, passname, device):
+        if device == "cuda" and not torch.cuda.is_available():
+            pytest.skip("the Triton kernel is timed on a CUDA GPU only")
+        dtype, backend, tokens = ((torch.float32, "torch", op.CPU_TOKENS) if device == "cpu"
+                                  else (torch.float16, "triton", op.GPU_TOKENS))
+        benchmark.group = f"{stem} {device} {str(dtype)[6:]} {passname}"
+        train = passname != "fwd"
+        leaves = [t.requires_grad_(train) for t in
+                  op.inputs(tokens, op.WIDTH, device, dtype, torch.Generator().manual_seed(0))]
+        fn, dy = op.calls(backend)[kind], torch.randn_like(leaves[0])
+
+        def step():
+            if not train:
+                return fn(*leaves)
+            for t in leaves:
+                t.grad = None
+            fn(*leaves).backward(dy)
+        time_memory_bound(step, op.TENSORS[passname] * leaves[0].numel() * leaves[0].element_size(), device)
+    return test

@@ -1,0 +1,262 @@
+"""fastbert.cuda_graphs(model): packed inference replayed from CUDA graphs, one graph per bucket.
+
+At serving sizes a BERT forward is host-bound: the GPU waits on Python issuing ~100 launches. A CUDA
+graph replays the whole forward from one call. Graphs need fixed shapes, so each call is rounded up
+to a bucket:
+
+- tokens T -> the smallest token bucket >= T; the T_pad = bucket - T padding tokens (id 0, type 0)
+  form padding sequences of at most the sequence bucket each, after the real ones, so every token
+  belongs to a sequence and cu_seqlens still ends at the token count;
+- sequences B (+ the padding sequences) -> the smallest batch bucket, filled with empty sequences
+  (cu_seqlens' last value repeated);
+- max_seqlen -> the smallest sequence bucket >= it.
+
+Attention never crosses sequences and every other op works per token, so the real tokens' outputs
+equal the unbucketed call's; the results are sliced back to the real tokens (copied out of the
+graph's buffers, which the next replay overwrites).
+
+On CUDA a bucket's graph is captured on its first call, after `warmup` eager calls on the same
+static inputs (first-call compilation and autotuning happen there, never during capture); all graphs
+share one memory pool. A call is one host-to-device copy of a packed int32 metadata buffer
+(input ids, token types, positions, cu_seqlens) and one replay(). The graphs are dropped when the
+model's weights (data_ptr or _version of any parameter or buffer; data_ptr alone for inference
+tensors, which keep no version), device or dtype change.
+Elsewhere (CPU) the same bucketing runs eagerly, without graphs.
+
+The model is anything with forward_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids=None,
+position_ids=None) returning a tensor (tokens, ...), a tuple of them, or a ModelOutput. Inference
+only: the calls run under torch.inference_mode()."""
+import bisect
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from fastbert.ops.attention import check_cu_seqlens
+
+TOKEN_BUCKETS = tuple(sorted({m << k for k in range(4, 17) for m in (2, 3)}))  # 32, 48, 64, 96, ... 196608
+SEQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+BATCH_BUCKETS = tuple(1 << k for k in range(13))                             # 1 ... 4096
+
+
+def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]}; pass larger {what} buckets "
+                         f"to fastbert.cuda_graphs")
+    return buckets[i]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One call's bucket: padded sizes and which optional inputs are given."""
+    tokens: int
+    batch: int
+    max_seqlen: int
+    has_token_types: bool
+    has_positions: bool
+
+    @property
+    def size(self) -> int:
+        """int32 elements of the packed metadata buffer."""
+        return self.tokens * (1 + self.has_token_types + self.has_positions) + self.batch + 1
+
+
+def plan_for(tokens: int, batch: int, max_seqlen: int, has_token_types: bool, has_positions: bool,
+             token_buckets=TOKEN_BUCKETS, seq_buckets=SEQ_BUCKETS, batch_buckets=BATCH_BUCKETS) -> Plan:
+    """The bucket for a call with these sizes."""
+    seq = _bucket(max(max_seqlen, 1), seq_buckets, "max_seqlen")
+    padded = _bucket(max(tokens, 1), token_buckets, "tokens")
+    pad_sequences = -(-(padded - tokens) // seq)
+    return Plan(padded, _bucket(batch + pad_sequences, batch_buckets, "sequences"), seq,
+                has_token_types, has_positions)
+
+
+def pack_metadata(plan: Plan, input_ids, cu_seqlens, token_type_ids=None, position_ids=None,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The plan's int32 buffer: [input ids | token types | positions | cu_seqlens], bucket-padded.
+    Reads no values (shapes only), so CUDA inputs stay on the device."""
+    tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
+    buf = torch.empty(plan.size, dtype=torch.int32, device=input_ids.device) if out is None else out
+    parts = [input_ids] + [t for t, on in ((token_type_ids, plan.has_token_types),
+                                           (position_ids, plan.has_positions)) if on]
+    for i, t in enumerate(parts):
+        row = buf[i * plan.tokens:(i + 1) * plan.tokens]
+        row[:tokens].copy_(t)
+        row[tokens:].zero_()                    # padding tokens: id 0, type 0, position 0
+    cu = buf[len(parts) * plan.tokens:]
+    cu[:batch + 1].copy_(cu_seqlens)
+    # padding sequences of at most plan.max_seqlen tokens, then empty sequences
+    ends = torch.arange(1, plan.batch - batch + 1, dtype=torch.int64) * plan.max_seqlen + tokens
+    cu[batch + 1:].copy_(ends.clamp_(max=plan.tokens))
+    return buf
+
+
+def unpack_metadata(plan: Plan, buf: torch.Tensor):
+    """(input_ids, cu_seqlens, token_type_ids, position_ids) views into a pack_metadata buffer."""
+    rows, i = [], 0
+    for on in (True, plan.has_token_types, plan.has_positions):
+        rows.append(buf[i * plan.tokens:(i + 1) * plan.tokens] if on else None)
+        i += on
+    return rows[0], buf[i * plan.tokens:], rows[1], rows[2]
+
+
+def _map_tensors(out, fn):
+    """out with fn applied to each tensor in it (a tensor, tuple/list, dict or ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_map_tensors(o, fn) for o in out)
+    if isinstance(out, dict):                   # transformers' ModelOutput is an OrderedDict
+        return type(out)(**{k: _map_tensors(v, fn) for k, v in out.items()})
+    return out
+
+
+@dataclass
+class _Graph:
+    plan: Plan
+    static: torch.Tensor                         # the device metadata buffer the graph reads
+    graph: Any = None                            # torch.cuda.CUDAGraph once captured
+    output: Any = None
+    host: Optional[torch.Tensor] = None          # pinned staging buffer for CPU inputs
+    copied: Any = None                           # CUDA event: the last upload from `host` is done
+    calls: int = 0
+
+
+@dataclass
+class _State:
+    signature: Tuple = ()
+    graphs: Dict[Plan, _Graph] = field(default_factory=dict)
+
+
+class CudaGraphs:
+    """A callable with forward_packed's signature; see the module docstring."""
+
+    def __init__(self, model, *, token_buckets: Sequence[int] = TOKEN_BUCKETS,
+                 seq_buckets: Sequence[int] = SEQ_BUCKETS, batch_buckets: Sequence[int] = BATCH_BUCKETS,
+                 warmup: int = 2):
+        if not callable(getattr(model, "forward_packed", None)):
+            raise TypeError(f"{type(model).__name__} has no forward_packed(input_ids, cu_seqlens, max_seqlen, "
+                            "token_type_ids=None, position_ids=None)")
+        for name, b in (("token_buckets", token_buckets), ("seq_buckets", seq_buckets),
+                        ("batch_buckets", batch_buckets)):
+            if not b or list(b) != sorted(set(b)) or b[0] < 1:
+                raise ValueError(f"{name} must be increasing positive ints, got {b!r}")
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 (autotuning must not happen during capture), got {warmup}")
+        self.model = model
+        self.buckets = (tuple(token_buckets), tuple(seq_buckets), tuple(batch_buckets))
+        self.warmup = warmup
+        self._state = _State()
+        self._pool = None
+
+    # -- what invalidates the graphs -------------------------------------------------------------
+    def _tensors(self):
+        params = list(self.model.parameters()) if hasattr(self.model, "parameters") else []
+        buffers = list(self.model.buffers()) if hasattr(self.model, "buffers") else []
+        return params + buffers
+
+    def _signature(self) -> Tuple:
+        tensors = self._tensors()
+        floats = [t for t in tensors if t.is_floating_point()]
+        device = tensors[0].device if tensors else None
+        # inference tensors (a model built under inference_mode) have no version counter
+        return (device, floats[0].dtype if floats else None,
+                tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors))
+
+    @property
+    def num_graphs(self) -> int:
+        return sum(g.graph is not None for g in self._state.graphs.values())
+
+    def plan(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> Plan:
+        return plan_for(input_ids.shape[0], cu_seqlens.shape[0] - 1, int(max_seqlen), token_type_ids is not None,
+                        position_ids is not None, *self.buckets)
+
+    # -- a call ----------------------------------------------------------------------------------
+    def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                 token_type_ids: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None):
+        if isinstance(max_seqlen, torch.Tensor):
+            raise ValueError("max_seqlen must be a Python int, not a tensor")
+        if input_ids.dim() != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"input_ids must be (tokens,) and cu_seqlens (batch + 1,), got "
+                             f"{tuple(input_ids.shape)} and {tuple(cu_seqlens.shape)}")
+        for name, t in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+            if t is not None and t.shape != input_ids.shape:
+                raise ValueError(f"{name} must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(t.shape)}")
+        if cu_seqlens.device.type == "cpu":
+            check_cu_seqlens(cu_seqlens, input_ids.shape[0], int(max_seqlen))
+        plan = self.plan(input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
+        signature = self._signature()
+        if signature != self._state.signature:
+            self._state = _State(signature)       # weights, device or dtype changed: drop every graph
+        device = signature[0] if signature[0] is not None else input_ids.device
+        tokens = input_ids.shape[0]
+        with torch.inference_mode():
+            if device.type != "cuda":
+                buf = pack_metadata(plan, input_ids, cu_seqlens, token_type_ids, position_ids)
+                out = self._forward(plan, buf.to(device))
+                return _map_tensors(out, lambda t: t[:tokens] if t.dim() and t.shape[0] == plan.tokens else t)
+            entry = self._state.graphs.get(plan)
+            if entry is None:
+                entry = self._state.graphs[plan] = _Graph(plan, torch.empty(plan.size, dtype=torch.int32,
+                                                                            device=device))
+            self._upload(entry, input_ids, cu_seqlens, token_type_ids, position_ids)
+            if entry.graph is None:
+                out = self._warm_or_capture(entry)
+            else:
+                entry.graph.replay()
+                out = entry.output
+            return _map_tensors(out, lambda t: t[:tokens].clone() if t.dim() and t.shape[0] == plan.tokens else t)
+
+    def _forward(self, plan: Plan, buf: torch.Tensor):
+        input_ids, cu, token_types, positions = unpack_metadata(plan, buf)
+        return self.model.forward_packed(input_ids, cu, plan.max_seqlen, token_type_ids=token_types,
+                                         position_ids=positions)
+
+    def _upload(self, entry: _Graph, input_ids, cu_seqlens, token_type_ids, position_ids) -> None:
+        if input_ids.device.type == "cpu":        # one host-to-device copy from a pinned buffer
+            if entry.host is None:
+                entry.host = torch.empty(entry.plan.size, dtype=torch.int32, pin_memory=True)
+                entry.copied = torch.cuda.Event()
+            entry.copied.synchronize()            # the previous call's copy has left the buffer
+            pack_metadata(entry.plan, input_ids, cu_seqlens, token_type_ids, position_ids, out=entry.host)
+            entry.static.copy_(entry.host, non_blocking=True)
+            entry.copied.record()
+        else:
+            pack_metadata(entry.plan, input_ids, cu_seqlens, token_type_ids, position_ids, out=entry.static)
+
+    def _warm_or_capture(self, entry: _Graph):
+        entry.calls += 1
+        if entry.calls <= self.warmup:            # eager: compiles and autotunes this bucket's kernels
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                out = self._forward(entry.plan, entry.static)
+            torch.cuda.current_stream().wait_stream(stream)
+            return out
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            entry.output = self._forward(entry.plan, entry.static)
+        entry.graph = graph
+        graph.replay()
+        return entry.output
+
+
+def cuda_graphs(model, **options) -> CudaGraphs:
+    """Wrap `model` (anything with forward_packed) for bucketed, graph-replayed packed inference."""
+    return CudaGraphs(model, **options)
+
+
+class _CallableModule(types.ModuleType):
+    """`fastbert.cuda_graphs` names both this module and the function (as fastbert.optimize does):
+    importing the module makes the package attribute the module, so the module calls the function."""
+
+    def __call__(self, model, **options):
+        return cuda_graphs(model, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,23 @@
+"""Small launcher helpers shared by the kernel files: 2-D views and grid sizing."""
+import torch
+import triton
+
+
+def as_2d(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """t as (rows, n_cols) with unit column stride: a view when strides allow, else a copy."""
+    t2 = t.reshape(-1, n_cols)
+    return t2 if n_cols <= 1 or t2.stride(1) == 1 else t2.contiguous()
+
+
+def row_programs(n_rows: int, device: torch.device) -> int:
+    """Programs for a kernel whose programs each walk a run of rows and write one partial sum each:
+    a few per SM on a GPU, few under the interpreter (each program is slow there)."""
+    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(target, triton.cdiv(n_rows, 16)))
+
+
+def split_rows(n_rows: int, device: torch.device):
+    """(n_programs, rows_per_program) covering n_rows with no empty program."""
+    n_prog = row_programs(n_rows, device)
+    rows_per_program = triton.cdiv(n_rows, n_prog)
+    return triton.cdiv(n_rows, rows_per_program), rows_per_program

@@ -1,0 +1,139 @@
+"""A whole model on one op backend: backend="triton" runs every fastbert op on its Triton kernel
+(under TRITON_INTERPRET=1 on a CPU machine, as conftest sets), forward and backward, for every
+family, against transformers; backend="torch" and the setter; the error without a kernel path.
+
+Tiny random fp32 models (hidden <= 48, 2 layers, seq 8) keep the interpreter fast."""
+import os
+import sys
+
+import pytest
+import torch
+import transformers as T
+
+import fastbert
+
+SMALL = dict(vocab_size=67, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40,
+             max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+FAMILIES = {
+    "bert": (T.BertConfig, dict(SMALL), "Bert"),
+    "roberta": (T.RobertaConfig, dict(SMALL, pad_token_id=1, type_vocab_size=1), "Roberta"),
+    "xlm-roberta": (T.XLMRobertaConfig, dict(SMALL, pad_token_id=1, hidden_act="gelu_new"), "XLMRoberta"),
+    "electra": (T.ElectraConfig, dict(SMALL, embedding_size=16, hidden_size=48, hidden_act="gelu"), "Electra"),
+    "distilbert": (T.DistilBertConfig, dict(vocab_size=67, dim=32, n_layers=2, n_heads=2, hidden_dim=40,
+                                            max_position_embeddings=40, dropout=0.0, attention_dropout=0.0),
+                   "DistilBert"),
+    "albert": (T.AlbertConfig, dict(SMALL, embedding_size=16, num_hidden_groups=2, inner_group_num=1,
+                                    hidden_act="gelu_new"), "Albert"),
+}
+# a few parameters per family whose gradients are compared (every stage of a layer, embeddings)
+GRADS = {
+    "bert": ("encoder.layer.0.attention.self.query.weight", "encoder.layer.1.intermediate.dense.bias",
+             "encoder.layer.0.output.LayerNorm.weight", "embeddings.word_embeddings.weight"),
+    "distilbert": ("transformer.layer.0.attention.q_lin.weight", "transformer.layer.1.ffn.lin1.bias",
+                   "transformer.layer.0.output_layer_norm.weight", "embeddings.word_embeddings.weight"),
+    "albert": ("encoder.albert_layer_groups.0.albert_layers.0.attention.query.weight",
+               "encoder.albert_layer_groups.1.albert_layers.0.ffn.bias",
+               "encoder.embedding_hidden_mapping_in.weight", "embeddings.word_embeddings.weight"),
+}
+GRADS["roberta"] = GRADS["xlm-roberta"] = GRADS["bert"]
+GRADS["electra"] = GRADS["bert"] + ("embeddings_project.weight",)
+
+
+def build(family, tmp_path, backend):
+    cls, kwargs, prefix = FAMILIES[family]
+    torch.manual_seed(0)
+    hf = getattr(T, prefix + "Model")(cls(**kwargs))
+    with torch.no_grad():  # non-trivial biases and norms, so a wrong wiring shows
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    hf = getattr(T, prefix + "Model").from_pretrained(tmp_path, attn_implementation="eager").eval()
+    return hf, fastbert.AutoModel.from_pretrained(tmp_path, backend=backend)
+
+
+def padded_batch(config, seq=8):
+    """Random ids, rows of lengths seq, 3 and 0 (fully padded)."""
+    pad = config.pad_token_id or 0
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(pad + 2, config.vocab_size, (3, seq), generator=g)
+    mask = (torch.arange(seq)[None] < torch.tensor([seq, 3, 0])[:, None]).long()
+    ids[mask == 0] = pad
+    return ids, mask
+
+
+@pytest.fixture
+def kernel_launches():
+    """Names of the Triton kernels that ran. Under the interpreter a kernel body runs as Python, so
+    a profile hook sees it whatever launches it (autotuner, custom op); on a GPU nothing is recorded."""
+    pytest.importorskip("triton", reason="backend='triton' needs the triton package")
+    from fastbert.ops import _dispatch
+    if not _dispatch.interpreting():
+        pytest.skip("backend='triton' on CPU needs TRITON_INTERPRET=1 (conftest sets it without a GPU); "
+                    "on a GPU the kernels are checked by the CUDA tests")
+    import fastbert.kernels
+    root = os.path.dirname(fastbert.kernels.__file__)
+    ran = set()
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name.endswith("_kernel") and code.co_filename.startswith(root):
+            ran.add(code.co_name)
+
+    sys.setprofile(profile)
+    yield ran
+    sys.setprofile(None)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_triton_backend_forward_and_backward_match_transformers(family, tmp_path, kernel_launches):
+    hf, fast = build(family, tmp_path, backend="triton")
+    assert fast.backend == "triton"
+    ids, mask = padded_batch(hf.config)
+    real = mask.bool()
+    weight = torch.randn(*ids.shape, fast.dims.hidden_size, generator=torch.Generator().manual_seed(2))
+    outs = []
+    for model in (hf, fast):
+        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        (h[real] * weight[real]).sum().backward()           # a loss on real tokens only
+        outs.append(h[real].detach())
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    for op in ("attention", "bias_gelu", "add_layer_norm"):           # every family here uses a GELU
+        for direction in ("fwd", "bwd"):
+            assert any(op in name and direction in name for name in kernel_launches), \
+                f"no {op} {direction} kernel ran: {sorted(kernel_launches)}"
+    for name in GRADS[family]:
+        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
+        err = (got - want).abs().max() / want.abs().max()
+        assert err < 1e-4, f"{family} {name}: relative gradient error {err:.2e}"
+
+
+def test_backend_is_passed_down_and_settable(tmp_path, monkeypatch):
+    """One model attribute decides every op call: switching it changes what runs, no global."""
+    hf, fast = build("bert", tmp_path, backend="torch")
+    seen = []
+    real = fastbert.ops.add_layer_norm
+    monkeypatch.setattr("fastbert.models.layers.ops.add_layer_norm",
+                        lambda *a, backend="auto", **k: seen.append(backend) or real(*a, backend=backend, **k))
+    ids, mask = padded_batch(hf.config)
+    with torch.no_grad():
+        ref = fast(input_ids=ids, attention_mask=mask).last_hidden_state
+        fast.backend = "auto"
+        auto = fast(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert seen and set(seen[:len(seen) // 2]) == {"torch"} and set(seen[len(seen) // 2:]) == {"auto"}
+    torch.testing.assert_close(auto, ref, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fast.backend = "cuda"
+    head = fastbert.AutoModelForSequenceClassification.from_config(hf.config, backend="torch")
+    assert head.backend == head.bert.backend == "torch"
+    head.backend = "auto"
+    assert head.bert.backend == "auto"
+
+
+def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error(tmp_path, monkeypatch):
+    pytest.importorskip("triton", reason="the error path is the triton package's absence otherwise")
+    hf, fast = build("bert", tmp_path, backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ids, mask = padded_batch(hf.config)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        fast(input_ids=ids, attention_mask=mask)

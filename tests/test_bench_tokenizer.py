@@ -1,0 +1,52 @@
+"""The tokenizer benchmark times text new to every tokenizer: no call sees a text an earlier call saw,
+every tokenizer gets the same texts in a round, and the output checked is a timed round's."""
+import itertools
+
+from fastbert.benchmarks import tokenizer as tb
+
+DOCS = ["The quick brown fox.", "Ünïcödé text, with accents.", "野口里佳 Noguchi Rika"]
+
+
+def _recorder(seen, name):
+    def fn(texts):
+        seen.setdefault(name, []).append(list(texts))
+        return [len(t) for t in texts]
+    return fn
+
+
+def test_rounds_are_new_text_and_the_same_for_every_tokenizer():
+    seen, cleared = {}, []
+    calls = {name: (_recorder(seen, name), lambda name=name: cleared.append(name)) for name in ("a", "b")}
+    rounds = tb.Rounds(DOCS, itertools.count(1))
+    result = tb.time_interleaved(calls, rounds, min_repeats=3, min_seconds=0.0, max_repeats=3)
+    for name in calls:
+        _, first, *timed = seen[name]  # the primer, the first pass, then the timed rounds
+        texts = [t for call in [first, *timed] for t in call]
+        assert len(texts) == len(set(texts)) == 4 * len(DOCS), "a text was encoded twice"
+        assert not set(seen[name][0]) & set(texts), "the primer shares a text with the timed calls"
+        assert all(t.endswith(doc) for call in [first, *timed] for t, doc in zip(call, DOCS))
+        median, repeats, out, first_seconds = result[name]
+        assert repeats == 3 and median > 0 and first_seconds > 0
+        assert out == [len(t) for t in rounds(1)]  # round 1's output is the one checked
+        assert cleared.count(name) == 5  # before the primer, the first pass and each timed round
+    assert seen["a"][1:] == seen["b"][1:]  # same texts, round by round
+
+
+def test_tags_never_repeat_across_cases_of_a_run():
+    tags = itertools.count(1)
+    a, b = tb.Rounds(DOCS, tags), tb.Rounds(DOCS, tags)
+    texts = a(0) + a(1) + b(0) + b(1)
+    assert len(set(texts)) == len(texts)
+    assert a(1) is a(1)  # built once, outside the timed region
+
+
+def test_repeated_rounds_give_the_same_text_every_round():
+    rounds = tb.Rounds(DOCS, itertools.count(1), repeated=True)
+    assert rounds(0) == rounds(1) == rounds(5)
+    assert rounds(0) != DOCS  # still text no earlier call used
+
+
+def test_primer_shares_no_word_with_the_text():
+    words = {w for d in DOCS for w in d.split()}
+    primed = {w for d in tb.primer(DOCS) for w in d.split()}
+    assert primed and not words & primed
