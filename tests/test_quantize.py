@@ -89,7 +89,7 @@ def test_quantize_a_transformers_bert_model_keeps_embeddings_and_retrieval():
     """all-MiniLM-L6-v2 as a transformers BertModel: every Linear int8, embeddings close to fp32."""
     import transformers
 
-    from fastbert.benchmarks.encoder import english_lines
+    from fastbert.benchmarks.corpus import pydoc_lines as english_lines
     from fastbert.benchmarks.quantize import queries_from, top_k_overlap
 
     tok = transformers.AutoTokenizer.from_pretrained(MODEL_DIR)
@@ -119,7 +119,7 @@ def test_quantized_fastbert_encoder(tmp_path):
         int8.encode(["probe"])
     except AttributeError as exc:
         pytest.skip(f"this fastbert model's layers read Linear weights directly: {exc}")
-    from fastbert.benchmarks.encoder import english_lines
+    from fastbert.benchmarks.corpus import pydoc_lines as english_lines
 
     lines = english_lines(120)[::2]
     a, b = torch.as_tensor(enc.encode(lines)), torch.as_tensor(int8.encode(lines))

@@ -20,7 +20,8 @@ import time
 import torch
 
 from fastbert.benchmarks import env
-from fastbert.benchmarks.encoder import BATCH_SIZE, FULL_LINES, QUICK_LINES, device_name, english_lines
+from fastbert.benchmarks.corpus import pydoc_lines as english_lines
+from fastbert.benchmarks.encoder import BATCH_SIZE, FULL_LINES, QUICK_LINES, device_name
 
 CHECK_COSINE, TARGET_COSINE, CHECK_OVERLAP, TOP_K = 0.95, 0.99, 0.9, 10
 INT8_ROWS = ("fastbert Encoder int8", "sentence-transformers + fastbert.quantize",
