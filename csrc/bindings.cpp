@@ -1,6 +1,6 @@
-// The only file that includes pybind11: module fastbert._C.
-// Converts Python inputs to UTF-8 views (with the GIL), runs the batch without the GIL, and
-// builds outputs: numpy buffers filled in C++, or lists made from cached Python ints.
+// The only file that includes pybind11: module fastbert._C. Binds EncodeOptions and the
+// tokenizer: converts Python inputs to UTF-8 views (with the GIL), runs the batch without the
+// GIL, and hands the rows to output_layout (numpy buffers, packed or padded) or py_lists (lists).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "encode_options.h"
+#include "output_layout.h"
+#include "py_lists.h"
 #include "tokenizer.h"
 
 namespace py = pybind11;
@@ -112,9 +115,6 @@ py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const
 // A Python-owned tokenizer: the C++ tokenizer plus cached Python ints for building lists.
 class PyTokenizer {
  public:
-    // the most output cells (rows x padded width) a batch may ask for: beyond it (or an overflow
-    // of rows x width x 8 bytes) the allocation could never succeed
-    static constexpr size_t kMaxCells = size_t{1} << 40;
     PyTokenizer(py::object vocab, bool lowercase, bool strip_accents, bool handle_chinese_chars, bool clean_text,
                 const std::string& unk_token, const std::string& prefix, size_t max_chars,
                 const std::vector<std::tuple<std::string, bool, bool, bool, bool>>& added) {
@@ -154,35 +154,15 @@ class PyTokenizer {
         } catch (const std::invalid_argument& e) {
             throw py::value_error(e.what());
         }
-        const size_t n = std::max<size_t>(tok_->vocab().size(), 65536);
-        ints_.reserve(n);
-        for (size_t i = 0; i < n; ++i) ints_.push_back(py::int_(i));
-        zero_pair_ = py::make_tuple(0, 0);
+        try {
+            ints_.reset(new IntTable(std::max<size_t>(tok_->vocab().size(), 65536)));
+        } catch (const PythonError&) {
+            throw py::error_already_set();
+        }
     }
 
-    // opts: the 19 options in the order read below (ints/bools), one tuple: a 21-argument
-    // pybind11 signature costs most of this file's compile time. want_words (word index per
-    // token, -1 -> None) needs want_offsets and gives lists: only the alignment methods ask.
-    py::tuple encode_batch(py::object texts, py::object pairs, py::tuple opts) {
-        if (py::len(opts) != 19) throw py::value_error("encode_batch: expected 19 options");
-        auto opt = [&](size_t i) -> int64_t {  // ints or bools; straight from the tuple (per-call cost)
-            const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(opts.ptr(), static_cast<Py_ssize_t>(i)));
-            if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-            return v;
-        };
-        const bool split_words = opt(0), add_special_tokens = opt(1);
-        const int truncation = static_cast<int>(opt(2));
-        const size_t max_length = static_cast<size_t>(opt(3)), stride = static_cast<size_t>(opt(4));
-        const bool truncate_left = opt(5);
-        const int padding = static_cast<int>(opt(6));
-        const size_t pad_to_multiple_of = static_cast<size_t>(opt(7));
-        const bool pad_left = opt(8);
-        const int64_t pad_id = opt(9);
-        const int num_threads = static_cast<int>(opt(10));
-        const bool want_type_ids = opt(11), want_attention = opt(12), want_special = opt(13),
-                   want_offsets = opt(14), want_length = opt(15), want_overflow = opt(16), as_numpy = opt(17),
-                   want_words = opt(18);
-        if (want_words && !want_offsets) throw py::value_error("encode_batch: word ids need offsets");
+    // (out, widest row): the outputs as a dict, and the longest row's length (the long-sequence notice).
+    py::tuple encode_batch(py::object texts, py::object pairs, const EncodeOptions& o) {
         // This thread's input and row buffers, reused from its last batch (about 20 allocations
         // less per call: most of the C++ cost of one short text); a fresh set if they are in use
         // (a call made again from inside this one, by a finalizer the GC ran).
@@ -194,7 +174,7 @@ class PyTokenizer {
             ~Release() { ws.release(); }
         } release(ws);
         BatchInput& in = ws.in;
-        in.split_words = split_words;
+        in.split_words = o.split_words;
         py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(texts.ptr(), "texts must be a sequence"));
         if (!seq) throw py::error_already_set();
         const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
@@ -202,7 +182,7 @@ class PyTokenizer {
         in.a.reserve(n + 1);
         in.segs.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            add_item(items[i], "batch", i, split_words, in, ws.refs);
+            add_item(items[i], "batch", i, o.split_words, in, ws.refs);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
         }
         if (!pairs.is_none()) {
@@ -215,65 +195,49 @@ class PyTokenizer {
             in.b.reserve(n + 1);
             in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             for (size_t i = 0; i < n; ++i) {
-                add_item(pitems[i], "text_pair", i, split_words, in, ws.refs);
+                if (pitems[i] == Py_None) {  // no pair for this item (a batch mixing texts and pairs)
+                    in.single.resize(n, 0);
+                    in.single[i] = 1;
+                } else {
+                    add_item(pitems[i], "text_pair", i, o.split_words, in, ws.refs);
+                }
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
         }
-        PostConfig cfg;
-        cfg.add_special_tokens = add_special_tokens;
-        cfg.cls_id = cls_id_;
-        cfg.sep_id = sep_id_;
-        cfg.truncation = static_cast<Truncation>(truncation);
-        cfg.max_length = max_length;
-        cfg.stride = stride;
-        cfg.truncate_left = truncate_left;
-        cfg.offsets = want_offsets;
-        cfg.words = want_words;
-        cfg.overflow = want_overflow;
-
         std::vector<Rows>& rows = ws.rows;
         size_t bytes = 0;
         for (const std::string_view& seg : in.segs) bytes += seg.size();
         try {
             // a short input is encoded in about the time that releasing and taking back the GIL takes
             if (bytes < kReleaseGilBytes)
-                tok_->encode_batch(in, cfg, num_threads, rows);
+                tok_->encode_batch(in, o, rows);
             else
-                without_gil([&] { tok_->encode_batch(in, cfg, num_threads, rows); });
+                without_gil([&] { tok_->encode_batch(in, o, rows); });
         } catch (const TruncationError& e) {
             throw py::value_error(e.what());
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(e.what());
         }
-        // padded width: "longest" looks at the rows HF pads by (main rows), "max_length" is fixed
-        size_t total = 0, longest = 0, shortest = SIZE_MAX;
-        for (const Rows& rs : rows)
-            for (size_t r = 0; r < rs.rows(); ++r) {
-                ++total;
-                if (rs.main[r]) longest = std::max(longest, rs.len(r));
-                shortest = std::min(shortest, rs.len(r));
-            }
-        size_t width = padding == 1 ? longest : padding == 2 ? max_length : 0;
-        if (padding && pad_to_multiple_of && width % pad_to_multiple_of)
-            width += pad_to_multiple_of - width % pad_to_multiple_of;
-        size_t widest = 0;
-        for (const Rows& rs : rows)
-            for (size_t r = 0; r < rs.rows(); ++r) widest = std::max(widest, rs.len(r));
-        const bool rect = padding ? widest <= width : (total == 0 || widest == shortest);
-        if (!padding) width = total ? widest : 0;
-        // padding="max_length" with max_length=2**40: a MemoryError that names the shape, never a
-        // size that overflows or an allocation that fails halfway through the outputs
-        if (total && width > kMaxCells / total) {
-            const std::string msg = "cannot pad " + std::to_string(total) + " rows to " + std::to_string(width) +
-                                    " tokens: the outputs would not fit in memory (check max_length / "
-                                    "pad_to_multiple_of)";
-            PyErr_SetString(PyExc_MemoryError, msg.c_str());
+        Layout layout;
+        try {
+            layout = plan_layout(rows, o);
+        } catch (const LayoutTooLarge& e) {
+            // a MemoryError that names the shape, never a size that overflows or an allocation
+            // that fails halfway through the outputs
+            PyErr_SetString(PyExc_MemoryError, e.what());
             throw py::error_already_set();
         }
-
+        const ParallelFor run = [&](size_t count, const std::function<void(size_t)>& fn) {
+            tok_->parallel(count, o.num_threads, fn);
+        };
         py::dict out;
-        if (as_numpy && rect && !want_words) {
+        if (o.packed) {
+            pack(rows, layout, o, run, out);
+        } else if (o.numpy && layout.rect && !o.words) {
             auto mk = [&](bool want, const py::str& key, bool pairs2 = false) -> int64_t* {
                 if (!want) return nullptr;
-                std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(total), static_cast<py::ssize_t>(width)};
+                std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(layout.rows),
+                                               static_cast<py::ssize_t>(layout.width)};
                 if (pairs2) shape.push_back(2);
                 py::array_t<int64_t> a = pooled_array(pool_, shape);
                 out[key] = a;
@@ -281,42 +245,38 @@ class PyTokenizer {
             };
             PadOut po;
             po.ids = mk(true, keys_.input_ids);
-            po.type_ids = mk(want_type_ids, keys_.token_type_ids);
-            po.attention = mk(want_attention, keys_.attention_mask);
-            po.special = mk(want_special, keys_.special_tokens_mask);
-            po.offsets = mk(want_offsets, keys_.offset_mapping, true);
-            PadSpec ps{width, pad_left, static_cast<int32_t>(pad_id)};
-            without_gil([&] { tok_->fill_padded(rows, ps, po, num_threads); });
+            po.type_ids = mk(o.type_ids, keys_.token_type_ids);
+            po.attention = mk(o.attention_mask, keys_.attention_mask);
+            po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
+            po.offsets = mk(o.offsets, keys_.offset_mapping, true);
+            without_gil([&] { fill_padded(rows, layout, o, po, run); });
         } else {
-            // Thousands of new lists would trigger the cyclic GC again and again while we build
-            // them; none of them can be part of a cycle, so pause it for the duration.
-            GcPause pause;
-            build_lists(rows, total, padding ? width : 0, pad_left, pad_id, want_type_ids, want_attention,
-                        want_special, want_offsets, want_words, out);
+            lists(rows, layout, o, run, out);
         }
-        if (want_length) {
-            py::list lengths(total);
+        if (o.length) {
+            py::list lengths(layout.rows);
             size_t k = 0;
+            const size_t width = o.padding != Padding::kNone ? layout.width : 0;
             for (const Rows& rs : rows)
-                for (size_t r = 0; r < rs.rows(); ++r) lengths[k++] = int_obj(std::max(rs.len(r), padding ? width : 0));
+                for (size_t r = 0; r < rs.rows(); ++r) lengths[k++] = int_obj(std::max(rs.len(r), width));
             out[keys_.length] = lengths;
         }
-        if (want_words) {  // alignment: which windows of A and B each row holds
-            py::list windows(total);
+        if (o.words) {  // alignment: which windows of A and B each row holds
+            py::list windows(layout.rows);
             size_t k = 0;
             for (const Rows& rs : rows)
                 for (size_t r = 0; r < rs.rows(); ++r)
                     windows[k++] = py::make_tuple(int_obj(rs.window[2 * r]), int_obj(rs.window[2 * r + 1]));
             out[keys_.windows] = windows;
         }
-        if (want_overflow) {
-            py::list mapping(total);
+        if (o.overflow) {
+            py::list mapping(layout.rows);
             size_t k = 0;
             for (const Rows& rs : rows)
                 for (size_t r = 0; r < rs.rows(); ++r) mapping[k++] = int_obj(rs.item[r]);
             out[keys_.overflow_to_sample_mapping] = mapping;
         }
-        return py::make_tuple(out, widest);
+        return py::make_tuple(out, layout.widest);
     }
 
     py::object id_to_token(int64_t id) const {
@@ -337,15 +297,65 @@ class PyTokenizer {
         const std::string out = tok_->normalize(text);
         return py::str(out.data(), out.size());
     }
-    void set_specials(int32_t cls, int32_t sep) {
-        cls_id_ = cls;
-        sep_id_ = sep;
-    }
+    void set_specials(int32_t cls, int32_t sep) { tok_->set_specials(cls, sep); }
 
  private:
     py::object int_obj(size_t v) const {
-        if (v < ints_.size()) return ints_[v];
-        return py::int_(v);
+        try {
+            return py::reinterpret_steal<py::object>(ints_->new_ref(v));
+        } catch (const PythonError&) {
+            throw py::error_already_set();
+        }
+    }
+
+    // Packed output: 1-D arrays of every row's real tokens back to back, cu_seqlens and max_seqlen.
+    void pack(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const ParallelFor& run,
+              py::dict& out) {
+        const std::vector<py::ssize_t> flat{static_cast<py::ssize_t>(layout.tokens)};
+        auto mk = [&](bool want, const py::str& key, std::vector<py::ssize_t> shape = {}) -> int64_t* {
+            if (!want) return nullptr;
+            py::array_t<int64_t> a = pooled_array(pool_, shape.empty() ? flat : shape);
+            out[key] = a;
+            return a.mutable_data();
+        };
+        PackedOut po;
+        po.ids = mk(true, keys_.input_ids);
+        po.type_ids = mk(o.type_ids, keys_.token_type_ids);
+        po.position_ids = mk(true, keys_.position_ids);
+        po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
+        po.offsets = mk(o.offsets, keys_.offset_mapping, {static_cast<py::ssize_t>(layout.tokens), 2});
+        py::array_t<int32_t> cu(static_cast<py::ssize_t>(layout.rows + 1));
+        po.cu_seqlens = cu.mutable_data();
+        try {
+            without_gil([&] { fill_packed(rows, po, run); });
+        } catch (const LayoutTooLarge& e) {
+            PyErr_SetString(PyExc_MemoryError, e.what());
+            throw py::error_already_set();
+        }
+        out[keys_.cu_seqlens] = cu;
+        out[keys_.max_seqlen] = int_obj(layout.widest);
+    }
+
+    void lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const ParallelFor& run,
+               py::dict& out) {
+        // Thousands of new lists would trigger the cyclic GC again and again while we build
+        // them; none of them can be part of a cycle, so pause it for the duration.
+        GcPause pause;
+        RowLists l;
+        try {
+            build_lists(rows, layout, o, *ints_, run, [](const std::function<void()>& f) { without_gil(f); }, l);
+        } catch (const PythonError&) {
+            throw py::error_already_set();
+        }
+        auto put = [&](const py::str& key, PyObject* v) {
+            if (v) out[key] = py::reinterpret_borrow<py::object>(v);
+        };
+        put(keys_.input_ids, l.ids);
+        put(keys_.token_type_ids, l.type_ids);
+        put(keys_.attention_mask, l.attention);
+        put(keys_.special_tokens_mask, l.special);
+        put(keys_.offset_mapping, l.offsets);
+        put(keys_.word_ids, l.words);
     }
 
     // "batch item 3" / "text_pair item 3" or, for a pre-split word (word >= 0), "word 2 of batch item 3";
@@ -395,102 +405,6 @@ class PyTokenizer {
         for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, what, index, k++, in, keep);
     }
 
-    void build_lists(const std::vector<Rows>& rows, size_t total, size_t width, bool pad_left, int64_t pad_id,
-                     bool want_type_ids, bool want_attention, bool want_special, bool want_offsets, bool want_words,
-                     py::dict& out) {
-        py::list ids(total), types(want_type_ids ? total : 0), attn(want_attention ? total : 0),
-            special(want_special ? total : 0), offs(want_offsets ? total : 0), words(want_words ? total : 0);
-        // Row lists hold only ints, so they can never be part of a reference cycle: untracking
-        // them (as CPython does for such tuples and dicts) keeps the cyclic GC from walking
-        // every row of every batch the user keeps.
-        auto done = [](PyObject* list) { PyObject_GC_UnTrack(list); };
-        PyObject* zero = ints_[0].ptr();
-        PyObject* one = ints_[1].ptr();
-        PyObject* pad = int_obj(static_cast<size_t>(pad_id)).release().ptr();
-        size_t k = 0;
-        for (const Rows& rs : rows) {
-            for (size_t r = 0; r < rs.rows(); ++r, ++k) {
-                const size_t len = rs.len(r), s0 = rs.start[r];
-                const size_t w = std::max(len, width);
-                const size_t lo = pad_left ? w - len : 0;
-                auto fill = [&](PyObject* list, PyObject* padv, auto value) {
-                    for (size_t t = 0; t < w; ++t) {
-                        PyObject* v = (t >= lo && t < lo + len) ? value(s0 + t - lo) : padv;
-                        Py_INCREF(v);
-                        PyList_SET_ITEM(list, t, v);
-                    }
-                };
-                PyObject* l = new_list(w);
-                fill(l, pad, [&](size_t i) { return cached(rs.ids[i]); });
-                done(l);
-                PyList_SET_ITEM(ids.ptr(), k, l);
-                if (want_type_ids) {
-                    l = new_list(w);
-                    fill(l, zero, [&](size_t i) { return rs.type_ids[i] ? one : zero; });
-                    done(l);
-                    PyList_SET_ITEM(types.ptr(), k, l);
-                }
-                if (want_attention) {
-                    l = new_list(w);
-                    fill(l, zero, [&](size_t) { return one; });
-                    done(l);
-                    PyList_SET_ITEM(attn.ptr(), k, l);
-                }
-                if (want_special) {
-                    l = new_list(w);
-                    fill(l, one, [&](size_t i) { return rs.special[i] ? one : zero; });
-                    done(l);
-                    PyList_SET_ITEM(special.ptr(), k, l);
-                }
-                if (want_offsets) {
-                    l = new_list(w);
-                    for (size_t t = 0; t < w; ++t) {
-                        PyObject* v;
-                        if (t >= lo && t < lo + len) {
-                            const size_t i = s0 + t - lo;
-                            const uint32_t a = rs.offsets[2 * i], b = rs.offsets[2 * i + 1];
-                            v = (a == 0 && b == 0) ? (Py_INCREF(zero_pair_.ptr()), zero_pair_.ptr())
-                                                   : PyTuple_Pack(2, owned_int(a).ptr(), owned_int(b).ptr());
-                        } else {
-                            v = zero_pair_.ptr();
-                            Py_INCREF(v);
-                        }
-                        PyList_SET_ITEM(l, t, v);
-                    }
-                    PyList_SET_ITEM(offs.ptr(), k, l);
-                }
-                if (want_words) {
-                    l = new_list(w);
-                    for (size_t t = 0; t < w; ++t) {
-                        const int32_t word = (t >= lo && t < lo + len) ? rs.words[s0 + t - lo] : -1;
-                        PyObject* v = word < 0 ? (Py_INCREF(Py_None), Py_None)
-                                               : int_obj(static_cast<size_t>(word)).release().ptr();
-                        PyList_SET_ITEM(l, t, v);
-                    }
-                    done(l);
-                    PyList_SET_ITEM(words.ptr(), k, l);
-                }
-            }
-        }
-        Py_DECREF(pad);
-        out[keys_.input_ids] = ids;
-        if (want_type_ids) out[keys_.token_type_ids] = types;
-        if (want_attention) out[keys_.attention_mask] = attn;
-        if (want_special) out[keys_.special_tokens_mask] = special;
-        if (want_offsets) out[keys_.offset_mapping] = offs;
-        if (want_words) out[keys_.word_ids] = words;
-    }
-
-    // A row list; on failure (MemoryError set) the exception propagates instead of a NULL write.
-    static PyObject* new_list(size_t n) {
-        PyObject* l = PyList_New(static_cast<Py_ssize_t>(n));
-        if (!l) throw py::error_already_set();
-        return l;
-    }
-
-    PyObject* cached(int32_t id) const { return ints_[static_cast<size_t>(id)].ptr(); }
-    py::object owned_int(uint32_t v) const { return int_obj(v); }
-
     // Per-thread buffers of encode_batch (see there).
     struct Workspace {
         BatchInput in;
@@ -514,6 +428,7 @@ class PyTokenizer {
             in.segs.clear();
             in.a.assign(1, 0);
             in.b.clear();
+            in.single.clear();
             busy = false;
         }
         static constexpr size_t kKeepBytes = size_t{1} << 20;
@@ -522,26 +437,119 @@ class PyTokenizer {
 
     std::unique_ptr<Tokenizer> tok_;
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
-    std::vector<py::object> ints_;
-    py::object zero_pair_;
+    std::unique_ptr<IntTable> ints_;
     // output keys, made (and hashed) once instead of per call
     struct Keys {
         py::str input_ids{"input_ids"}, token_type_ids{"token_type_ids"}, attention_mask{"attention_mask"},
             special_tokens_mask{"special_tokens_mask"}, offset_mapping{"offset_mapping"}, word_ids{"word_ids"},
-            length{"length"}, windows{"windows"}, overflow_to_sample_mapping{"overflow_to_sample_mapping"};
+            length{"length"}, windows{"windows"}, overflow_to_sample_mapping{"overflow_to_sample_mapping"},
+            position_ids{"position_ids"}, cu_seqlens{"cu_seqlens"}, max_seqlen{"max_seqlen"};
     } keys_;
     static constexpr size_t kReleaseGilBytes = 2048;
-    int32_t cls_id_ = 0, sep_id_ = 0;
     size_t base_size_ = 0;  // distinct tokens of the vocabulary file (HF's vocab_size)
     size_t base_ids_ = 0;   // its lines
 };
 
 thread_local PyTokenizer::Workspace PyTokenizer::workspace_;
 
+// EncodeOptions(**fields): every field by name, the rest at their defaults; an unknown name is a
+// TypeError. One table of fields serves the constructor, the read-only attributes and repr.
+struct OptionField {
+    const char* name;
+    bool EncodeOptions::*flag;
+    size_t EncodeOptions::*size;
+};
+const OptionField kOptionFields[] = {
+    {"split_words", &EncodeOptions::split_words, nullptr},
+    {"add_special_tokens", &EncodeOptions::add_special_tokens, nullptr},
+    {"max_length", nullptr, &EncodeOptions::max_length},
+    {"stride", nullptr, &EncodeOptions::stride},
+    {"truncate_left", &EncodeOptions::truncate_left, nullptr},
+    {"pad_to_multiple_of", nullptr, &EncodeOptions::pad_to_multiple_of},
+    {"pad_left", &EncodeOptions::pad_left, nullptr},
+    {"packed", &EncodeOptions::packed, nullptr},
+    {"type_ids", &EncodeOptions::type_ids, nullptr},
+    {"attention_mask", &EncodeOptions::attention_mask, nullptr},
+    {"special_tokens_mask", &EncodeOptions::special_tokens_mask, nullptr},
+    {"offsets", &EncodeOptions::offsets, nullptr},
+    {"length", &EncodeOptions::length, nullptr},
+    {"overflow", &EncodeOptions::overflow, nullptr},
+    {"numpy", &EncodeOptions::numpy, nullptr},
+    {"words", &EncodeOptions::words, nullptr},
+};
+
+EncodeOptions make_options(const py::kwargs& kw) {
+    EncodeOptions o;
+    for (const auto& item : kw) {
+        const std::string name = py::str(item.first);
+        py::handle v = item.second;
+        if (name == "truncation") {
+            o.truncation = v.cast<Truncation>();
+        } else if (name == "padding") {
+            o.padding = v.cast<Padding>();
+        } else if (name == "pad_id") {
+            o.pad_id = v.cast<int64_t>();
+        } else if (name == "num_threads") {
+            o.num_threads = v.cast<int>();
+        } else {
+            const OptionField* f = nullptr;
+            for (const OptionField& x : kOptionFields)
+                if (name == x.name) f = &x;
+            if (!f) throw py::type_error("EncodeOptions() got an unexpected keyword argument '" + name + "'");
+            if (f->flag) {
+                if (!PyBool_Check(v.ptr())) throw py::type_error("EncodeOptions: " + name + " must be a bool");
+                o.*(f->flag) = v.ptr() == Py_True;
+            } else {
+                o.*(f->size) = v.cast<size_t>();
+            }
+        }
+    }
+    try {
+        o.validate();
+    } catch (const std::invalid_argument& e) {
+        throw py::value_error(e.what());
+    }
+    return o;
+}
+
+std::string options_repr(const EncodeOptions& o) {
+    std::string s = "EncodeOptions(truncation=" + std::to_string(static_cast<int>(o.truncation)) +
+                    ", padding=" + std::to_string(static_cast<int>(o.padding)) + ", pad_id=" + std::to_string(o.pad_id) +
+                    ", num_threads=" + std::to_string(o.num_threads);
+    for (const OptionField& f : kOptionFields)
+        s += std::string(", ") + f.name + "=" + (f.flag ? (o.*(f.flag) ? "True" : "False") : std::to_string(o.*(f.size)));
+    return s + ")";
+}
+
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "fastbert C++ core: WordPiece tokenizer";
+    py::enum_<Truncation>(m, "Truncation")
+        .value("none", Truncation::kNone)
+        .value("longest_first", Truncation::kLongestFirst)
+        .value("only_first", Truncation::kOnlyFirst)
+        .value("only_second", Truncation::kOnlySecond);
+    py::enum_<Padding>(m, "Padding")
+        .value("none", Padding::kNone)
+        .value("longest", Padding::kLongest)
+        .value("max_length", Padding::kMaxLength);
+    py::class_<EncodeOptions> options(m, "EncodeOptions",
+                                      "The options of one encode call, by name (read-only once made).");
+    options.def(py::init(&make_options))
+        .def_readonly("truncation", &EncodeOptions::truncation)
+        .def_readonly("padding", &EncodeOptions::padding)
+        .def_readonly("pad_id", &EncodeOptions::pad_id)
+        .def_readonly("num_threads", &EncodeOptions::num_threads)
+        .def("for_alignment", &EncodeOptions::for_alignment)
+        .def("__repr__", &options_repr);
+    for (const OptionField& f : kOptionFields) {
+        if (f.flag)
+            options.def_property_readonly(f.name, [p = f.flag](const EncodeOptions& o) { return o.*p; });
+        else
+            options.def_property_readonly(f.name, [p = f.size](const EncodeOptions& o) { return o.*p; });
+    }
     py::class_<PyTokenizer>(m, "Tokenizer")
         .def(py::init<py::object, bool, bool, bool, bool, const std::string&, const std::string&, size_t,
                       const std::vector<std::tuple<std::string, bool, bool, bool, bool>>&>(),

@@ -349,8 +349,10 @@ void Tokenizer::clear_cache() {
 }
 
 
-void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out) {
-    if (cfg.words && !cfg.offsets) throw std::invalid_argument("word tracking needs offsets");
+void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out) {
+    opts.validate();
+    const PostConfig cfg = opts.post(cls_id_, sep_id_);
+    const int num_threads = opts.num_threads;
     const size_t n = in.size();
     const bool pair = !in.b.empty();
     size_t chunks = 1;
@@ -385,56 +387,12 @@ void Tokenizer::encode_batch(const BatchInput& in, const PostConfig& cfg, int nu
         for (size_t i = begin; i < end; ++i) {
             s.a.clear();
             encode(in.segs.data() + in.a[i], in.a[i + 1] - in.a[i], cfg.offsets, s, s.a, limit);
-            if (pair) {
+            const bool has_pair = in.has_pair(i);
+            if (has_pair) {
                 s.b.clear();
                 encode(in.segs.data() + in.b[i], in.b[i + 1] - in.b[i], cfg.offsets, s, s.b);
             }
-            post_process(s.a, pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
-        }
-    });
-}
-
-namespace {
-
-// One padded row: pad before (left padding), the values, pad after; each element written once
-// (filling the row first and then overwriting it doubled the stores to an output of many MB).
-template <class V>
-inline void pad_row(int64_t* d, size_t width, size_t lo, size_t len, int64_t pad, V value) {
-    std::fill(d, d + lo, pad);
-    for (size_t t = 0; t < len; ++t) d[lo + t] = static_cast<int64_t>(value(t));
-    std::fill(d + lo + len, d + width, pad);
-}
-
-}  // namespace
-
-void Tokenizer::fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, const PadOut& out, int num_threads) {
-    std::vector<size_t> first_row(rows.size() + 1, 0);
-    for (size_t c = 0; c < rows.size(); ++c) first_row[c + 1] = first_row[c] + rows[c].rows();
-    const size_t W = pad.width;
-    parallel(rows.size(), num_threads, [&](size_t c) {
-        const Rows& rs = rows[c];
-        for (size_t r = 0; r < rs.rows(); ++r) {
-            const size_t row = first_row[c] + r;
-            const size_t len = rs.len(r), s0 = rs.start[r];
-            const size_t lo = pad.left ? W - len : 0;  // first real position
-            const size_t base = row * W;
-            if (out.ids) {
-                const int32_t* v = rs.ids.data() + s0;
-                pad_row(out.ids + base, W, lo, len, pad.pad_id, [v](size_t t) { return v[t]; });
-            }
-            if (out.type_ids) {
-                const uint8_t* v = rs.type_ids.data() + s0;
-                pad_row(out.type_ids + base, W, lo, len, 0, [v](size_t t) { return v[t]; });
-            }
-            if (out.attention) pad_row(out.attention + base, W, lo, len, 0, [](size_t) { return 1; });
-            if (out.special) {
-                const uint8_t* v = rs.special.data() + s0;
-                pad_row(out.special + base, W, lo, len, 1, [v](size_t t) { return v[t]; });
-            }
-            if (out.offsets) {
-                const uint32_t* v = rs.offsets.data() + 2 * s0;
-                pad_row(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
-            }
+            post_process(s.a, has_pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
         }
     });
 }

@@ -1,5 +1,5 @@
 // The whole BERT tokenizer: added tokens -> normalizer + pre-tokenizer -> WordPiece ->
-// post-processor, for one text or a batch (on a thread pool), plus padding into flat buffers.
+// post-processor, for one text or a batch (on a thread pool). Output layout: output_layout.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +10,7 @@
 
 #include "added_tokens.h"
 #include "chunk_cache.h"
+#include "encode_options.h"
 #include "normalizer.h"
 #include "post_processor.h"
 #include "pre_tokenizer.h"
@@ -33,23 +34,10 @@ struct BatchInput {
     std::vector<std::string_view> segs;
     std::vector<uint32_t> a{0};
     std::vector<uint32_t> b;
-    bool split_words = false;  // segments are the user's words (is_split_into_words)
+    std::vector<uint8_t> single;  // with b: 1 for an item without a pair (a batch mixing texts and pairs)
+    bool split_words = false;     // segments are the user's words (is_split_into_words)
     size_t size() const { return a.size() - 1; }
-};
-
-struct PadSpec {
-    size_t width = 0;
-    bool left = false;
-    int32_t pad_id = 0;
-};
-
-// Output buffers (row-major, rows x width; offsets rows x width x 2); any may be null.
-struct PadOut {
-    int64_t* ids = nullptr;
-    int64_t* type_ids = nullptr;
-    int64_t* attention = nullptr;
-    int64_t* special = nullptr;
-    int64_t* offsets = nullptr;
+    bool has_pair(size_t i) const { return !b.empty() && (single.empty() || !single[i]); }
 };
 
 class Tokenizer {
@@ -91,11 +79,17 @@ class Tokenizer {
     void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
                 size_t limit = SIZE_MAX) const;
 
-    // Encodes and post-processes a batch; one Rows per chunk, in input order.
-    // num_threads <= 1 runs on the calling thread.
-    void encode_batch(const BatchInput& in, const PostConfig& cfg, int num_threads, std::vector<Rows>& out);
-    // Writes all rows, padded (or, when a row is longer, not at all: check first) into out.
-    void fill_padded(const std::vector<Rows>& rows, const PadSpec& pad, const PadOut& out, int num_threads);
+    // Encodes and post-processes a batch; one Rows per chunk, in input order. The layout options
+    // (padding, packed, numpy) play no part here: output_layout.h reads them.
+    // opts.num_threads <= 1 runs on the calling thread.
+    void encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out);
+    // The ids of the template's [CLS] and [SEP] (0 until set).
+    void set_specials(int32_t cls_id, int32_t sep_id) {
+        cls_id_ = cls_id;
+        sep_id_ = sep_id;
+    }
+    // Runs fn(0..n-1) on the pool (num_threads <= 1, or the pool busy: on the calling thread).
+    void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);
 
     // Forgets every cached word (the caches of running batches are left alone).
     void clear_cache();
@@ -106,9 +100,8 @@ class Tokenizer {
     std::string normalize(std::string_view text) const;
 
  private:
-    void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);
-
     Vocab vocab_;
+    int32_t cls_id_ = 0, sep_id_ = 0;
     // Appends the tokens of text[0..len) (no added tokens in it), characters from char_base.
     bool encode_piece(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s, Encoded& out,
                       size_t limit) const;

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BertTokenizer": "fastbert.tokenizer",
     "BatchEncoding": "fastbert.tokenizer",
-    "AutoTokenizer": "fastbert.tokenizer_auto",
+    "AutoTokenizer": "fastbert.tokenizer",
     "AutoModel": "fastbert.auto",
     "AutoModelForMaskedLM": "fastbert.auto",
     "AutoModelForSequenceClassification": "fastbert.auto",

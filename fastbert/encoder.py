@@ -168,7 +168,7 @@ class Encoder:
         """quantize="int8": dynamic int8 Linear layers (fastbert.quantize), CPU float32 only.
         prompts: merged over the checkpoint's (these win); default_prompt_name replaces the
         checkpoint's."""
-        from fastbert.tokenizer_auto import AutoTokenizer, _local_dir
+        from fastbert.tokenizer.auto import AutoTokenizer, local_dir as _local_dir
         from fastbert.auto import AutoModel
 
         path = _local_dir(path)

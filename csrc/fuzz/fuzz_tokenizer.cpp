@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "output_layout.h"
 #include "tokenizer.h"
 
 using namespace fastbert;
@@ -174,20 +175,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
     }
 
-    PostConfig cfg;
+    EncodeOptions cfg;
+    cfg.split_words = split;
     cfg.add_special_tokens = !(mode & 16);
-    cfg.cls_id = tok.token_id("[CLS]");
-    cfg.sep_id = tok.token_id("[SEP]");
     cfg.truncation = static_cast<Truncation>(mode & 3);
     cfg.max_length = max_len_b % 64;
     cfg.stride = stride_b % 16;
     cfg.truncate_left = mode & 4;
     cfg.offsets = offsets;
     cfg.overflow = overflow;
+    cfg.num_threads = threads ? 2 : 1;
+    tok.set_specials(tok.token_id("[CLS]"), tok.token_id("[SEP]"));
+    const ParallelFor run = [&](size_t n, const std::function<void(size_t)>& fn) {
+        tok.parallel(n, cfg.num_threads, fn);
+    };
 
     std::vector<Rows> rows;
     try {
-        tok.encode_batch(in, cfg, threads ? 2 : 1, rows);
+        tok.encode_batch(in, cfg, rows);
     } catch (const TruncationError&) {
         return 0;  // HF raises here too (bad stride, only_second without a pair)
     }
@@ -228,10 +233,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // now), and with offsets (never cached), must give the same ids.
     if (!offsets) {
         for (bool with_offsets : {false, true}) {
-            PostConfig again = cfg;
+            EncodeOptions again = cfg;
             again.offsets = with_offsets;
             std::vector<Rows> rows2;
-            tok.encode_batch(in, again, threads ? 2 : 1, rows2);
+            tok.encode_batch(in, again, rows2);
             std::vector<int32_t> a, b;
             for (const Rows& rs : rows) a.insert(a.end(), rs.ids.begin(), rs.ids.end());
             for (const Rows& rs : rows2) b.insert(b.end(), rs.ids.begin(), rs.ids.end());
@@ -240,18 +245,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
 
     // Padding into flat buffers must reproduce the rows.
-    const size_t W = widest + (mode >> 5);
+    EncodeOptions padded = cfg;
+    padded.padding = Padding::kMaxLength;
+    padded.max_length = widest + (mode >> 5);
+    padded.pad_left = mode & 0x80;
+    const Layout layout = plan_layout(rows, padded);
+    CHECK(layout.rect && layout.rows == nrows && layout.widest == widest);
+    const size_t W = layout.width;
     std::vector<int64_t> ids(nrows * W), tt(nrows * W), att(nrows * W), sp(nrows * W), off(2 * nrows * W);
-    PadSpec pad;
-    pad.width = W;
-    pad.left = mode & 0x80;
-    pad.pad_id = 0;
     PadOut out{ids.data(), tt.data(), att.data(), sp.data(), offsets ? off.data() : nullptr};
-    tok.fill_padded(rows, pad, out, threads ? 2 : 1);
+    fill_padded(rows, layout, padded, out, run);
+    // Packing must reproduce them back to back.
+    std::vector<int64_t> pids(layout.tokens), ppos(layout.tokens);
+    std::vector<int32_t> cu(nrows + 1);
+    PackedOut packed;
+    packed.ids = pids.data();
+    packed.position_ids = ppos.data();
+    packed.cu_seqlens = cu.data();
+    fill_packed(rows, packed, run);
+    CHECK(cu[0] == 0 && static_cast<size_t>(cu[nrows]) == layout.tokens);
     size_t row = 0;
     for (const Rows& rs : rows)
         for (size_t r = 0; r < rs.rows(); ++r, ++row) {
-            const size_t len = rs.len(r), lo = pad.left ? W - len : 0;
+            const size_t len = rs.len(r), lo = padded.pad_left ? W - len : 0;
+            CHECK(static_cast<size_t>(cu[row + 1] - cu[row]) == len);
+            for (size_t t = 0; t < len; ++t)
+                CHECK(pids[cu[row] + t] == rs.ids[rs.start[r] + t] && ppos[cu[row] + t] == static_cast<int64_t>(t));
             size_t real = 0;
             for (size_t k = 0; k < W; ++k) real += att[row * W + k];
             CHECK(real == len);

@@ -48,7 +48,9 @@ def is_plain(module: nn.Module, cls: type) -> bool:
 
 def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
     params = (q.weight, k.weight, v.weight, q.bias, k.bias, v.bias)
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+    # with autograd the cat must stay in the graph; under torch.compile the compiler hoists it (and a
+    # data_ptr comparison cannot be traced)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
         return torch.cat(params[:3]), torch.cat(params[3:])
     key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
     if cache.get("key") != key:

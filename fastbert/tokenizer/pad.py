@@ -7,6 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fastbert.tokenizer.encoding import BatchEncoding, as_tensor
+from fastbert.tokenizer.options import enum_value, resolve_strategies
+
 # the keys padded, and their padding value (None: the tokenizer's pad/pad-type id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": None, "attention_mask": 0, "special_tokens_mask": 1}
 
@@ -66,9 +69,8 @@ def _pad_one(tok, example: dict, max_length, strategy, multiple, side, want_mask
 
 
 def _tensor(key, value, kind):
-    from fastbert.tokenizer import _as_tensor
     if kind is None or key in _PAD_VALUES:
-        return _as_tensor(key, value, kind)
+        return as_tensor(key, value, kind)
     if kind == "np":
         return np.asarray(value)
     import torch
@@ -77,8 +79,8 @@ def _tensor(key, value, kind):
 
 def pad(tok, encoded_inputs, padding=True, max_length=None, pad_to_multiple_of=None, padding_side=None,
         return_attention_mask=None, return_tensors=None, verbose: bool = True):
-    from fastbert.tokenizer import BatchEncoding, _enum_value
-
+    """tokenizer.pad(...) for `tok` (what it reads of it: model_input_names, pad_token(_id),
+    pad_token_type_id, padding_side, model_max_length)."""
     inputs = _as_dict_of_lists(encoded_inputs)
     main = tok.model_input_names[0]
     if main not in inputs:
@@ -105,11 +107,13 @@ def pad(tok, encoded_inputs, padding=True, max_length=None, pad_to_multiple_of=N
             raise ValueError(f"type of {first} unknown: {type(first)}. Should be one of a python, numpy, or "
                              "pytorch object.")
         inputs = {k: _py(v) for k, v in inputs.items()}
-    kind = _enum_value(return_tensors)
+    kind = enum_value(return_tensors)
     if kind not in (None, "np", "pt"):
         raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {kind!r}")
 
-    strategy, _, max_length = tok._strategies(padding, None, max_length, pad_to_multiple_of)
+    strategy, _, max_length = resolve_strategies(padding, None, max_length, pad_to_multiple_of,
+                                             tok.model_max_length,
+                                             tok.pad_token is not None and tok.pad_token_id is not None)
     side = padding_side if padding_side is not None else tok.padding_side
     if side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")

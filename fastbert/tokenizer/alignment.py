@@ -119,35 +119,62 @@ def _check_index(name: str, value) -> None:
         raise OverflowError(f"{name} must be >= 0, got {value}")
 
 
-class AlignmentSource:
-    """What a BatchEncoding needs to encode its batch again with alignment data."""
+class Aligner:
+    """What alignment needs of a tokenizer, and nothing more: its C++ core (to encode a batch again
+    with word data; token strings; the normalizer), its added tokens, and its special tokens (the
+    tokenizer's own dict, so a pad token set later is seen). The tokenizer owns one; a BatchEncoding
+    holds (aligner, texts, pairs, options, flatten_overflow) until its alignment is asked for."""
 
-    __slots__ = ("tokenizer", "texts", "pairs", "options", "split_words", "flatten_overflow")
+    __slots__ = ("core", "added", "specials", "_added_by_id")
 
-    def __init__(self, tokenizer, texts, pairs, options, flatten_overflow):
-        self.tokenizer = tokenizer
-        self.texts = texts
-        self.pairs = pairs
-        self.options = options  # the encode_batch options of the call
-        self.split_words = bool(options[0])
-        self.flatten_overflow = bool(flatten_overflow)
+    def __init__(self, core, added: list[dict], specials: dict):
+        self.core = core
+        self.added = added
+        self.specials = specials
+        self._added_by_id = None
 
-    def encodings(self) -> list[Encoding]:
-        tok = self.tokenizer
-        opts = list(self.options)
-        # types, attention, special mask, offsets on; length off; overflow rows kept; lists; words
-        opts[11:19] = [True, True, True, True, False, True, False, True]
-        out, _ = tok._core.encode_batch(self.texts, self.pairs, tuple(opts))
-        pad_left = bool(opts[8])
-        n_seq = 1 if self.pairs is None else 2
+    def added_by_id(self) -> dict[int, dict]:
+        # added tokens are fixed when the tokenizer is made
+        if self._added_by_id is None:
+            self._added_by_id = {self.core.token_to_id(a["content"]): a for a in self.added}
+        return self._added_by_id
+
+    def added_token_string(self, a: dict, i: int, piece: str) -> str:
+        """HF's token string for added token `a` (id i): the text it matched, stripped spaces
+        included (a token's own leading or trailing space is part of its content: compare both
+        stripped). piece: the original text under the token's offsets."""
+        core = self.core
+        if not a.get("normalized", not a.get("special", False)):
+            return piece if piece.strip() == a["content"].strip() else core.id_to_token(i)
+        # a normalized token was matched in the normalized text, and its string is cut from there
+        text, content = core.normalize(piece), core.normalize(a["content"]).strip()
+        if text.strip() == content:
+            return text
+        # Next to a CJK character the offsets also cover that character: the normalizer put spaces
+        # around it, and lstrip / rstrip took the one on the token's side. Cut the content and the
+        # spaces that those flags take back out of the normalized text.
+        at = text.find(content) if content else -1
+        if at < 0:  # an [UNK] made by WordPiece (not found in the text) is just the token
+            return core.id_to_token(i)
+        start, end = at, at + len(content)
+        while a.get("lstrip", False) and start > 0 and text[start - 1].isspace():
+            start -= 1
+        while a.get("rstrip", False) and end < len(text) and text[end].isspace():
+            end += 1
+        return text[start:end]
+
+    def encodings(self, texts, pairs, options, flatten_overflow) -> list[Encoding]:
+        """The Encoding of every row of a batch encoded with `options` (an EncodeOptions)."""
+        out, _ = self.core.encode_batch(texts, pairs, options.for_alignment())
         main: list[Encoding] = []
         flat: list[Encoding] = []
         by_a: dict[int, Encoding] = {}        # this item's rows (A_i, B_0)
         by_b: dict[int, list[Encoding]] = {}  # this item's rows (A_i, B_j), i >= 1, by j
         items = out["overflow_to_sample_mapping"]
-        tables = tok._token_tables()
+        vocab = self.core.tokens()
         for k, item in enumerate(items):
-            enc = self._row(out, k, item, pad_left, n_seq, opts[1], tables)
+            pair = pairs[item] if pairs is not None else None  # None also for a text in a batch of pairs
+            enc = self._row(out, k, texts[item], pair, options, 1 if pair is None else 2, vocab)
             if k == 0 or items[k - 1] != item:
                 main.append(enc)
                 by_a, by_b = {}, {}
@@ -164,10 +191,9 @@ class AlignmentSource:
                 by_b.setdefault(j, []).append(enc)
             else:
                 enc.overflowing.extend(by_b.get(j, ()))
-        return flat if self.flatten_overflow else main
+        return flat if flatten_overflow else main
 
-    def _row(self, out, k, item, pad_left, n_seq, specials, tables) -> Encoding:
-        tok = self.tokenizer
+    def _row(self, out, k, text, pair, options, n_seq, vocab) -> Encoding:
         ids = out["input_ids"][k]
         types = out["token_type_ids"][k]
         special = out["special_tokens_mask"][k]
@@ -176,17 +202,27 @@ class AlignmentSource:
         words = out["word_ids"][k]
         seq = [None if s else t for s, t in zip(special, types)]
         counts = [seq.count(0), seq.count(1)]
-        lo = len(ids) - sum(attn) if pad_left else 0
+        lo = len(ids) - sum(attn) if options.pad_left else 0
         # BERT's template: [CLS] A [SEP] (B [SEP]); without specials A B
-        start_a = lo + (1 if specials else 0)
+        start_a = lo + (1 if options.add_special_tokens else 0)
         ranges = {0: range(start_a, start_a + counts[0])}
         if n_seq == 2:
-            start_b = start_a + counts[0] + (1 if specials else 0)
+            start_b = start_a + counts[0] + (1 if options.add_special_tokens else 0)
             ranges[1] = range(start_b, start_b + counts[1])
-        tokens = tok._alignment_tokens(ids, offsets, seq, words, attn, self._text(item, 0),
-                                       self._text(item, 1) if n_seq == 2 else None, self.split_words, tables)
+        tokens = self._tokens(ids, offsets, seq, words, attn, text, pair, options.split_words, vocab)
         return Encoding(ids, types, tokens, offsets, attn, special, words, seq, ranges)  # offsets: tuples
 
-    def _text(self, item, sequence):
-        texts = self.texts if sequence == 0 else self.pairs
-        return texts[item]
+    def _tokens(self, ids, offsets, seq, words, attention, text, pair, split_words, vocab) -> list[str]:
+        # Encoding.tokens: vocabulary strings, the pad token on padding, and for an added token
+        # found in the text the text it matched (as tokenize() gives it)
+        added = self.added_by_id()
+        pad = self.specials.get("pad_token")
+        out = [vocab[i] if m else pad for i, m in zip(ids, attention)]
+        for k in [k for k, i in enumerate(ids) if i in added]:
+            if seq[k] is None:  # [CLS] / [SEP] of the template
+                continue
+            source = text if seq[k] == 0 else pair
+            if split_words:
+                source = source[words[k]]
+            out[k] = self.added_token_string(added[ids[k]], ids[k], source[offsets[k][0]:offsets[k][1]])
+        return out

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from fastbert.tokenizer.bert import BertTokenizer
+
 
 def tokenizer_kind(directory) -> str:
     """"wordpiece" when fastbert.BertTokenizer can serve `directory`, "hf" otherwise."""
@@ -28,7 +30,7 @@ def tokenizer_kind(directory) -> str:
     return "hf"
 
 
-def _local_dir(path) -> Path:
+def local_dir(path) -> Path:
     """The local directory for a checkpoint path or hub id: the HF cache first (works offline),
     then a download unless HF_HUB_OFFLINE is set. Errors are OSErrors naming the path."""
     text = os.path.expanduser(str(path))
@@ -63,9 +65,8 @@ class AutoTokenizer:
 
     @classmethod
     def from_pretrained(cls, path, **kwargs):
-        directory = _local_dir(path)
+        directory = local_dir(path)
         if tokenizer_kind(directory) == "wordpiece":
-            from fastbert.tokenizer import BertTokenizer
             return BertTokenizer.from_pretrained(str(directory), **kwargs)
         import transformers
         return transformers.AutoTokenizer.from_pretrained(str(directory), use_fast=True, **kwargs)

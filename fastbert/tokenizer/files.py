@@ -1,0 +1,162 @@
+"""Tokenizer files: reading a checkpoint's vocab.txt / tokenizer.json, tokenizer_config.json and
+special_tokens_map.json into BertTokenizer arguments, and writing them back (loadable by fastbert
+and by transformers). Every malformed value is an error naming its file."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+SPECIAL_ATTRS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def read_json(path):
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot parse {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def vocab_list(vocab: dict, where: str) -> list[str]:
+    # tokenizer.json ids may have gaps, which HF keeps (a gap id decodes to nothing). A gap slot
+    # holds the token of the highest id: a repeated token maps to its last position, so the slot
+    # has no token of its own, as a line repeated in vocab.txt. Shared ids are ambiguous: refused.
+    by_id: dict[int, str] = {}
+    for t, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"{where}: the id of token {t!r} must be an int, got {type(i).__name__} {i!r}")
+        if i < 0:
+            raise ValueError(f"{where}: token {t!r} has a negative id {i}")
+        if i in by_id:
+            raise ValueError(f"{where}: tokens {by_id[i]!r} and {t!r} have the same id {i}")
+        by_id[i] = t
+    if not by_id:
+        return []
+    top = max(by_id)
+    if top >= 2 * len(by_id) + 1024:
+        raise ValueError(f"{where}: token {by_id[top]!r} has id {top}, far beyond the {len(by_id)} tokens")
+    tokens = [by_id[top]] * (top + 1)
+    for i, t in by_id.items():
+        tokens[i] = t
+    return tokens
+
+
+def added_entry(a, where: str, i=None) -> dict:
+    # an added token from tokenizer.json / added_tokens_decoder: a dict with a str content and an int id
+    i = a.get("id") if i is None and isinstance(a, dict) else i
+    try:
+        i = int(i)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: an added token needs an int id, got {a!r}") from None
+    if not isinstance(a, dict) or not isinstance(a.get("content"), str):
+        raise ValueError(f"{where}: added token {i} needs a str 'content', got {a!r}")
+    return dict(a, id=i)
+
+
+def config_value(key: str, value, where: str):
+    # tokenizer_config.json values, typed as transformers reads them: bool("no") would be True
+    if key in ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces", "strip_accents",
+               "clean_text"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+    elif key == "model_max_length":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: model_max_length must be an int, got {value!r}")
+    return value
+
+
+
+def read_pretrained(path) -> dict[str, Any]:
+    """BertTokenizer's keyword arguments from a local directory (or a vocab.txt / tokenizer.json file)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        directory, file = path, None
+    elif os.path.isfile(path):
+        directory, file = os.path.dirname(path) or ".", path
+    else:
+        raise OSError(f"tokenizer path not found: {path} (expected a directory with vocab.txt or "
+                      "tokenizer.json, or one of those files)")
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    config = read_json(config_path) or {}
+    special_map = read_json(os.path.join(directory, "special_tokens_map.json")) or {}
+    kwargs: dict[str, Any] = {}
+    for k in ("do_lower_case", "tokenize_chinese_chars", "strip_accents", "model_max_length",
+              "padding_side", "truncation_side", "clean_up_tokenization_spaces", "clean_text"):
+        if k in config and config[k] is not None:
+            kwargs[k] = config_value(k, config[k], config_path)
+    if "strip_accents" in config:
+        kwargs["strip_accents"] = config["strip_accents"]
+    for k in SPECIAL_ATTRS:
+        v = special_map.get(k, config.get(k))
+        if v is not None:
+            kwargs[k] = v
+    extra = special_map.get("additional_special_tokens", config.get("additional_special_tokens"))
+    if not extra:  # transformers >= 5 saves them as extra_special_tokens (a list, or named tokens)
+        extra = special_map.get("extra_special_tokens", config.get("extra_special_tokens"))
+        if isinstance(extra, dict):
+            extra = list(extra.values())
+    if extra:
+        kwargs["additional_special_tokens"] = extra
+    added: dict[int, dict] = {}
+    tok_json_path = file if file and file.endswith(".json") else os.path.join(directory, "tokenizer.json")
+    vocab_path = file if file and not file.endswith(".json") else os.path.join(directory, "vocab.txt")
+    tj = read_json(tok_json_path) if (file is None or file == tok_json_path) else None
+    if tj is not None:
+        model = tj.get("model") or {}
+        if not isinstance(model, dict) or model.get("type", "WordPiece") != "WordPiece" or "vocab" not in model:
+            kind = model.get("type") if isinstance(model, dict) else type(model).__name__
+            raise ValueError(f"{tok_json_path}: not a WordPiece tokenizer (model type {kind!r})")
+        vocab = model["vocab"]
+        kwargs["vocab"] = vocab if isinstance(vocab, dict) else [v[0] if isinstance(v, list) else v for v in vocab]
+        kwargs["_source_path"] = tok_json_path
+        for a in tj.get("added_tokens") or []:
+            a = added_entry(a, tok_json_path)
+            added[a["id"]] = a
+    elif os.path.isfile(vocab_path):
+        kwargs["vocab_file"] = vocab_path
+    else:
+        raise OSError(f"no vocab.txt or tokenizer.json in {directory}")
+    for id_str, a in (config.get("added_tokens_decoder") or {}).items():
+        a = added_entry(a, config_path, id_str)
+        added[a["id"]] = a
+    kwargs["added_tokens"] = [dict(a, id=i) for i, a in sorted(added.items())]
+    kwargs["name_or_path"] = path
+    return kwargs
+
+
+def write_pretrained(save_directory, tokens: list[str], added: list[dict], config: dict,
+                     specials: dict) -> tuple[str, str, str]:
+    """Writes vocab.txt (the base vocabulary `tokens`), tokenizer_config.json (`config`, the added
+    tokens with their ids and the special tokens) and special_tokens_map.json (`specials`)."""
+    save_directory = os.fspath(save_directory)
+    if os.path.isfile(save_directory):
+        raise OSError(f"save_pretrained needs a directory, {save_directory} is a file")
+    os.makedirs(save_directory, exist_ok=True)
+    vocab_path = os.path.join(save_directory, "vocab.txt")
+    with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
+        for t in tokens:
+            f.write(t + "\n")
+    decoder = {}
+    for a in added:
+        decoder[str(a["id"])] = {"content": a["content"], "lstrip": bool(a.get("lstrip", False)),
+                                 "normalized": bool(a.get("normalized", False)),
+                                 "rstrip": bool(a.get("rstrip", False)),
+                                 "single_word": bool(a.get("single_word", False)),
+                                 "special": bool(a.get("special", False))}
+    config = {"tokenizer_class": "BertTokenizer", **config,
+              "added_tokens_decoder": dict(sorted(decoder.items(), key=lambda kv: int(kv[0]))), **specials}
+    config_path = os.path.join(save_directory, "tokenizer_config.json")
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+    map_path = os.path.join(save_directory, "special_tokens_map.json")
+    with open(map_path, "w", encoding="utf-8") as f:
+        json.dump(specials, f, indent=2, ensure_ascii=False)
+    return vocab_path, config_path, map_path

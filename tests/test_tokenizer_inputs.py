@@ -1,0 +1,142 @@
+"""Every input form of transformers.BertTokenizerFast.__call__, and its keyword arguments beyond the
+named ones, against BertTokenizerFast itself (transformers 5: it ignores unknown keyword arguments
+without a word; fastbert ignores them with a warning, never silently)."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertTokenizerFast
+
+import fastbert
+from fastbert.benchmarks import corpus
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    return fastbert.BertTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    return BertTokenizerFast.from_pretrained(model_dir)
+
+
+LINES = corpus.english_lines()[:6] + ["UNwant\u00E9d,running", "野口里佳 Noguchi Rika", ""]
+WORDS = [line.split() for line in LINES]
+FIELDS = dict(return_offsets_mapping=True, return_special_tokens_mask=True, return_length=True)
+
+
+def _same(a, b):
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    for k in b:
+        x, y = a[k], b[k]
+        if isinstance(y, torch.Tensor):
+            assert isinstance(x, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), k
+        elif isinstance(y, np.ndarray):
+            assert np.array_equal(x, y), k
+        else:
+            assert x == y, k
+
+
+def _both(tok, hf, *args, **kwargs):
+    a, b = tok(*args, **kwargs), hf(*args, **kwargs)
+    _same(a, b)
+    return a, b
+
+
+@pytest.mark.parametrize("container", [list, tuple])
+def test_batch_of_pairs(tok, hf, container):
+    # transformers' zero-shot pipeline sends [[premise, hypothesis], ...]
+    items = [container((a, b)) for a, b in zip(LINES, reversed(LINES))]
+    a, b = _both(tok, hf, items, **FIELDS)
+    assert a.word_ids(1) == b.word_ids(1) and a.sequence_ids(2) == b.sequence_ids(2)
+    _both(tok, hf, items, padding=True, truncation=True, max_length=12, return_tensors="pt")
+    _both(tok, hf, tuple(items), padding="max_length", max_length=40, truncation=True, return_tensors="np")
+
+
+def test_text_and_text_pair_lists(tok, hf):
+    a, b = _both(tok, hf, LINES, list(reversed(LINES)), **FIELDS)
+    assert a.n_sequences == b.n_sequences == 2
+    _both(tok, hf, tuple(LINES), tuple(LINES), padding=True, return_tensors="pt")
+
+
+def test_single_pair(tok, hf):
+    a, b = _both(tok, hf, "My name is John", "pair", **FIELDS)
+    assert a.sequence_ids() == b.sequence_ids()
+    _both(tok, hf, "My name is John", "", **FIELDS)  # an empty pair is no pair, as in transformers
+
+
+def test_pre_split_words(tok, hf):
+    _both(tok, hf, WORDS[0], is_split_into_words=True, **FIELDS)                  # one sequence of words
+    a, b = _both(tok, hf, WORDS[0], WORDS[1], is_split_into_words=True, **FIELDS)  # one pair
+    assert a.word_ids() == b.word_ids()
+    a, b = _both(tok, hf, WORDS, is_split_into_words=True, **FIELDS)               # a batch
+    assert [a.word_ids(k) for k in range(len(WORDS))] == [b.word_ids(k) for k in range(len(WORDS))]
+    _both(tok, hf, WORDS, WORDS[::-1], is_split_into_words=True, **FIELDS)         # a batch of pairs
+    pairs = [(w, v) for w, v in zip(WORDS, WORDS[::-1])]
+    a, b = _both(tok, hf, pairs, is_split_into_words=True, **FIELDS)               # pairs as tuples
+    assert a.word_ids(3) == b.word_ids(3)
+    _both(tok, hf, [list(p) for p in pairs], is_split_into_words=True, padding=True, return_tensors="pt")
+    _both(tok, hf, [], is_split_into_words=True)  # no words: one empty sequence
+
+
+def test_bad_pairs_raise_like_transformers(tok, hf):
+    for items in ([["only one"]], [["a", "b", "c"]], ["a", ("b", "c", "d")]):
+        with pytest.raises(TypeError):
+            hf(items)
+        with pytest.raises(TypeError, match="pair"):
+            tok(items)
+    with pytest.raises(TypeError):
+        hf([("a", "b")], ["c"])
+    with pytest.raises(TypeError):
+        tok([("a", "b")], ["c"])
+
+
+def test_batch_mixing_texts_and_pairs(tok, hf):
+    items = [LINES[0], (LINES[1], LINES[2]), [LINES[3], LINES[4]], LINES[5]]
+    for batch in (items, items[1:] + items[:1]):  # a pair first, and a text first
+        a, b = _both(tok, hf, batch, **FIELDS)
+        for k in range(len(batch)):
+            assert a.sequence_ids(k) == b.sequence_ids(k) and a.word_ids(k) == b.word_ids(k)
+        _both(tok, hf, batch, padding=True, truncation=True, max_length=10, return_tensors="pt")
+    words = [WORDS[0], (WORDS[1], WORDS[2]), WORDS[3]]
+    _both(tok, hf, words, is_split_into_words=True, **FIELDS)
+
+
+@pytest.mark.parametrize("call", ["__call__", "encode"])
+def test_unknown_keyword_arguments_warn(tok, hf, call):
+    for kwargs in ({"foo": 1}, {"return_tensor": "pt"}, {"pad_to_max_length": True}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            expected = getattr(hf, call)(LINES[:2], **kwargs)  # transformers: accepted, no warning
+        with pytest.warns(UserWarning, match=next(iter(kwargs))):
+            got = getattr(tok, call)(LINES[:2], **kwargs)
+        assert (dict(got) if call == "__call__" else got) == (dict(expected) if call == "__call__" else expected)
+
+
+def test_transformers_extra_keywords(tok, hf):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _both(tok, hf, LINES[:3], split_special_tokens=False)
+        _both(tok, hf, LINES[:3], tokenizer_kwargs={"max_length": 5, "truncation": True})
+    with pytest.raises(ValueError, match="split_special_tokens"):
+        tok(LINES[:3], split_special_tokens=True)
+
+
+def test_batch_encode_plus_is_gone_as_in_transformers(tok, hf):
+    # transformers 5 removed encode_plus / batch_encode_plus: code calling them fails with both
+    for name in ("encode_plus", "batch_encode_plus"):
+        assert not hasattr(hf, name) and not hasattr(tok, name)
+
+
+def test_text_target(tok, hf):
+    _both(tok, hf, "a b", text_target="c d e")
+    _both(tok, hf, text_target=LINES[:3])
+    _both(tok, hf, LINES[:3], text_target=LINES[3:6], text_pair_target=LINES[:3], padding=True,
+          return_tensors="pt")
+    _both(tok, hf, LINES[:3], text_target=LINES[3:6], max_target_length=5, truncation=True)
+    with pytest.raises(ValueError, match="text_target"):
+        tok(LINES[:3], text_pair_target=LINES[:3])
+    with pytest.raises(ValueError, match="text_target"):
+        tok()
