@@ -20,6 +20,8 @@ _LAZY = {
     "AutoModelForMultipleChoice": "fastbert.auto",
     "Encoder": "fastbert.encoder",
     "optimize": "fastbert.optimize",
+    "quantize": "fastbert.quantize",
+    "QuantizedLinear": "fastbert.quantize",
     "ops": "fastbert.ops",
     "cuda_graphs": "fastbert.cuda_graphs",
 }

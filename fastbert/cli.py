@@ -13,6 +13,7 @@ from pathlib import Path
 
 DTYPES = ("float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls", "max")
+PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 
 
 def _int_list(text: str):
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     encode = sub.add_parser(
         "encode", help="embed a text file, one embedding per line, into a .npy file",
         description="Embed INPUT line by line (UTF-8; every line, empty ones included, as an empty "
-                    "string) and save a float32 array of shape (lines, hidden) to OUT.npy.")
+                    "string) and save an array of shape (lines, dims) to OUT.npy (float32, or --precision).")
     encode.add_argument("input", type=Path, metavar="INPUT.txt")
     encode.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.npy")
     encode.add_argument("--model", type=Path, default=None,
@@ -73,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--pooling", choices=POOLINGS, default=None,
                         help="default: the checkpoint's sentence-transformers pooling")
     encode.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    encode.add_argument("--truncate-dim", type=_positive_int, default=None, metavar="N",
+                        help="keep the first N dimensions (Matryoshka), as sentence-transformers' truncate_dim")
+    encode.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="embedding precision, as sentence-transformers' quantize_embeddings "
+                             "(int8/uint8 ranges come from the file's own embeddings)")
+    prompt = encode.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, help="text put before every line")
+    prompt.add_argument("--prompt-name", default=None,
+                        help="a prompt from the checkpoint's config_sentence_transformers.json")
 
     from fastbert.integrations import corpus  # no Ray, pyarrow or torch at import
 
@@ -188,13 +198,22 @@ def cmd_encode(parser, args) -> int:
     import fastbert
 
     encoder = fastbert.Encoder.from_pretrained(model_dir, device=args.device)
+    if args.prompt_name is not None and args.prompt_name not in encoder.prompts:
+        parser.error(f"--prompt-name {args.prompt_name}: not one of the checkpoint's prompts "
+                     f"{sorted(encoder.prompts)}")
+    dim = encoder.model.config.hidden_size * (1 if args.pooling else len(encoder.pooling))
+    if args.truncate_dim is not None and args.truncate_dim > dim:
+        parser.error(f"--truncate-dim {args.truncate_dim}: exceeds the embedding dimension {dim}")
+    if args.precision in ("int8", "uint8") and len(lines) < 2:
+        parser.error(f"--precision {args.precision}: needs at least 2 lines to compute the ranges")
     empty = sum(1 for line in lines if not line.strip())
     vectors = encoder.encode(lines, batch_size=args.batch_size, pooling=args.pooling,
-                             show_progress_bar=True, convert_to_numpy=True)
-    vectors = np.asarray(vectors, dtype=np.float32)
+                             show_progress_bar=True, convert_to_numpy=True, truncate_dim=args.truncate_dim,
+                             precision=args.precision, prompt=args.prompt, prompt_name=args.prompt_name)
+    vectors = np.asarray(vectors)
     np.save(output, vectors)
     note = f" ({empty} empty line(s) embedded as empty strings)" if empty else ""
-    print(f"wrote {output}: {vectors.shape[0]} lines x {vectors.shape[1]} dims, float32{note}",
+    print(f"wrote {output}: {vectors.shape[0]} lines x {vectors.shape[1]} dims, {vectors.dtype}{note}",
           file=sys.stderr)
     return 0
 

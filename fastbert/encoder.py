@@ -9,6 +9,13 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   padding, and the fastbert model does no work on what little padding there is;
 - the encoder is fastbert.AutoModel (fused QKV, fused bias+GELU and add+LayerNorm, varlen attention).
 Results come back in input order.
+
+`encode` takes sentence-transformers' options under their names (prompt / prompt_name, truncate_dim,
+precision, output_value, normalize_embeddings, convert_to_numpy / convert_to_tensor, batch_size,
+show_progress_bar) and applies them in its order: prompt prepended to the text -> pooling (prompt
+tokens left out when the Pooling config says include_prompt: false) -> the checkpoint's Normalize
+module -> truncate_dim -> normalize_embeddings -> precision (fastbert.embedding_quantization, the
+math of sentence_transformers.quantization.quantize_embeddings, in fastbert.quantize).
 """
 import json
 from pathlib import Path
@@ -62,7 +69,15 @@ def read_sentence_config(path) -> dict:
     as sentence-transformers does for such a model."""
     path = Path(path)
     out = {"model_dir": path, "pooling": ("mean",), "normalize": False, "max_seq_length": None,
-           "do_lower_case": False}
+           "do_lower_case": False, "include_prompt": True, "prompts": {}, "default_prompt_name": None}
+    st_file = path / "config_sentence_transformers.json"
+    if st_file.is_file():
+        cfg = _read_json(st_file)
+        prompts = cfg.get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+            raise ValueError(f"{st_file}: 'prompts' must map prompt names to strings, got {prompts!r}")
+        out["prompts"] = dict(prompts)
+        out["default_prompt_name"] = cfg.get("default_prompt_name")
     modules_file = path / "modules.json"
     if not modules_file.is_file():
         return out
@@ -80,7 +95,9 @@ def read_sentence_config(path) -> dict:
             pooling_file = where / "config.json"
             if not pooling_file.is_file():
                 raise OSError(f"{modules_file} names a Pooling module but {pooling_file} does not exist")
-            out["pooling"] = _pooling_modes(_read_json(pooling_file), pooling_file)
+            pooling_config = _read_json(pooling_file)
+            out["pooling"] = _pooling_modes(pooling_config, pooling_file)
+            out["include_prompt"] = bool(pooling_config.get("include_prompt", True))
         elif kind == "Normalize":
             out["normalize"] = True
         else:
@@ -92,14 +109,16 @@ def read_sentence_config(path) -> dict:
 def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
     """(batch, seq, hidden) states and (batch, seq) mask -> (batch, hidden * len(modes)), in fp32.
 
-    Several modes are concatenated in the given order, as sentence-transformers does."""
+    Several modes are concatenated in the given order, as sentence-transformers does. "cls" is the
+    first position the mask keeps (the [CLS] token, or the first one after an excluded prompt)."""
     hidden = hidden.float()
     m = mask.unsqueeze(-1).to(hidden.dtype)                          # (batch, seq, 1)
     counts = m.sum(dim=1).clamp(min=1e-9)                             # (batch, 1)
     parts = []
     for mode in modes:
         if mode == "cls":
-            parts.append(hidden[:, 0])
+            first = mask.to(torch.int32).argmax(dim=1)                   # (batch,)
+            parts.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), first])
         elif mode == "max":
             parts.append(hidden.masked_fill(m == 0, float("-inf")).max(dim=1).values)
         elif mode == "mean":
@@ -111,20 +130,44 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torc
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
+OUTPUT_VALUES = ("sentence_embedding", "token_embeddings", None)
+# sentence-transformers' built-in prompt names: present (empty) even when the checkpoint sets none
+_DEFAULT_PROMPTS = {"query": "", "document": ""}
+
+
 class Encoder:
-    """Sentence embeddings: `Encoder.from_pretrained(path).encode(texts)`."""
+    """Sentence embeddings: `Encoder.from_pretrained(path).encode(texts)`.
+
+    prompts / default_prompt_name / truncate_dim as in sentence-transformers' SentenceTransformer
+    (prompts from the checkpoint's config_sentence_transformers.json, overridable here);
+    include_prompt: whether pooling sees the prompt's tokens (the Pooling config's key)."""
 
     def __init__(self, model, tokenizer, pooling=("mean",), normalize: bool = False,
-                 max_seq_length: int = 512, do_lower_case: bool = False):
+                 max_seq_length: int = 512, do_lower_case: bool = False, prompts: Optional[dict] = None,
+                 default_prompt_name: Optional[str] = None, truncate_dim: Optional[int] = None,
+                 include_prompt: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)
         self.normalize = normalize
         self.max_seq_length = max_seq_length
         self.do_lower_case = do_lower_case
+        self.prompts = {**_DEFAULT_PROMPTS, **(prompts or {})}
+        if default_prompt_name is not None and default_prompt_name not in self.prompts:
+            raise ValueError(f"default_prompt_name {default_prompt_name!r} is not one of the prompts "
+                             f"{sorted(self.prompts)}")
+        self.default_prompt_name = default_prompt_name
+        self.truncate_dim = self._check_truncate_dim(truncate_dim)
+        self.include_prompt = include_prompt
+        self._prompt_lengths = {}
 
     @classmethod
-    def from_pretrained(cls, path, device=None, dtype=None) -> "Encoder":
+    def from_pretrained(cls, path, device=None, dtype=None, quantize: Optional[str] = None,
+                        truncate_dim: Optional[int] = None, prompts: Optional[dict] = None,
+                        default_prompt_name: Optional[str] = None) -> "Encoder":
+        """quantize="int8": dynamic int8 Linear layers (fastbert.quantize), CPU float32 only.
+        prompts: merged over the checkpoint's (these win); default_prompt_name replaces the
+        checkpoint's."""
         from fastbert.tokenizer.auto import AutoTokenizer, local_dir as _local_dir
         from fastbert.auto import AutoModel
 
@@ -134,11 +177,24 @@ class Encoder:
         if not (model_dir / "config.json").is_file():
             raise OSError(f"{model_dir} has no config.json: not a model checkpoint directory")
         if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+            device = "cuda" if torch.cuda.is_available() and quantize is None else "cpu"
+        if quantize is not None:
+            from fastbert.quantize import DTYPES
+            if quantize not in DTYPES:
+                raise ValueError(f"quantize must be one of {DTYPES} or None, got {quantize!r}")
+            if torch.device(device).type != "cpu" or dtype not in (None, torch.float32):
+                raise ValueError(f"quantize={quantize!r} runs on CPU in float32; got device={device!r}, "
+                                 f"dtype={dtype}")
         model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, device=device)
+        if quantize is not None:
+            from fastbert.quantize import quantize as quantize_model
+            quantize_model(model, quantize)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         max_len = st["max_seq_length"] or cls._default_max_length(model.config, tokenizer)
-        return cls(model, tokenizer, st["pooling"], st["normalize"], int(max_len), st["do_lower_case"])
+        return cls(model, tokenizer, st["pooling"], st["normalize"], int(max_len), st["do_lower_case"],
+                   prompts={**st["prompts"], **(prompts or {})},
+                   default_prompt_name=default_prompt_name or st["default_prompt_name"],
+                   truncate_dim=truncate_dim, include_prompt=st["include_prompt"])
 
     @staticmethod
     def _default_max_length(config, tokenizer) -> int:
@@ -151,13 +207,47 @@ class Encoder:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        for tensor in self.model.parameters():
+            return tensor.device
+        return next(self.model.buffers()).device
+
+    def _check_truncate_dim(self, truncate_dim):
+        if truncate_dim is None:
+            return None
+        if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1:
+            raise ValueError(f"truncate_dim must be a positive int or None, got {truncate_dim!r}")
+        return truncate_dim
+
+    def _resolve_prompt(self, prompt: Optional[str], prompt_name: Optional[str]) -> Optional[str]:
+        """sentence-transformers' rule: prompt wins over prompt_name, then default_prompt_name."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+            if prompt_name is not None:
+                raise ValueError("give prompt or prompt_name, not both")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ValueError(f"prompt_name {prompt_name!r} is not one of the prompts {sorted(self.prompts)}")
+            return self.prompts[prompt_name]
+        if self.default_prompt_name is not None:
+            return self.prompts[self.default_prompt_name]
+        return None
 
     def _tokenize(self, texts: list) -> list:
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
         enc = self.tokenizer(texts, padding=False, truncation=True, max_length=self.max_seq_length)
         return list(enc["input_ids"])
+
+    def _prompt_length(self, prompt: str) -> int:
+        """The prompt's token count as sentence-transformers counts it: the prompt tokenized alone,
+        less a trailing special token ([SEP])."""
+        if prompt not in self._prompt_lengths:
+            ids = self._tokenize([prompt])[0]
+            special = set(getattr(self.tokenizer, "all_special_ids", ()) or ())
+            self._prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
+        return self._prompt_lengths[prompt]
 
     def _batch_tensors(self, rows: list):
         """Pads token id rows to the longest one: (input_ids, attention_mask) on the model's device."""
@@ -170,47 +260,94 @@ class Encoder:
         device = self.device
         return ids.to(device), mask.to(device=device, dtype=torch.long)
 
-    def encode(self, texts: Union[str, Sequence[str]], batch_size: int = 32,
-               pooling: Optional[str] = None, normalize_embeddings: Optional[bool] = None,
-               show_progress_bar: bool = False, convert_to_tensor: bool = False,
-               convert_to_numpy: bool = True):
-        """Embeds `texts`; a str gives one vector, a list gives (len(texts), dim) in input order.
+    def encode(self, sentences: Union[str, Sequence[str]] = None, prompt_name: Optional[str] = None,
+               prompt: Optional[str] = None, batch_size: int = 32, show_progress_bar: bool = False,
+               output_value: Optional[str] = "sentence_embedding", precision: str = "float32",
+               convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               normalize_embeddings: Optional[bool] = None, truncate_dim: Optional[int] = None,
+               pooling: Optional[str] = None, texts=None, **kwargs):
+        """Embeds `sentences`; a str gives one vector, a list gives (len, dim) in input order.
 
-        pooling ("mean" | "cls" | "max") and normalize_embeddings default to the checkpoint's
-        sentence-transformers config. convert_to_tensor returns a torch tensor (on the model's
-        device), else convert_to_numpy a float32 array, else a list of 1-D tensors."""
-        single = isinstance(texts, str)
-        texts = [texts] if single else texts
-        if not isinstance(texts, (list, tuple)):
-            raise TypeError(f"texts must be a str or a list of str, got {type(texts).__name__}")
-        for i, t in enumerate(texts):
+        The options are sentence-transformers' (SentenceTransformer.encode), with these fastbert
+        additions: pooling ("mean" | "cls" | "max" | "mean_sqrt_len_tokens") overrides the
+        checkpoint's; normalize_embeddings=None (the default) keeps the checkpoint's pipeline
+        (its Normalize module, before truncate_dim, as in sentence-transformers), True also
+        normalizes after truncate_dim (as sentence-transformers' True), False skips every
+        normalization. precision != "float32" quantizes the whole result with ranges from the
+        result itself (fastbert.quantize.quantize_embeddings). output_value "token_embeddings"
+        gives one (tokens, hidden) tensor per text; None gives one dict per text (input_ids,
+        attention_mask, token_embeddings, sentence_embedding, and prompt_length with a prompt),
+        each value unpadded: the text's own tokens only. convert_to_tensor returns a tensor
+        (float32 on the model's device; quantized ones on the CPU), else convert_to_numpy an
+        array, else a list of 1-D tensors."""
+        from fastbert.quantize import PRECISIONS, quantize_embeddings
+
+        if kwargs:
+            raise TypeError(f"Encoder.encode() got unexpected keyword argument(s): {sorted(kwargs)}")
+        if texts is not None:                      # the name this method had before
+            if sentences is not None:
+                raise TypeError("Encoder.encode() got both sentences and texts")
+            sentences = texts
+        single = isinstance(sentences, str)
+        items = [sentences] if single else sentences
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"texts must be a str or a list of str, got {type(items).__name__}")
+        for i, t in enumerate(items):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] is a {type(t).__name__}, expected str")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         modes = self.pooling if pooling is None else (pooling,)
         for mode in modes:
             if mode not in POOLINGS:
                 raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
-        normalize = self.normalize if normalize_embeddings is None else bool(normalize_embeddings)
-
-        embeddings = self._embed(list(texts), batch_size, modes, normalize, show_progress_bar)
+        if output_value not in OUTPUT_VALUES:
+            raise ValueError(f"output_value must be one of {OUTPUT_VALUES}, got {output_value!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision != "float32" and output_value is None:
+            raise ValueError("precision applies to embeddings; with output_value=None use float32")
+        dim = self.model.config.hidden_size * len(modes)
+        truncate_dim = self._check_truncate_dim(truncate_dim) or self.truncate_dim
+        if truncate_dim is not None and truncate_dim > dim:
+            raise ValueError(f"truncate_dim {truncate_dim} exceeds the embedding dimension {dim}")
+        text_prompt = self._resolve_prompt(prompt, prompt_name)
         if convert_to_tensor:
-            out = embeddings
-        elif convert_to_numpy:
-            out = embeddings.cpu().numpy()
-        else:
-            out = list(embeddings)
+            convert_to_numpy = False
+        if output_value != "sentence_embedding":      # per-text outputs: lists, as sentence-transformers
+            convert_to_tensor = convert_to_numpy = False
+
+        out = self._embed(list(items), batch_size, modes, normalize_embeddings, show_progress_bar,
+                          text_prompt, truncate_dim, output_value)
+        if precision != "float32":
+            out = quantize_embeddings(out, precision)    # numpy: an array, or a list per text
+            if convert_to_tensor:
+                out = torch.from_numpy(out)
+            elif not convert_to_numpy and output_value == "sentence_embedding":
+                out = list(torch.from_numpy(out))
+        elif output_value == "sentence_embedding":
+            if convert_to_numpy:
+                out = out.cpu().numpy()
+            elif not convert_to_tensor:
+                out = list(out)
         return out[0] if single else out
 
     @torch.inference_mode()
-    def _embed(self, texts, batch_size, modes, normalize, show_progress_bar) -> torch.Tensor:
+    def _embed(self, texts, batch_size, modes, normalize, show_progress_bar, prompt, truncate_dim,
+               output_value):
+        """(len(texts), dim) float32 for sentence embeddings, else a list per text."""
         from tqdm.auto import tqdm
 
         dim = self.model.config.hidden_size * len(modes)
-        out = torch.empty((len(texts), dim), dtype=torch.float32, device=self.device)
+        out = torch.empty((len(texts), truncate_dim or dim), dtype=torch.float32, device=self.device)
+        per_text = [None] * len(texts)
         if not texts:
-            return out
+            return out if output_value == "sentence_embedding" else []
+        prompt_length = 0
+        if prompt:
+            texts = [prompt + t for t in texts]
+            prompt_length = self._prompt_length(prompt)
+        skip = 0 if self.include_prompt else prompt_length  # leading tokens pooling leaves out
         rows = self._tokenize(texts)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first, as ST
         starts = range(0, len(order), batch_size)
@@ -218,8 +355,29 @@ class Encoder:
             idx = order[start:start + batch_size]
             input_ids, attention_mask = self._batch_tensors([rows[i] for i in idx])
             hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            vectors = pool(hidden, attention_mask, modes)
-            if normalize:
+            pool_mask = attention_mask
+            if skip:
+                pool_mask = attention_mask.clone()
+                pool_mask[:, :skip] = 0
+            vectors = pool(hidden, pool_mask, modes)
+            if self.normalize and normalize is not False:      # the checkpoint's Normalize module
                 vectors = F.normalize(vectors, p=2, dim=1)
-            out[torch.tensor(idx, device=out.device)] = vectors
-        return out
+            if truncate_dim is not None:
+                vectors = vectors[:, :truncate_dim]
+            if output_value == "sentence_embedding":
+                if normalize:                                    # after truncation, as ST's flag
+                    vectors = F.normalize(vectors, p=2, dim=1)
+                out[torch.tensor(idx, device=out.device)] = vectors
+                continue
+            for j, i in enumerate(idx):
+                n = len(rows[i])
+                tokens = hidden[j, :n].float()
+                if output_value == "token_embeddings":
+                    per_text[i] = tokens
+                else:
+                    item = {"input_ids": input_ids[j, :n], "attention_mask": attention_mask[j, :n],
+                            "token_embeddings": tokens, "sentence_embedding": vectors[j]}
+                    if prompt:
+                        item["prompt_length"] = prompt_length
+                    per_text[i] = item
+        return out if output_value == "sentence_embedding" else per_text

@@ -149,3 +149,47 @@ def test_default_output_dir_inside_and_outside_the_checkout(tmp_path, monkeypatc
     assert suite.default_output_dir() == REPO / "bench" / "results"
     monkeypatch.chdir(tmp_path)
     assert suite.default_output_dir() == tmp_path.resolve() / "fastbert-bench"
+
+
+def test_encode_truncate_dim_precision_and_prompts(tmp_path):
+    import json
+
+    import fastbert
+    from fastbert.quantize import quantize_embeddings
+
+    lines = ["first line", "second line, a bit longer", "", "a third one about cats", "dogs"]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in os.listdir(MODEL_DIR):
+        os.symlink(os.path.join(MODEL_DIR, name), model / name)
+    os.unlink(model / "config_sentence_transformers.json")
+    (model / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: "}}))
+    enc = fastbert.Encoder.from_pretrained(model)
+    floats = enc.encode(lines)
+
+    out = tmp_path / "t.npy"
+    assert main(["encode", str(src), "-o", str(out), "--model", str(model), "--truncate-dim", "64"]) == 0
+    np.testing.assert_allclose(np.load(out), floats[:, :64], atol=1e-6, rtol=0)
+    for precision in ("int8", "ubinary"):
+        assert main(["encode", str(src), "-o", str(out), "--model", str(model), "--precision", precision]) == 0
+        got = np.load(out)
+        assert got.tobytes() == quantize_embeddings(floats, precision).tobytes(), precision
+    assert main(["encode", str(src), "-o", str(out), "--model", str(model), "--prompt-name", "query"]) == 0
+    by_name = np.load(out)
+    np.testing.assert_allclose(by_name, enc.encode(lines, prompt="query: "), atol=1e-6, rtol=0)
+    assert np.abs(by_name - floats).max() > 1e-2
+    assert main(["encode", str(src), "-o", str(out), "--model", str(model), "--prompt", "query: "]) == 0
+    np.testing.assert_allclose(np.load(out), by_name, atol=1e-6, rtol=0)
+
+
+def test_encode_option_errors_exit_2(tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("only one line\n", encoding="utf-8")
+    out = str(tmp_path / "o.npy")
+    for args, needle in ((["--prompt-name", "nope"], "nope"), (["--truncate-dim", "999"], "999"),
+                         (["--precision", "int8"], "at least 2 lines"), (["--precision", "int4"], "int4"),
+                         (["--prompt", "a", "--prompt-name", "query"], "not allowed with")):
+        code, err = _exit_code_and_stderr(capsys, ["encode", str(src), "-o", out, *args])
+        assert code == 2 and needle in err, (args, err)

@@ -182,3 +182,163 @@ def test_roberta_bpe_checkpoint_without_sentence_config(tmp_path, lines):
     ours = enc.encode(short, batch_size=8)
     assert float(_cosines(ours, ref).min()) >= 0.99999
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+# ---- sentence-transformers' encode options: prompts, truncate_dim, precision, output_value ------
+
+from fastbert.quantize import PRECISIONS, quantize_embeddings  # noqa: E402
+
+PROMPTS = {"query": "query: ", "passage": "passage: ", "instruct": "Represent this sentence for retrieval: "}
+
+
+def _prompt_copy(tmp_path, include_prompt=True, pooling="mean", default="query"):
+    """The real checkpoint with a config_sentence_transformers.json carrying prompts."""
+    path = _linked_copy(tmp_path, {"word_embedding_dimension": DIM, "pooling_mode": pooling,
+                                   "include_prompt": include_prompt},
+                        MODULES + [{"idx": 2, "name": "2", "path": "2_Normalize",
+                                    "type": "sentence_transformers.models.Normalize"}])
+    (path / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": PROMPTS, "default_prompt_name": default}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def short_lines(lines):
+    return lines[:50] + lines[-2:]
+
+
+def test_prompts_as_sentence_transformers(tmp_path, short_lines):
+    path = _prompt_copy(tmp_path)
+    enc, st = fastbert.Encoder.from_pretrained(path), st_lib.SentenceTransformer(str(path), device="cpu")
+    assert enc.default_prompt_name == "query" and enc.prompts["passage"] == "passage: "
+    for kwargs in ({}, {"prompt_name": "passage"}, {"prompt": "Custom words: "}, {"prompt_name": "document"}):
+        ours, ref = enc.encode(short_lines, **kwargs), st.encode(short_lines, **kwargs)
+        np.testing.assert_allclose(ours, ref, atol=1e-5, err_msg=str(kwargs))
+    # the prompt really changes the vectors (the default one is applied unless overridden)
+    no_prompt = enc.encode(short_lines, prompt="")
+    assert float(_cosines(no_prompt, enc.encode(short_lines)).min()) < 0.999
+    np.testing.assert_allclose(no_prompt, st.encode(short_lines, prompt=""), atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_prompt_excluded_from_pooling(tmp_path, short_lines, pooling):
+    path = _prompt_copy(tmp_path, include_prompt=False, pooling=pooling)
+    enc, st = fastbert.Encoder.from_pretrained(path), st_lib.SentenceTransformer(str(path), device="cpu")
+    assert enc.include_prompt is False
+    assert enc._prompt_length("Represent this sentence for retrieval: ") == st[0]._get_prompt_length(
+        "Represent this sentence for retrieval: ")
+    ours = enc.encode(short_lines, prompt_name="instruct")
+    np.testing.assert_allclose(ours, st.encode(short_lines, prompt_name="instruct"), atol=1e-5)
+    enc.include_prompt = True                    # the prompt's tokens pooled too: other vectors
+    assert float(_cosines(ours, enc.encode(short_lines, prompt_name="instruct")).min()) < 0.9999
+
+
+def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines):
+    for kwargs in ({"truncate_dim": 128}, {"truncate_dim": 64, "normalize_embeddings": True}):
+        ours, ref = encoder.encode(short_lines, **kwargs), st_model.encode(short_lines, **kwargs)
+        assert ours.shape == ref.shape == (len(short_lines), kwargs["truncate_dim"])
+        np.testing.assert_allclose(ours, ref, atol=1e-5)
+    # the Normalize module runs before truncation: truncated vectors are not unit length by default
+    norms = np.linalg.norm(encoder.encode(short_lines, truncate_dim=128), axis=1)
+    assert norms.max() < 0.999
+    np.testing.assert_allclose(np.linalg.norm(encoder.encode(short_lines, truncate_dim=128,
+                                                             normalize_embeddings=True), axis=1), 1, atol=1e-5)
+    enc = fastbert.Encoder.from_pretrained(MODEL_DIR, truncate_dim=32)
+    ref = st_lib.SentenceTransformer(str(MODEL_DIR), device="cpu", truncate_dim=32).encode(short_lines)
+    np.testing.assert_allclose(enc.encode(short_lines), ref, atol=1e-5)
+    assert enc.encode(short_lines, truncate_dim=16).shape == (len(short_lines), 16)   # call overrides
+
+
+def test_quantize_embeddings_byte_for_byte_with_sentence_transformers(encoder, lines):
+    from sentence_transformers.util.quantization import quantize_embeddings as st_quantize
+
+    floats = encoder.encode(lines)
+    floats[:, 7] = 0.25                                    # a constant dimension: zero-width buckets
+    calib = floats[::3]
+    ranges = np.vstack([floats.min(0) - 0.01, floats.max(0) * 0.5])   # values outside the ranges clip
+    for precision in PRECISIONS:
+        for kwargs in ({}, {"calibration_embeddings": calib}, {"ranges": ranges}):
+            ours = quantize_embeddings(floats, precision, **kwargs)
+            ref = st_quantize(floats, precision, **kwargs)
+            assert ours.dtype == ref.dtype and ours.shape == ref.shape, (precision, kwargs)
+            assert ours.tobytes() == ref.tobytes(), (precision, kwargs)
+        tensor = quantize_embeddings(torch.from_numpy(floats), precision)
+        assert tensor.tobytes() == st_quantize(torch.from_numpy(floats), precision).tobytes()
+    mats = [torch.from_numpy(floats[i:i + n]) for i, n in ((0, 5), (5, 1), (6, 9))]   # token matrices
+    for precision in ("int8", "uint8", "binary"):
+        for ours, ref in zip(quantize_embeddings(mats, precision), st_quantize(mats, precision)):
+            assert ours.dtype == ref.dtype and ours.tobytes() == ref.tobytes()
+    with pytest.raises(ValueError, match="single embedding"):
+        quantize_embeddings(floats[:1], "int8")
+    assert quantize_embeddings(floats[:0], "ubinary").shape == (0, DIM // 8)
+
+
+def _bucket_edges_close(floats, ref_floats, precision):
+    """For ST's own float embeddings: True where a value lies within 1e-5 of a bucket edge, where
+    fastbert's (equal to 1e-5) embeddings may fall into the neighbouring bucket."""
+    if precision.endswith("binary"):
+        return np.abs(ref_floats) < 1e-5
+    lo, hi = ref_floats.min(0), ref_floats.max(0)
+    steps = np.where(hi - lo == 0, 1, (hi - lo) / 255)
+    pos = (ref_floats - lo) / steps
+    return np.abs(pos - np.round(pos)) * steps < 2e-5
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_encode_precision(encoder, st_model, lines, precision):
+    floats = encoder.encode(lines)
+    ours = encoder.encode(lines, precision=precision)
+    # exactly our quantization of our own float32 embeddings, calibrated on the whole result
+    assert ours.tobytes() == quantize_embeddings(floats, precision).tobytes()
+    ref = st_model.encode(lines, precision=precision)
+    assert ours.dtype == ref.dtype and ours.shape == ref.shape
+    ref_floats = st_model.encode(lines)
+    if precision.endswith("binary"):
+        bits = np.unpackbits(ours.view(np.uint8), axis=1) != np.unpackbits(ref.view(np.uint8), axis=1)
+    else:
+        bits = ours.astype(np.int16) != ref.astype(np.int16)
+        assert np.abs(ours.astype(np.int16) - ref.astype(np.int16)).max() <= 1
+    # every difference from sentence-transformers sits on a bucket edge (float noise at 1e-5)
+    assert not (bits & ~_bucket_edges_close(floats, ref_floats, precision)).any()
+    t = encoder.encode(lines[:20], precision=precision, convert_to_tensor=True)
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.from_numpy(ref[:1]).dtype
+
+
+def test_token_embeddings_and_all_outputs(encoder, st_model, st_tokens, lines):
+    ours = encoder.encode(lines, output_value="token_embeddings")
+    assert isinstance(ours, list) and len(ours) == len(lines)
+    for mine, ref in zip(ours, st_tokens):
+        assert mine.shape == ref.shape
+        torch.testing.assert_close(mine, ref, atol=1e-4, rtol=1e-4)
+    one = encoder.encode(lines[3], output_value="token_embeddings")
+    assert isinstance(one, torch.Tensor) and one.shape == st_tokens[3].shape
+    subset = lines[:30]
+    dicts, ref = encoder.encode(subset, output_value=None), st_model.encode(subset, output_value=None)
+    for mine, theirs in zip(dicts, ref):
+        n = int(theirs["attention_mask"].sum())
+        assert {"input_ids", "attention_mask", "token_embeddings", "sentence_embedding"} <= set(mine)
+        assert mine["input_ids"].tolist() == theirs["input_ids"][:n].tolist()
+        assert mine["attention_mask"].tolist() == [1] * n
+        torch.testing.assert_close(mine["token_embeddings"], theirs["token_embeddings"][:n], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(mine["sentence_embedding"], theirs["sentence_embedding"], atol=1e-5, rtol=0)
+
+
+def test_encode_option_errors(encoder):
+    with pytest.raises(TypeError, match="device.*pool|pool.*device"):
+        encoder.encode(["ok"], device="cpu", pool=None)
+    with pytest.raises(TypeError, match="chunk_sise"):
+        encoder.encode(["ok"], chunk_sise=3)
+    with pytest.raises(ValueError, match="precision"):
+        encoder.encode(["ok", "fine"], precision="int4")
+    with pytest.raises(ValueError, match="single embedding"):
+        encoder.encode(["ok"], precision="int8")
+    with pytest.raises(ValueError, match="truncate_dim 385"):
+        encoder.encode(["ok"], truncate_dim=385)
+    with pytest.raises(ValueError, match="truncate_dim"):
+        encoder.encode(["ok"], truncate_dim=0)
+    with pytest.raises(ValueError, match="'nope'"):
+        encoder.encode(["ok"], prompt_name="nope")
+    with pytest.raises(ValueError, match="output_value"):
+        encoder.encode(["ok"], output_value="logits")
+    with pytest.raises(ValueError, match="default_prompt_name"):
+        fastbert.Encoder.from_pretrained(MODEL_DIR, default_prompt_name="missing")

@@ -23,7 +23,7 @@ def test_every_row_names_classes_that_accept_its_model_type(model_type):
 def test_consumers_read_the_registry():
     from fastbert import encoder
     assert set(M.__all__) == set(registry.public_names())
-    assert encoder._ROBERTA_LIKE == registry.ROBERTA_LIKE == ("roberta", "xlm-roberta", "camembert")
+    assert encoder._ROBERTA_LIKE == registry.ROBERTA_LIKE == ("roberta", "xlm-roberta", "camembert", "mpnet")
     assert registry.family("roberta").position_offset(1) == 2 and registry.family("bert").position_offset(0) == 0
 
 

@@ -290,6 +290,8 @@ SECTIONS = (
     # threads=None: keep the process's thread count (all cores), the same for every part and peer
     Section("models", "Model forward", _model_results, sized=True, extra={"threads": None}),
     Section("encoder", "Text to embeddings", _encoder_results),
+    Section("quantize", "int8 embeddings (CPU)",
+            lambda title, rows: importlib.import_module("fastbert.benchmarks.quantize").results(title, rows)),
 )
 
 

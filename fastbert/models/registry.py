@@ -61,6 +61,8 @@ FAMILIES = {f.model_type: f for f in (
     Family("electra", "fastbert.models.bert", "Electra"),
     Family("distilbert", "fastbert.models.distilbert", "DistilBert", activation_key="activation"),
     Family("albert", "fastbert.models.albert", "Albert"),
+    Family("mpnet", "fastbert.models.mpnet", "MPNet", roberta_positions=True),
+    Family("deberta-v2", "fastbert.models.deberta", "DebertaV2"),
     Family("modernbert", "fastbert.models.modernbert", "ModernBert", activation_key=None),
     Family("nomic_bert", "fastbert.models.nomic_bert", "NomicBert", activation_key=None,
            tasks=("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")),

@@ -142,6 +142,20 @@ def _rebuild(cls, state):
     return cls(**state)
 
 
+class _WordPieceView:
+    __slots__ = ("continuing_subword_prefix",)
+
+    def __init__(self, prefix: str):
+        self.continuing_subword_prefix = prefix
+
+
+class _BackendView:
+    __slots__ = ("model",)
+
+    def __init__(self, model):
+        self.model = model
+
+
 class BertTokenizer:
     """A WordPiece BERT tokenizer with `transformers.BertTokenizerFast`'s behaviour and API."""
 
@@ -284,6 +298,13 @@ class BertTokenizer:
         self._core.clear_cache()
 
     # ------------------------------------------------------------------------------ attributes
+    @property
+    def _tokenizer(self):
+        """What transformers' token-classification pipeline reads of a fast tokenizer's backend
+        (`_tokenizer.model.continuing_subword_prefix`) to tell subwords from words next to
+        punctuation; without it the pipeline guesses word boundaries from spaces."""
+        return _BackendView(_WordPieceView("##"))
+
     @property
     def num_threads(self) -> int:
         return self._num_threads
