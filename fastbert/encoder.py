@@ -130,6 +130,37 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torc
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
+def pool_packed(hidden: torch.Tensor, lengths: Sequence[int], modes: Sequence[str], skip: int = 0) -> torch.Tensor:
+    """pool() on packed tokens: (tokens, hidden) states of sequences of the given lengths, back to
+    back -> (batch, hidden * len(modes)) in fp32. The first `skip` tokens of each sequence (an
+    excluded prompt) are left out, as pool() does with a mask. Reads no device value."""
+    hidden = hidden.float()
+    device, batch = hidden.device, len(lengths)
+    lengths_t = torch.tensor(lengths, dtype=torch.long)
+    starts_t = torch.cumsum(lengths_t, 0) - lengths_t
+    seq = torch.repeat_interleave(torch.arange(batch), lengths_t).to(device)          # (tokens,)
+    pos = torch.arange(hidden.shape[0]) - torch.repeat_interleave(starts_t, lengths_t)
+    keep = (pos >= skip).to(device=device, dtype=hidden.dtype).unsqueeze(1)          # (tokens, 1)
+    counts = torch.tensor([max(n - skip, 0) for n in lengths], dtype=hidden.dtype,
+                          device=device).clamp(min=1e-9).unsqueeze(1)                 # (batch, 1)
+    width = hidden.shape[1]
+    parts = []
+    for mode in modes:
+        if mode == "cls":
+            first = starts_t + torch.where(lengths_t > skip, skip, 0)
+            parts.append(hidden.index_select(0, first.clamp(max=max(hidden.shape[0] - 1, 0)).to(device)))
+        elif mode == "max":
+            masked = hidden.masked_fill(keep == 0, float("-inf"))
+            init = hidden.new_full((batch, width), float("-inf"))
+            parts.append(init.scatter_reduce(0, seq[:, None].expand(-1, width), masked, "amax"))
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            sums = hidden.new_zeros((batch, width)).index_add_(0, seq, hidden * keep)
+            parts.append(sums / (counts if mode == "mean" else counts.sqrt()))
+        else:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
 OUTPUT_VALUES = ("sentence_embedding", "token_embeddings", None)
 # sentence-transformers' built-in prompt names: present (empty) even when the checkpoint sets none
 _DEFAULT_PROMPTS = {"query": "", "document": ""}
@@ -249,6 +280,19 @@ class Encoder:
             self._prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
         return self._prompt_lengths[prompt]
 
+    def _forward_packed(self, rows: list) -> torch.Tensor:
+        """The model's packed forward on token id rows: (tokens, hidden). Ids and cu_seqlens travel
+        as one host buffer (pinned on CUDA) in one non-blocking copy; nothing is read back."""
+        lengths = [len(r) for r in rows]
+        tokens = sum(lengths)
+        host = torch.empty(tokens + len(rows) + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        host[:tokens] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+        host[tokens] = 0
+        host[tokens + 1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.long), 0)
+        buf = host.to(self.device, non_blocking=True)
+        input_ids, cu_seqlens = buf[:tokens], buf[tokens:].to(torch.int32)
+        return self.model.forward_packed(input_ids, cu_seqlens, max(lengths)).last_hidden_state
+
     def _batch_tensors(self, rows: list):
         """Pads token id rows to the longest one: (input_ids, attention_mask) on the model's device."""
         lengths = torch.tensor([len(r) for r in rows])
@@ -351,15 +395,20 @@ class Encoder:
         rows = self._tokenize(texts)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first, as ST
         starts = range(0, len(order), batch_size)
+        packed = output_value == "sentence_embedding" and hasattr(self.model, "forward_packed")
         for start in tqdm(starts, desc="Batches", disable=not show_progress_bar):
             idx = order[start:start + batch_size]
-            input_ids, attention_mask = self._batch_tensors([rows[i] for i in idx])
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            pool_mask = attention_mask
-            if skip:
-                pool_mask = attention_mask.clone()
-                pool_mask[:, :skip] = 0
-            vectors = pool(hidden, pool_mask, modes)
+            if packed:      # real tokens only, pooled per sequence on the packed states
+                batch_rows = [rows[i] for i in idx]
+                vectors = pool_packed(self._forward_packed(batch_rows), [len(r) for r in batch_rows], modes, skip)
+            else:
+                input_ids, attention_mask = self._batch_tensors([rows[i] for i in idx])
+                hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                pool_mask = attention_mask
+                if skip:
+                    pool_mask = attention_mask.clone()
+                    pool_mask[:, :skip] = 0
+                vectors = pool(hidden, pool_mask, modes)
             if self.normalize and normalize is not False:      # the checkpoint's Normalize module
                 vectors = F.normalize(vectors, p=2, dim=1)
             if truncate_dim is not None:

@@ -342,3 +342,38 @@ def test_encode_option_errors(encoder):
         encoder.encode(["ok"], output_value="logits")
     with pytest.raises(ValueError, match="default_prompt_name"):
         fastbert.Encoder.from_pretrained(MODEL_DIR, default_prompt_name="missing")
+
+
+@pytest.mark.parametrize("skip", [0, 2, 5])
+def test_pool_packed_equals_padded_pool(skip):
+    from fastbert.encoder import pool, pool_packed
+
+    torch.manual_seed(0)
+    lengths = [7, 3, 1, 5]                                    # 5 >= the longest skip for one row, 1 below it
+    hidden = torch.randn(len(lengths), max(lengths), 6, dtype=torch.float64)
+    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
+    pool_mask = mask.clone()
+    pool_mask[:, :skip] = 0
+    packed = hidden[mask.bool()]                              # (tokens, 6), rows back to back
+    for modes in (("mean",), ("cls",), ("max",), ("mean_sqrt_len_tokens",), ("cls", "mean", "max")):
+        torch.testing.assert_close(pool_packed(packed, lengths, modes, skip), pool(hidden, pool_mask, modes),
+                                   atol=1e-6, rtol=0)
+
+
+def test_encode_runs_the_packed_forward(monkeypatch):
+    encoder = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu")
+    calls = []
+    original = encoder.model.forward_packed
+
+    def spy(input_ids, cu_seqlens, max_seqlen, **kwargs):
+        calls.append((input_ids.shape[0], cu_seqlens.tolist(), max_seqlen))
+        return original(input_ids, cu_seqlens, max_seqlen, **kwargs)
+
+    monkeypatch.setattr(encoder.model, "forward_packed", spy)
+    monkeypatch.setattr(encoder.model, "forward", lambda *a, **k: pytest.fail("padded forward called"))
+    texts = ["a short one", "and a somewhat longer second sentence", "x"]
+    vectors = encoder.encode(texts, batch_size=2)
+    rows = [len(encoder.tokenizer(t)["input_ids"]) for t in texts]
+    assert [c[0] for c in calls] == [rows[1] + rows[0], rows[2]]      # longest first, real tokens only
+    assert calls[0][1] == [0, rows[1], rows[1] + rows[0]] and calls[0][2] == rows[1]
+    assert vectors.shape == (3, 384)
