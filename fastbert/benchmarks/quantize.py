@@ -9,8 +9,8 @@ Rows, each timed `repeats` times interleaved (best counts):
   sentence-transformers ONNX int8  export_dynamic_quantized_onnx_model("avx2"), when it can run
 Agreement of each int8 row with fastbert's fp32 embeddings: min cosine over every line, and the
 mean top-10 overlap of a retrieval over the corpus (queries: the first half of every 10th line).
-The check passes at min cosine >= 0.95 and overlap >= 0.9 (a broken quantization fails); the
-target for int8 is min cosine >= 0.99, reported beside it.
+The check passes at min cosine >= 0.95 and overlap >= 0.85 (a broken quantization fails); the
+targets for int8, min cosine >= 0.99 and overlap >= 0.9, are reported beside it as met or not.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from fastbert.benchmarks import env
 from fastbert.benchmarks.corpus import pydoc_lines as english_lines
 from fastbert.benchmarks.encoder import BATCH_SIZE, FULL_LINES, QUICK_LINES, device_name
 
-CHECK_COSINE, TARGET_COSINE, CHECK_OVERLAP, TOP_K = 0.95, 0.99, 0.9, 10
+CHECK_COSINE, TARGET_COSINE, CHECK_OVERLAP, TARGET_OVERLAP, TOP_K = 0.95, 0.99, 0.85, 0.9, 10
 INT8_ROWS = ("fastbert Encoder int8", "sentence-transformers + fastbert.quantize",
              "sentence-transformers ONNX int8")
 
@@ -152,9 +152,11 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", repeats
                 if name in INT8_ROWS:
                     row["ok"] = row["min_cosine"] >= CHECK_COSINE and overlap >= CHECK_OVERLAP
                     met = "met" if row["min_cosine"] >= TARGET_COSINE else "NOT met"
+                    met_overlap = "met" if overlap >= TARGET_OVERLAP else "NOT met"
                     row["note"] = (f"{row['speedup_vs_fastbert_fp32']:.2f}x fastbert fp32; min cosine "
                                    f"{row['min_cosine']:.4f} (target {TARGET_COSINE}: {met}), mean "
-                                   f"{row['mean_cosine']:.4f}, top-{TOP_K} overlap {overlap:.3f}")
+                                   f"{row['mean_cosine']:.4f}, top-{TOP_K} overlap {overlap:.3f} "
+                                   f"(target {TARGET_OVERLAP}: {met_overlap})")
         rows.append(row)
     tmp.cleanup()
     return rows
