@@ -31,30 +31,12 @@ def tokenizer_kind(directory) -> str:
 
 
 def local_dir(path) -> Path:
-    """The local directory for a checkpoint path or hub id: the HF cache first (works offline),
-    then a download unless HF_HUB_OFFLINE is set. Errors are OSErrors naming the path."""
-    text = os.path.expanduser(str(path))
-    if os.path.isdir(text):
-        return Path(text)
-    if os.path.exists(text):
-        raise OSError(f"{text} is a file; expected a checkpoint directory")
-    if os.path.isabs(text) or text.startswith(".") or text.count("/") > 1:  # a local path, not a hub id
-        raise OSError(f"checkpoint directory not found: {text}")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise OSError(f"{text} is not a local directory (and huggingface_hub is not installed)") from e
-    try:
-        return Path(snapshot_download(text, local_files_only=True))
-    except Exception as e:  # not cached
-        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-            raise OSError(f"{text} is not a local directory nor in the Hugging Face cache "
-                          f"(HF_HUB_OFFLINE is set)") from e
-    try:
-        return Path(snapshot_download(text))
-    except Exception as e:
-        raise OSError(f"{text} is not a local directory and could not be fetched from the Hugging Face "
-                      f"hub: {e}") from e
+    """The local directory for a checkpoint path or hub id (fastbert.hub's one resolver: the HF
+    cache first, then a download of the whole repository unless HF_HUB_OFFLINE is set). Errors
+    are OSErrors naming the path."""
+    from fastbert.hub import resolve_directory
+
+    return Path(resolve_directory(path, patterns=None))
 
 
 class AutoTokenizer:
