@@ -8,7 +8,6 @@ which reads the same files. The choice is made from the files in the checkpoint 
   anything else           -> transformers.AutoTokenizer
 """
 import json
-import os
 from pathlib import Path
 
 from fastbert.tokenizer.bert import BertTokenizer
