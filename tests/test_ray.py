@@ -14,7 +14,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from fastbert.integrations.corpus import embed_corpus  # noqa: E402
 from fastbert.integrations.ray import Embedder  # noqa: E402
-from test_embed_corpus import check_output, make_corpus, read_output  # noqa: E402
+from test_embed_corpus import check_output, corpus, encoder, read_output  # noqa: E402,F401 (fixtures)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,17 +27,6 @@ def local_ray():
     yield
     ray.shutdown()
 
-
-@pytest.fixture(scope="module")
-def encoder(model_dir):
-    import fastbert
-    return fastbert.Encoder.from_pretrained(model_dir, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    return root, make_corpus(root)
 
 
 def _inputs(root):
