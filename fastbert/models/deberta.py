@@ -12,8 +12,9 @@ transformers does. Not supported (ConfigError): conv_kernel_size > 0 (DeBERTa-v2
 convolution after the first layer), attention_head_size != hidden_size / heads, pos_att_type
 entries other than c2p / p2c.
 
-The position terms run fastbert.ops.relative_attention's torch reference (no kernel holds them yet),
-on every backend; the other ops follow the model's backend. Without relative_attention the layer
+The position terms run in fastbert.ops.relative_attention.disentangled_attention (the flash kernel
+gathering c2p / p2c tile by tile, or its blocked torch path), on the model's backend like the other
+ops. Without relative_attention the layer
 uses fastbert.ops.varlen_attention with DeBERTa's scale.
 """
 import math
@@ -201,7 +202,6 @@ class DebertaV2Layer(RelativeLayer):
             (qp, kp, vp), mask, positions = self.padded_inputs(packing, q, k, v)
             out, probs = rel_ops.disentangled_attention_padded(qp, kp, vp, mask, positions, pos_key, pos_query, **opts)
             return pack(out, packing), probs
-        backend = "torch" if backend == "triton" else backend    # no kernel for c2p/p2c yet (see module doc)
         return rel_ops.disentangled_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, packing.positions,
                                               pos_key, pos_query, backend=backend, **opts), None
 

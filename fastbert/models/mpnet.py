@@ -9,8 +9,8 @@ whatever `relative_attention_num_buckets` says (a table with fewer rows cannot b
 a config is refused), and distances are measured between padded columns (0..len-1 per sequence on
 packed input). No token type embeddings: forward takes token_type_ids=None only.
 
-The bias attention runs fastbert.ops.relative_attention's torch reference (no kernel holds it yet),
-on every backend; the other ops (GEMMs, add+LayerNorm, GELU) follow the model's backend.
+The bias attention is fastbert.ops.relative_attention.relative_bias_attention (the flash kernel with
+the bias added tile by tile, or its blocked torch path), on the model's backend like the other ops.
 This file also holds what DeBERTa shares: RelativePacking and RelativeLayer.
 """
 import dataclasses
@@ -142,7 +142,6 @@ class MPNetLayer(RelativeLayer):
             (qp, kp, vp), mask, positions = self.padded_inputs(packing, q, k, v)
             out, probs = rel_ops.relative_bias_attention_padded(qp, kp, vp, mask, positions, table, **opts)
             return pack(out, packing), probs
-        backend = "torch" if backend == "triton" else backend    # no kernel for the bias yet (see module doc)
         return rel_ops.relative_bias_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, packing.positions,
                                                table, backend=backend, **opts), None
 

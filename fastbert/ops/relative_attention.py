@@ -17,21 +17,16 @@ grows with L^2 as in transformers' eager attention. No Triton kernel holds these
 DESIGN goal is to compute them tile by tile inside the flash kernel); backend="triton" raises.
 Autograd flows through plain torch ops (into q, k, v, the bias table and the projections).
 """
+import functools
 import math
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.library import triton_op
 
-from fastbert.ops._dispatch import BACKENDS
-
-
-def _check_backend(backend: str, op: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "triton":
-        raise NotImplementedError(f"{op} has no Triton kernel yet; use backend='auto' or 'torch' "
-                                  "(the torch reference, on any device)")
+from fastbert.ops._dispatch import run_kernel
+from fastbert.ops.attention import _use_kernel
 
 
 def _check_packed(q, k, v, cu_seqlens, positions) -> None:
@@ -116,14 +111,9 @@ def relative_bias_attention_padded(q, k, v, key_mask, positions, table, *, num_b
     return out.transpose(1, 2).to(q.dtype), probs.to(q.dtype)
 
 
-def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
-                            max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0,
-                            backend: str = "auto"):
-    """MPNet attention on packed tokens: the bias is built per sequence from `positions`."""
-    _check_backend(backend, "relative_bias_attention")
-    _check_packed(q, k, v, cu_seqlens, positions)
-    if table.dim() != 2 or table.shape[1] != q.shape[1] or table.shape[0] < num_buckets:
-        raise ValueError(f"table must be (buckets >= {num_buckets}, heads={q.shape[1]}), got {tuple(table.shape)}")
+def relative_bias_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
+                                max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0):
+    """The plain oracle of relative_bias_attention: repads and materialises (batch, heads, L, L)."""
     return _run_varlen(relative_bias_attention_padded, q, k, v, cu_seqlens, max_seqlen, positions, table=table,
                        num_buckets=num_buckets, max_distance=max_distance, scale=scale, dropout_p=dropout_p)
 
@@ -171,17 +161,226 @@ def disentangled_attention_padded(q, k, v, key_mask, positions, pos_key=None, po
     return out.transpose(1, 2).to(q.dtype), probs.to(q.dtype)
 
 
-def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_key=None, pos_query=None, *,
-                           span: int, position_buckets: int = -1, max_relative_positions: int = -1,
-                           scale_factor: int = 1, dropout_p: float = 0.0, backend: str = "auto"):
-    """DeBERTa(-v2) attention on packed tokens: c2p/p2c gathered per sequence from `positions`."""
-    _check_backend(backend, "disentangled_attention")
-    _check_packed(q, k, v, cu_seqlens, positions)
-    for name, t in (("pos_key", pos_key), ("pos_query", pos_query)):
-        if t is not None and tuple(t.shape) != (2 * span, *q.shape[1:]):
-            raise ValueError(f"{name} must be (2 span, heads, head_dim) = {(2 * span, *q.shape[1:])}, "
-                             f"got {tuple(t.shape)}")
+def disentangled_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_key=None, pos_query=None, *,
+                               span: int, position_buckets: int = -1, max_relative_positions: int = -1,
+                               scale_factor: int = 1, dropout_p: float = 0.0):
+    """The plain oracle of disentangled_attention: repads and materialises (batch, heads, L, L)."""
     return _run_varlen(disentangled_attention_padded, q, k, v, cu_seqlens, max_seqlen, positions,
                        pos_key=pos_key, pos_query=pos_query, span=span, position_buckets=position_buckets,
                        max_relative_positions=max_relative_positions, scale_factor=scale_factor,
                        dropout_p=dropout_p)
+
+
+# ---- Distance tables shared by the kernel and the blocked torch path --------------------------------
+# Both index by d = clamp(p_i - p_j, -R, R) + R, with R where the relative index stops changing, so the
+# clamp is exact for any positions.
+@functools.lru_cache(maxsize=None)
+def _mpnet_table_index(num_buckets: int, max_distance: int, device: torch.device) -> Tuple[torch.Tensor, int]:
+    """((2R + 1,) long bucket of each clamped distance, R): the bias of pair (i, j) is table[index[d]]."""
+    radius = max(int(max_distance), 1)                      # buckets saturate at |p_j - p_i| >= max_distance
+    d = torch.arange(-radius, radius + 1)
+    return mpnet_bucket(-d, num_buckets, max_distance).to(device), radius
+
+
+@functools.lru_cache(maxsize=None)
+def deberta_lut(span: int, position_buckets: int, max_relative_positions: int,
+                device: torch.device) -> Tuple[torch.Tensor, int]:
+    """((2R + 1,) int32 c2p index clamp(r(d) + span, 0, 2 span - 1) of each clamped distance, R); the
+    p2c index of pair (i, j) is the same lut[d] (transformers gathers p2c at -r(p_j - p_i) = r(p_i - p_j)).
+    Built on the host once per configuration."""
+    radius = max(span, max_relative_positions, 1) + 1
+    while True:
+        d = torch.arange(-radius, radius + 1)
+        r = (deberta_log_bucket(d, position_buckets, max_relative_positions)
+             if position_buckets > 0 and max_relative_positions > 0 else d)
+        lut = torch.clamp(r + span, 0, 2 * span - 1)
+        if lut[0] == 0 and lut[-1] == 2 * span - 1:         # saturated at both ends (r is monotone)
+            return lut.to(torch.int32).to(device), radius
+        radius *= 2
+
+
+# ---- Blocked torch path (CPU): scores for one block of query rows at a time ---------------------------
+BLOCK_BUDGET = 1 << 23   # elements of one (batch, heads, rows, L) block tensor (32 MiB in fp32)
+
+
+def _blocked(q, k, v, cu_seqlens, max_seqlen, positions, *, scale, dropout_p, pos_key=None, pos_query=None,
+             lut=None, bias=None, radius=0):
+    """Attention with the position terms of `_scores` in the kernel, on the padded layout, in blocks of
+    query rows so that no (batch, heads, L, L) tensor exists: each block builds its (batch, heads, rows, L)
+    additive term (c2p / p2c gathers, bias, key mask) and runs SDPA on it. Autograd flows through."""
+    if q.shape[0] == 0:
+        return q * 0 + k * 0 + v * 0
+    batch, L = cu_seqlens.numel() - 1, max_seqlen
+    src, mask = repad_varlen(cu_seqlens, L)
+    c = _compute(q)
+
+    def pad(t):
+        return t.index_select(0, src).view(batch, L, *t.shape[1:])
+
+    qh, kh, vh = (pad(t).to(c).transpose(1, 2) for t in (q, k, v))      # (batch, heads, L, d)
+    pos = pad(positions).long()                                          # (batch, L)
+    # -inf on padding keys; a sequence without keys (empty) gets 0s: finite rows that are dropped
+    key_add = torch.zeros(mask.shape, dtype=c, device=q.device).masked_fill(~mask, float("-inf"))
+    key_add = key_add.masked_fill(~mask.any(-1, keepdim=True), 0.0)[:, None, None, :]
+    p2c = torch.matmul(kh, pos_query.to(c).permute(1, 2, 0)) if pos_query is not None else None   # (b, h, L, K)
+    heads = qh.shape[1]
+    rows = L if batch * heads * L * L <= BLOCK_BUDGET else max(16, BLOCK_BUDGET // (batch * heads * L))
+    outs = []
+    for r0 in range(0, L, rows):
+        qb = qh[:, :, r0:r0 + rows]                                      # (batch, heads, m, d)
+        m = qb.shape[2]
+        d = torch.clamp(pos[:, r0:r0 + rows, None] - pos[:, None, :], -radius, radius) + radius   # (b, m, L)
+        add = key_add
+        if pos_key is not None or pos_query is not None:
+            rel = torch.zeros((), dtype=c, device=q.device)
+            if pos_key is not None:
+                c2p = torch.matmul(qb, pos_key.to(c).permute(1, 2, 0))  # (batch, heads, m, K)
+                rel = rel + torch.gather(c2p, -1, lut[d][:, None].expand(batch, heads, m, L).long())
+            if pos_query is not None:
+                index = lut[d].transpose(1, 2)[:, None].expand(batch, heads, L, m).long()
+                rel = rel + torch.gather(p2c, -1, index).transpose(-1, -2)
+            add = add + rel * scale
+        if bias is not None:
+            add = add + bias.to(c)[d].permute(0, 3, 1, 2)               # (batch, heads, m, L)
+        outs.append(F.scaled_dot_product_attention(qb, kh, vh, attn_mask=add, dropout_p=dropout_p, scale=scale))
+    out = torch.cat(outs, 2).transpose(1, 2).reshape(batch * L, *q.shape[1:])
+    real = torch.nonzero_static(mask.flatten(), size=q.shape[0]).squeeze(1)
+    return out.index_select(0, real).to(q.dtype)
+
+
+# ---- The custom ops (kernel only: CPU tensors run it under the interpreter, interpret=True) ----------
+def _need_kernel(q, interpret):
+    if not run_kernel(q, interpret):
+        raise ValueError("fastbert::relative_attention runs the Triton kernel (CUDA tensors, or CPU tensors with "
+                         "interpret=True under TRITON_INTERPRET=1); CPU callers use relative_bias_attention / "
+                         "disentangled_attention, whose torch path needs no op")
+
+
+def _none_if_empty(t):
+    return None if t is None or t.numel() == 0 else t
+
+
+@triton_op("fastbert::relative_attention", mutates_args=())
+def _relative_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                 positions: torch.Tensor, c2p: Optional[torch.Tensor], p2c: Optional[torch.Tensor],
+                 lut: Optional[torch.Tensor], bias: Optional[torch.Tensor], radius: int, scale: float,
+                 interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse (batch, heads, max_seqlen) fp32) of packed attention with the relative terms of
+    fastbert.kernels.relative_attention (c2p / p2c (tokens, heads, K) fp32, lut int32, bias fp32)."""
+    _need_kernel(q, interpret)
+    from fastbert.kernels import relative_attention as kernel
+    return kernel.relative_attention_fwd(q, k, v, cu_seqlens, max_seqlen, positions, c2p=c2p, p2c=p2c, lut=lut,
+                                         bias=bias, radius=radius, scale=scale)
+
+
+@triton_op("fastbert::relative_attention_backward", mutates_args=())
+def _relative_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                          positions: torch.Tensor, c2p: Optional[torch.Tensor], p2c: Optional[torch.Tensor],
+                          lut: Optional[torch.Tensor], bias: Optional[torch.Tensor], radius: int, scale: float,
+                          interpret: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dc2p, dp2c, dbias); an absent c2p / p2c / bias gets an empty gradient."""
+    _need_kernel(q, interpret)
+    from fastbert.kernels import relative_attention as kernel
+    grads = kernel.relative_attention_bwd(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p=c2p,
+                                          p2c=p2c, lut=lut, bias=bias, radius=radius, scale=scale)
+    return tuple(g if g is not None else _empty(q) for g in grads)
+
+
+def _empty(q):
+    return torch.empty(0, dtype=torch.float32, device=q.device)
+
+
+@_relative_op.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, interpret):
+    lse = torch.empty((cu_seqlens.shape[0] - 1, q.shape[1], max_seqlen), dtype=torch.float32, device=q.device)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), lse
+
+
+@_relative_backward_op.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, interpret):
+    like = (torch.empty_like(t) if t is not None else _empty(q)
+            for t in (c2p, p2c, bias))
+    return (*(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)), *like)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, interpret = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens, positions, c2p, p2c, lut, bias)
+    ctx.args = (max_seqlen, radius, scale, interpret)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_seqlens, positions, c2p, p2c, lut, bias = ctx.saved_tensors
+    max_seqlen, radius, scale, interpret = ctx.args
+    dq, dk, dv, dc2p, dp2c, dbias = torch.ops.fastbert.relative_attention_backward(
+        dout.contiguous(), q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius,
+        scale, interpret)
+    return (dq, dk, dv, None, None, None, _none_if_empty(dc2p), _none_if_empty(dp2c), None,
+            _none_if_empty(dbias), None, None, None)
+
+
+_relative_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- Public entry points --------------------------------------------------------------------------------
+def _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p):
+    _check_packed(q, k, v, cu_seqlens, positions)
+    if isinstance(max_seqlen, torch.Tensor) or int(max_seqlen) < 0:
+        raise ValueError(f"max_seqlen must be a Python int >= 0, got {max_seqlen!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def _kernel_path(backend, q, k, v, dropout_p) -> bool:
+    """The kernel has no dropout: dropout_p > 0 (training with attention dropout) runs the torch path."""
+    return _use_kernel(backend, q, k, v) and dropout_p == 0.0
+
+
+def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
+                            max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0,
+                            backend: str = "auto"):
+    """MPNet attention on packed tokens, bias table[bucket(p_j - p_i), head] added per (i, j).
+
+    Kernel (CUDA, or backend="triton" under the interpreter) when dropout_p == 0; otherwise the blocked
+    torch path (also with dropout_p > 0 on CUDA: the kernel has no dropout). Gradients reach the table."""
+    _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p)
+    if table.dim() != 2 or table.shape[1] != q.shape[1] or table.shape[0] < num_buckets:
+        raise ValueError(f"table must be (buckets >= {num_buckets}, heads={q.shape[1]}), got {tuple(table.shape)}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    index, radius = _mpnet_table_index(num_buckets, max_distance, q.device)
+    bias = F.embedding(index, table)                                     # (2R + 1, heads)
+    if _kernel_path(backend, q, k, v, dropout_p):
+        return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
+                                                     None, None, None, bias.float().contiguous(), radius, scale,
+                                                     not q.is_cuda)[0]
+    return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p, bias=bias,
+                    radius=radius)
+
+
+def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_key=None, pos_query=None, *,
+                           span: int, position_buckets: int = -1, max_relative_positions: int = -1,
+                           scale_factor: int = 1, dropout_p: float = 0.0, backend: str = "auto"):
+    """DeBERTa(-v2) attention on packed tokens: c2p / p2c gathered per (i, j) from `positions`.
+
+    Kernel (CUDA, or backend="triton" under the interpreter) when dropout_p == 0: c2p = q . pos_key^T and
+    p2c = k . pos_query^T ((tokens, heads, 2 span) fp32, torch GEMMs) are gathered tile by tile. Otherwise
+    the blocked torch path (also with dropout_p > 0 on CUDA: the kernel has no dropout)."""
+    _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p)
+    for name, t in (("pos_key", pos_key), ("pos_query", pos_query)):
+        if t is not None and tuple(t.shape) != (2 * span, *q.shape[1:]):
+            raise ValueError(f"{name} must be (2 span, heads, head_dim) = {(2 * span, *q.shape[1:])}, "
+                             f"got {tuple(t.shape)}")
+    scale = 1.0 / math.sqrt(q.shape[-1] * scale_factor)
+    lut, radius = deberta_lut(span, position_buckets, max_relative_positions, q.device)
+    if _kernel_path(backend, q, k, v, dropout_p):
+        def product(x, pos):                                             # (tokens, heads, 2 span) fp32
+            return torch.matmul(x.transpose(0, 1).float(), pos.float().permute(1, 2, 0)).transpose(0, 1)
+        c2p = product(q, pos_key) if pos_key is not None else None
+        p2c = product(k, pos_query) if pos_query is not None else None
+        return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
+                                                     c2p, p2c, lut, None, radius, scale, not q.is_cuda)[0]
+    return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p,
+                    pos_key=pos_key, pos_query=pos_query, lut=lut, radius=radius)

@@ -1,0 +1,276 @@
+# Flash attention with relative position terms (MPNet's bucketed bias, DeBERTa's c2p / p2c), packed
+# varlen, forward and backward. The position terms are added tile by tile inside the online softmax;
+# no (batch, heads, L, L) score, bias or gather tensor is ever written.
+#
+# Per query i and key j of one sequence, with d = clamp(p_i - p_j, -R, R) + R (p = `positions`):
+#   s[i, j] = (q_i . k_j + c2p[i, h, lut[d]] + p2c[j, h, lut[d]]) * sm_scale + bias[d, h]
+#   c2p (tokens, heads, K) = q . pos_key^T and p2c (tokens, heads, K) = k . pos_query^T are the
+#   per-token products with the (K = 2 span) relative projections (DeBERTa); the caller computes them
+#   (a GEMM, O(tokens * K) memory) and the kernel gathers them per (i, j). lut (2R + 1,) int32 maps a
+#   clamped distance to a relative index (DeBERTa's clamp(r(d) + span), log buckets or not).
+#   bias (2R + 1, heads) fp32 is a per-distance bias (MPNet: table[bucket(-d)] gathered by the caller).
+#   R is where the index saturates, so clamping d changes nothing.
+# Backward: P is recomputed from the saved lse; dS = P * (dP - rowsum(dO * O)). dq and dc2p (rows)
+# in one pass over key blocks, dk, dv and dp2c (columns) in one pass over query blocks; the gathers'
+# gradients are scatter-adds (fp32 atomics: several (i, j) of a tile share an index) into zeroed
+# dc2p / dp2c (tokens, heads, K) and dbias (2R + 1, heads) buffers; the caller chains them into q, k,
+# pos_key, pos_query and the table with torch GEMMs / index_add.
+# Limits: head_dim <= 128, fp16 / bf16 / fp32 q, k, v (c2p, p2c, bias fp32), fp32 accumulators and
+# statistics; no dropout (the op layer runs its torch path when dropout_p > 0). Each sequence has
+# at least one key for each of its rows, so lse is finite on real rows.
+# Reference: fastbert/ops/relative_attention.py (relative_bias_attention_padded,
+# disentangled_attention_padded); math: Dao, "FlashAttention-2" (2023); He et al., "DeBERTa" (2021).
+import torch
+import triton
+import triton.language as tl
+
+from fastbert.kernels._autotune import TunedKernel, launch
+from fastbert.kernels.attention import (MAX_HEAD_DIM, _attention_bwd_preprocess_kernel, _configs, _head,
+                                        _program, _strides4, _tile, seq_bucket)
+
+_FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2)])
+_BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2)])
+_KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS"]
+
+
+@triton.jit
+def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+            stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION: tl.constexpr,
+            HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) fp32 scores in natural-log units, the clamped distance index d, the tile mask."""
+    row_ok = rows < n
+    col_ok = cols < n
+    ok = row_ok[:, None] & col_ok[None, :]
+    p_i = tl.load(pos_ptr + start64 + rows, mask=row_ok, other=0)
+    p_j = tl.load(pos_ptr + start64 + cols, mask=col_ok, other=0)
+    d = tl.minimum(tl.maximum(p_i[:, None] - p_j[None, :], -radius), radius) + radius
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if HAS_C2P:
+        idx = tl.load(lut_ptr + d, mask=ok, other=0)
+        s += tl.load(c2p_ptr + (start64 + rows[:, None]) * stride_cs + h * stride_ch + idx, mask=ok, other=0.0)
+    if HAS_P2C:
+        idx = tl.load(lut_ptr + d, mask=ok, other=0)
+        s += tl.load(p2c_ptr + (start64 + cols[None, :]) * stride_cs + h * stride_ch + idx, mask=ok, other=0.0)
+    s = s * sm_scale
+    if HAS_BIAS:
+        s += tl.load(bias_ptr + d * stride_bd + h, mask=ok, other=0.0)
+    return s, d, ok
+
+
+@triton.jit
+def _relative_attention_fwd_kernel(
+    out_ptr,    # (tokens, heads, head_dim) output
+    lse_ptr,    # (batch, heads, max_seqlen) fp32 natural-log logsumexp of each row's scores
+    q_ptr, k_ptr, v_ptr,  # (tokens, heads, head_dim), any strides
+    cu_ptr,     # (batch + 1,) int32 sequence starts
+    pos_ptr,    # (tokens,) int32 positions
+    c2p_ptr,    # (tokens, heads, K) fp32 contiguous q . pos_key^T (HAS_C2P)
+    p2c_ptr,    # (tokens, heads, K) fp32 contiguous k . pos_query^T (HAS_P2C)
+    lut_ptr,    # (2 radius + 1,) int32 distance -> relative index (HAS_C2P or HAS_P2C)
+    bias_ptr,   # (2 radius + 1, heads) fp32 contiguous per-distance bias (HAS_BIAS)
+    stride_qs, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd,
+    stride_os, stride_oh, stride_od,
+    stride_cs, stride_ch,  # of c2p and p2c (same layout)
+    stride_bd,             # of bias (row stride; heads contiguous)
+    n_heads, max_seqlen, radius, sm_scale,
+    SEQ_BUCKET,  # autotune key only
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, True)
+    if pid_m * BLOCK_M >= n:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _tile(_head(q_ptr, b, start64, h, 0, stride_qs, stride_qh), rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
+    k_base = _head(k_ptr, b, start64, h, 0, stride_ks, stride_kh)
+    v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, n, BLOCK_N):
+        cols = start_n + offs_n
+        k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
+        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
+        s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+                           stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
+                           HAS_C2P, HAS_P2C, HAS_BIAS)
+        s = tl.where((cols < n)[None, :], s * 1.4426950408889634, float("-inf"))   # exp2 units
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    row_ok = rows < n
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o_base = _head(out_ptr, b, start64, h, 0, stride_os, stride_oh)
+    tl.store(o_base + rows[:, None] * stride_os + offs_d[None, :] * stride_od,
+             (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, (m_i + tl.log2(l_safe)) / 1.4426950408889634,
+             mask=row_ok)
+
+
+@triton.jit
+def _relative_attention_bwd_kernel(
+    dq_ptr,     # (tokens, heads, head_dim) contiguous, written when ROWS
+    dk_ptr,     # like dq, written when not ROWS
+    dv_ptr,     # like dq, written when not ROWS
+    dc2p_ptr,   # (tokens, heads, K) fp32 zeroed, scatter-added when ROWS and HAS_C2P
+    dp2c_ptr,   # like dc2p, scatter-added when not ROWS and HAS_P2C
+    dbias_ptr,  # (2 radius + 1, heads) fp32 zeroed, scatter-added when ROWS and HAS_BIAS
+    q_ptr, k_ptr, v_ptr,
+    do_ptr,     # (tokens, heads, head_dim) output gradient
+    lse_ptr,    # (batch, heads, max_seqlen) fp32 from the forward
+    delta_ptr,  # (batch, heads, max_seqlen) fp32 rowsum(dO * O)
+    cu_ptr, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+    stride_qs, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd,
+    stride_ds, stride_dh, stride_dd,   # dO
+    stride_gs, stride_gh, stride_gd,   # dq, dk, dv
+    stride_cs, stride_ch, stride_bd,
+    n_heads, max_seqlen, radius, sm_scale,
+    SEQ_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr,  # True: this program owns a query block (dq, dc2p, dbias); False: a key block
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_bh, pid, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, True)
+    own = BLOCK_M if ROWS else BLOCK_N
+    if pid * own >= n:
+        return
+    offs_d = tl.arange(0, BLOCK_D)
+    q_base = _head(q_ptr, b, start64, h, 0, stride_qs, stride_qh)
+    k_base = _head(k_ptr, b, start64, h, 0, stride_ks, stride_kh)
+    v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
+    do_base = _head(do_ptr, b, start64, h, 0, stride_ds, stride_dh)
+    stat_base = pid_bh.to(tl.int64) * max_seqlen
+    if ROWS:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
+        do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
+        lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
+        delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for start_n in range(0, n, BLOCK_N):
+            cols = start_n + tl.arange(0, BLOCK_N)
+            k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
+            v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
+            s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+                               stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
+                               HAS_C2P, HAS_P2C, HAS_BIAS)
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+            ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])  # dL/ds
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+            if HAS_C2P:
+                idx = tl.load(lut_ptr + d, mask=ok, other=0)
+                tl.atomic_add(dc2p_ptr + (start64 + rows[:, None]) * stride_cs + h * stride_ch + idx,
+                              ds * sm_scale, mask=ok)
+            if HAS_BIAS:
+                tl.atomic_add(dbias_ptr + d * stride_bd + h, ds, mask=ok)
+        tl.store(dq_ptr + (start64 + rows[:, None]) * stride_gs + h * stride_gh + offs_d[None, :] * stride_gd,
+                 (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM))
+    else:
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
+        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        for start_m in range(0, n, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
+            do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
+            lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
+            delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
+            s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+                               stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
+                               HAS_C2P, HAS_P2C, HAS_BIAS)
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+            ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
+            if HAS_P2C:
+                idx = tl.load(lut_ptr + d, mask=ok, other=0)
+                tl.atomic_add(dp2c_ptr + (start64 + cols[None, :]) * stride_cs + h * stride_ch + idx,
+                              ds * sm_scale, mask=ok)
+        g_off = (start64 + cols[:, None]) * stride_gs + h * stride_gh + offs_d[None, :] * stride_gd
+        g_ok = (cols[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
+        tl.store(dk_ptr + g_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=g_ok)
+        tl.store(dv_ptr + g_off, dv.to(dv_ptr.dtype.element_ty), mask=g_ok)
+
+
+_fwd = TunedKernel(_relative_attention_fwd_kernel, _FWD_CONFIGS, key=_KEY)
+# dq and dk/dv programs write disjoint outputs; the scatter-adds make a re-run wrong, so no autotune
+# timing runs on the backward: it launches its first config (reset_to_zero would also work).
+_bwd = TunedKernel(_relative_attention_bwd_kernel, _BWD_CONFIGS, key=_KEY + ["ROWS"], autotune=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers (validation of user input lives in fastbert.ops.relative_attention).
+
+class _Call:
+    """What the forward and backward share: sizes, the optional position inputs and the launch key."""
+
+    def __init__(self, q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale):
+        head_dim = q.shape[-1]
+        if head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}")
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"the Triton relative attention kernel takes float16, bfloat16 or float32, got {q.dtype}")
+        if (c2p is not None or p2c is not None) and lut is None:
+            raise ValueError("c2p / p2c need the relative index lut")
+        self.batch, self.heads, self.max_seqlen = cu_seqlens.numel() - 1, q.shape[1], int(max_seqlen)
+        rel = c2p if c2p is not None else p2c
+        self.cstrides = tuple(rel.stride()[:2]) if rel is not None else (0, 0)
+        self.ptrs = (cu_seqlens, positions, q if c2p is None else c2p, q if p2c is None else p2c,
+                     q if lut is None else lut, q if bias is None else bias)
+        self.flags = dict(HAS_C2P=c2p is not None, HAS_P2C=p2c is not None, HAS_BIAS=bias is not None)
+        self.scalars = (self.heads, self.max_seqlen, int(radius), float(scale))
+        self.meta = dict(SEQ_BUCKET=seq_bucket(self.max_seqlen), HEAD_DIM=head_dim,
+                         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **self.flags)
+        self.key = (self.meta["SEQ_BUCKET"], head_dim, *self.flags.values(), q.dtype)
+        self.bstride = (bias.stride(0),) if bias is not None else (0,)
+
+    def grid(self, block):
+        return lambda meta: (self.batch * self.heads, triton.cdiv(self.max_seqlen, meta[block]))
+
+
+def relative_attention_fwd(q, k, v, cu_seqlens, max_seqlen, positions, *, c2p=None, p2c=None, lut=None,
+                           bias=None, radius=0, scale):
+    """(out like q, contiguous; lse (batch, heads, max_seqlen) fp32). c2p / p2c (tokens, heads, K) and
+    bias (2 radius + 1, heads) fp32 contiguous; positions (tokens,) and lut int32."""
+    c = _Call(q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full((c.batch, c.heads, c.max_seqlen), float("inf"), dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return out, lse
+    _fwd.launch(c.key, c.grid("BLOCK_M"), out, lse, q, k, v, *c.ptrs, *_strides4(q)[1:], *_strides4(k)[1:],
+                *_strides4(v)[1:], *_strides4(out)[1:], *c.cstrides, *c.bstride, *c.scalars, **c.meta)
+    return out, lse
+
+
+def relative_attention_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, *, c2p=None, p2c=None,
+                           lut=None, bias=None, radius=0, scale):
+    """(dq, dk, dv like q; dc2p, dp2c (tokens, heads, K) fp32 or None; dbias (2 radius + 1, heads) fp32
+    or None)."""
+    c = _Call(q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale)
+    dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+    dc2p = torch.zeros_like(c2p) if c2p is not None else None
+    dp2c = torch.zeros_like(p2c) if p2c is not None else None
+    dbias = torch.zeros_like(bias) if bias is not None else None
+    if q.numel() == 0:
+        return dq, dk, dv, dc2p, dp2c, dbias
+    delta = torch.empty_like(lse)
+    launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, 64)),
+           delta, out, do, cu_seqlens, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
+           HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=True, BLOCK_M=64)
+    grads = (dq, dk, dv, dq if dc2p is None else dc2p, dq if dp2c is None else dp2c, dq if dbias is None else dbias)
+    args = (q, k, v, do, lse, delta, *c.ptrs, *_strides4(q)[1:], *_strides4(k)[1:], *_strides4(v)[1:],
+            *_strides4(do)[1:], *_strides4(dq)[1:], *c.cstrides, *c.bstride, *c.scalars)
+    for rows in (True, False):
+        _bwd.launch(c.key + (rows,), c.grid("BLOCK_M" if rows else "BLOCK_N"), *grads, *args, **c.meta, ROWS=rows)
+    return dq, dk, dv, dc2p, dp2c, dbias
