@@ -35,10 +35,15 @@ def config(variant, **extra):
 
 
 def save(task, variant, path, **extra):
+    return save_model("DebertaV2", task, config(variant, **extra), path)
+
+
+def save_model(prefix, task, cfg, path):
+    """A random transformers `prefix + task` saved to path; -> (it reloaded eagerly, fastbert's Auto load)."""
     torch.manual_seed(0)
     if "Question" in task:
-        extra = dict(extra, num_labels=2)
-    model = getattr(T, "DebertaV2" + task)(config(variant, **extra))
+        cfg.num_labels = 2
+    model = getattr(T, prefix + task)(cfg)
     with torch.no_grad():   # relative embeddings and norms large enough that wrong wiring shows
         for name, p in model.named_parameters():
             if "rel_embeddings" in name:
@@ -48,7 +53,7 @@ def save(task, variant, path, **extra):
             elif name.endswith("bias") or "LayerNorm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(path)
-    hf = getattr(T, "DebertaV2" + task).from_pretrained(path, attn_implementation="eager").eval()
+    hf = getattr(T, prefix + task).from_pretrained(path, attn_implementation="eager").eval()
     fast = getattr(fastbert, "AutoModel" + ("" if task == "Model" else task)).from_pretrained(path)
     return hf, fast
 
@@ -161,9 +166,13 @@ def test_training_gradients_match(tmp_path):
 
 @pytest.mark.parametrize("variant", ["v3", "c2p-factorised"])
 def test_optimize_transformers_model(variant):
+    check_optimize(T.DebertaV2ForSequenceClassification, config(variant))
+
+
+def check_optimize(cls, cfg):
+    """fastbert.optimize of a random transformers `cls(cfg)` keeps its logits and last hidden states."""
     torch.manual_seed(0)
-    cfg = config(variant)
-    model = T.DebertaV2ForSequenceClassification(cfg).eval()
+    model = cls(cfg).eval()
     x = {k: v[[0, 1, 3]] for k, v in inputs(cfg).items()}
     with torch.no_grad():
         ref = model(**x, output_hidden_states=True)

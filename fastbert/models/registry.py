@@ -63,6 +63,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("albert", "fastbert.models.albert", "Albert"),
     Family("mpnet", "fastbert.models.mpnet", "MPNet", roberta_positions=True),
     Family("deberta-v2", "fastbert.models.deberta", "DebertaV2"),
+    Family("deberta", "fastbert.models.deberta_v1", "Deberta", tasks=TASKS[:5]),   # transformers: no MultipleChoice
     Family("modernbert", "fastbert.models.modernbert", "ModernBert", activation_key=None),
     Family("nomic_bert", "fastbert.models.nomic_bert", "NomicBert", activation_key=None,
            tasks=("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")),
