@@ -261,12 +261,13 @@ class PyTokenizer {
                 for (size_t r = 0; r < rs.rows(); ++r) lengths[k++] = int_obj(std::max(rs.len(r), width));
             out[keys_.length] = lengths;
         }
-        if (o.words) {  // alignment: which windows of A and B each row holds
+        if (o.words) {  // alignment: which windows of A and B each row holds, and A's token count
             py::list windows(layout.rows);
             size_t k = 0;
             for (const Rows& rs : rows)
                 for (size_t r = 0; r < rs.rows(); ++r)
-                    windows[k++] = py::make_tuple(int_obj(rs.window[2 * r]), int_obj(rs.window[2 * r + 1]));
+                    windows[k++] = py::make_tuple(int_obj(rs.window[3 * r]), int_obj(rs.window[3 * r + 1]),
+                                                  int_obj(rs.window[3 * r + 2]));
             out[keys_.windows] = windows;
         }
         if (o.overflow) {
@@ -298,6 +299,24 @@ class PyTokenizer {
         return py::str(out.data(), out.size());
     }
     void set_specials(int32_t cls, int32_t sep) { tok_->set_specials(cls, sep); }
+    // (id, type id) pieces, id -1 for $A and -2 for $B: HF's TemplateProcessing with single-id specials
+    void set_template(const std::vector<std::pair<int32_t, int>>& single,
+                      const std::vector<std::pair<int32_t, int>>& pair) {
+        auto pieces = [](const std::vector<std::pair<int32_t, int>>& t) {
+            std::vector<Piece> out;
+            for (const auto& p : t) {
+                if (p.second < 0 || p.second > 255)
+                    throw py::value_error("template: a type id must be in 0..255, got " + std::to_string(p.second));
+                out.push_back(Piece{p.first, static_cast<uint8_t>(p.second)});
+            }
+            return out;
+        };
+        try {
+            tok_->set_template(Template{pieces(single), pieces(pair)});
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(e.what());
+        }
+    }
 
  private:
     py::object int_obj(size_t v) const {
@@ -561,6 +580,7 @@ PYBIND11_MODULE(_C, m) {
         .def("token_to_id", &PyTokenizer::token_to_id)
         .def("tokens", &PyTokenizer::tokens)
         .def("set_specials", &PyTokenizer::set_specials)
+        .def("set_template", &PyTokenizer::set_template, py::arg("single"), py::arg("pair"))
         .def("base_size", &PyTokenizer::base_size)
         .def("base_ids", &PyTokenizer::base_ids)
         .def("clear_cache", &PyTokenizer::clear_cache)

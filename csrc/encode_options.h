@@ -56,11 +56,11 @@ struct EncodeOptions {
         if (num_threads < 1) throw std::invalid_argument("EncodeOptions: num_threads must be >= 1");
     }
 
-    PostConfig post(int32_t cls_id, int32_t sep_id) const {
+    // tmpl: the tokenizer's template (what goes around A and B), which outlives the call
+    PostConfig post(const Template& tmpl) const {
         PostConfig cfg;
         cfg.add_special_tokens = add_special_tokens;
-        cfg.cls_id = cls_id;
-        cfg.sep_id = sep_id;
+        cfg.tmpl = &tmpl;
         cfg.truncation = truncation;
         cfg.max_length = max_length;
         cfg.stride = stride;

@@ -47,6 +47,7 @@ void emit_row(const Encoded& a, const std::vector<Window>& was, size_t ia, const
     if (cfg.words) {
         out.window.push_back(static_cast<uint32_t>(ia));
         out.window.push_back(static_cast<uint32_t>(ib));
+        out.window.push_back(static_cast<uint32_t>(wa.second - wa.first));
     }
     auto special = [&](int32_t id, uint8_t type) {
         out.ids.push_back(id);
@@ -66,12 +67,22 @@ void emit_row(const Encoded& a, const std::vector<Window>& was, size_t ia, const
             out.offsets.insert(out.offsets.end(), e.offsets.begin() + 2 * w.first, e.offsets.begin() + 2 * w.second);
         if (cfg.words) out.words.insert(out.words.end(), e.words.begin() + w.first, e.words.begin() + w.second);
     };
-    if (cfg.add_special_tokens) special(cfg.cls_id, 0);
-    seq(a, wa, 0);
-    if (cfg.add_special_tokens) special(cfg.sep_id, 0);
-    if (b) {
-        seq(*b, wb, 1);
-        if (cfg.add_special_tokens) special(cfg.sep_id, 1);
+    if (!cfg.add_special_tokens) {  // A B, with the template's type ids
+        const std::vector<Piece>& t = cfg.tmpl->pair;
+        uint8_t type_a = 0, type_b = 1;
+        for (const Piece& p : t) {
+            if (p.id == Piece::kSeqA) type_a = p.type;
+            if (p.id == Piece::kSeqB) type_b = p.type;
+        }
+        if (!b) for (const Piece& p : cfg.tmpl->single) if (p.id == Piece::kSeqA) type_a = p.type;
+        seq(a, wa, type_a);
+        if (b) seq(*b, wb, type_b);
+    } else {
+        for (const Piece& p : b ? cfg.tmpl->pair : cfg.tmpl->single) {
+            if (p.id == Piece::kSeqA) seq(a, wa, p.type);
+            else if (p.id == Piece::kSeqB) seq(*b, wb, p.type);
+            else special(p.id, p.type);
+        }
     }
     out.start.push_back(out.ids.size());
     out.item.push_back(item);
@@ -80,12 +91,28 @@ void emit_row(const Encoded& a, const std::vector<Window>& was, size_t ia, const
 
 }  // namespace
 
+void Template::validate() const {
+    auto count = [](const std::vector<Piece>& t, int32_t id) {
+        return std::count_if(t.begin(), t.end(), [id](const Piece& p) { return p.id == id; });
+    };
+    if (count(single, Piece::kSeqA) != 1 || count(single, Piece::kSeqB) != 0)
+        throw std::invalid_argument("template: the single-sequence template must hold $A once and no $B");
+    if (count(pair, Piece::kSeqA) != 1 || count(pair, Piece::kSeqB) != 1)
+        throw std::invalid_argument("template: the pair template must hold $A and $B once each");
+    for (const Piece& p : pair)
+        if (p.id == Piece::kSeqB) throw std::invalid_argument("template: the pair template must put $A before $B");
+        else if (p.id == Piece::kSeqA) break;
+    for (const auto* t : {&single, &pair})
+        for (const Piece& p : *t)
+            if (p.id < Piece::kSeqB) throw std::invalid_argument("template: a special token id must be >= 0");
+}
+
 void post_process(const Encoded& a, const Encoded* b, const PostConfig& cfg, int32_t item, Rows& out) {
     const size_t na = a.ids.size(), nb = b ? b->ids.size() : 0;
     std::vector<Window> wa{{0, na}}, wb{{0, nb}};
     if (cfg.truncation != Truncation::kNone) {
         size_t max_len = cfg.max_length;
-        const size_t added = cfg.add_special_tokens ? num_special_tokens(b != nullptr) : 0;
+        const size_t added = cfg.add_special_tokens ? cfg.tmpl->specials(b != nullptr) : 0;
         if (added) {
             // tokenizers computes max_length - added in usize: below zero wraps to "no limit"
             if (max_len < added) max_len = SIZE_MAX;

@@ -1,6 +1,7 @@
-// BERT post-processing (HF processors/template.rs + utils/truncation.rs): truncation with stride
-// into overflowing windows, then [CLS] A [SEP] (B [SEP]) with token_type_ids, special-token mask
-// and offsets, written as rows of a Rows buffer (a main row, then its overflow rows).
+// Post-processing (HF processors/template.rs + utils/truncation.rs): truncation with stride into
+// overflowing windows, then the template (BERT's [CLS] A [SEP] (B [SEP]), RoBERTa/MPNet's
+// <s> A </s> (</s> B </s>), or any template of single-id specials) with token_type_ids,
+// special-token mask and offsets, written as rows of a Rows buffer (a main row, then its overflow rows).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -23,9 +24,35 @@ struct Encoded {
 
 enum class Truncation : int { kNone = 0, kLongestFirst = 1, kOnlyFirst = 2, kOnlySecond = 3 };
 
+// One piece of a template: a special token's id, or the first (kSeqA) or second (kSeqB) sequence,
+// each with its token type id.
+struct Piece {
+    static constexpr int32_t kSeqA = -1, kSeqB = -2;
+    int32_t id;
+    uint8_t type;
+};
+
+// HF's TemplateProcessing, single-id specials only: what goes around one sequence and around a pair.
+struct Template {
+    std::vector<Piece> single, pair;
+    // BERT's: [CLS] A [SEP] and [CLS] A [SEP] B [SEP], B with type 1 (BertProcessing)
+    static Template bert(int32_t cls, int32_t sep) {
+        return {{{cls, 0}, {Piece::kSeqA, 0}, {sep, 0}},
+                {{cls, 0}, {Piece::kSeqA, 0}, {sep, 0}, {Piece::kSeqB, 1}, {sep, 1}}};
+    }
+    // Throws std::invalid_argument unless single holds A once and no B, and pair holds A then B once each.
+    void validate() const;
+    size_t specials(bool with_pair) const {
+        const std::vector<Piece>& t = with_pair ? pair : single;
+        size_t n = 0;
+        for (const Piece& p : t) n += p.id >= 0;
+        return n;
+    }
+};
+
 struct PostConfig {
     bool add_special_tokens = true;
-    int32_t cls_id = 0, sep_id = 0;
+    const Template* tmpl = nullptr;  // the tokenizer's; outlives the call
     Truncation truncation = Truncation::kNone;
     size_t max_length = 0;  // including special tokens, as the user gives it
     size_t stride = 0;
@@ -45,7 +72,7 @@ struct Rows {
     std::vector<size_t> start{0};
     std::vector<int32_t> item;      // input index of each row
     std::vector<uint8_t> main;      // 1 for the first row of an input, 0 for overflow rows
-    std::vector<uint32_t> window;   // with words: the row's windows of A and B, 2 per row (0: main)
+    std::vector<uint32_t> window;   // with words: the row's windows of A and B and A's token count, 3 per row
     size_t rows() const { return item.size(); }
     void clear() {  // keeps the memory
         ids.clear();
@@ -65,9 +92,6 @@ struct Rows {
 struct TruncationError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
-
-// Number of special tokens added for a single sequence or a pair.
-inline size_t num_special_tokens(bool pair) { return pair ? 3 : 2; }
 
 void post_process(const Encoded& a, const Encoded* b, const PostConfig& cfg, int32_t item, Rows& out);
 

@@ -351,7 +351,7 @@ void Tokenizer::clear_cache() {
 
 void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out) {
     opts.validate();
-    const PostConfig cfg = opts.post(cls_id_, sep_id_);
+    const PostConfig cfg = opts.post(template_);
     const int num_threads = opts.num_threads;
     const size_t n = in.size();
     const bool pair = !in.b.empty();
@@ -381,7 +381,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
         // A single sequence cut on the right without overflow rows needs only its first tokens.
         size_t limit = SIZE_MAX;
         if (!pair && cfg.truncation != Truncation::kNone && !cfg.overflow && !cfg.truncate_left) {
-            const size_t added = cfg.add_special_tokens ? num_special_tokens(false) : 0;
+            const size_t added = cfg.add_special_tokens ? template_.specials(false) : 0;
             if (cfg.max_length >= added) limit = cfg.max_length - added;
         }
         for (size_t i = begin; i < end; ++i) {

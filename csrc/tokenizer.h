@@ -83,11 +83,15 @@ class Tokenizer {
     // (padding, packed, numpy) play no part here: output_layout.h reads them.
     // opts.num_threads <= 1 runs on the calling thread.
     void encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out);
-    // The ids of the template's [CLS] and [SEP] (0 until set).
-    void set_specials(int32_t cls_id, int32_t sep_id) {
-        cls_id_ = cls_id;
-        sep_id_ = sep_id;
+    // The post-processor's template (BERT's with ids 0 until set); validated here. Not while a
+    // batch runs: the Python object sets it once, when it is made.
+    void set_template(Template t) {
+        t.validate();
+        template_ = std::move(t);
     }
+    // BERT's template with these [CLS] and [SEP] ids.
+    void set_specials(int32_t cls_id, int32_t sep_id) { set_template(Template::bert(cls_id, sep_id)); }
+    const Template& post_template() const { return template_; }
     // Runs fn(0..n-1) on the pool (num_threads <= 1, or the pool busy: on the calling thread).
     void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);
 
@@ -101,7 +105,7 @@ class Tokenizer {
 
  private:
     Vocab vocab_;
-    int32_t cls_id_ = 0, sep_id_ = 0;
+    Template template_ = Template::bert(0, 0);
     // Appends the tokens of text[0..len) (no added tokens in it), characters from char_base.
     bool encode_piece(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s, Encoded& out,
                       size_t limit) const;

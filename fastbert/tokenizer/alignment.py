@@ -125,13 +125,15 @@ class Aligner:
     tokenizer's own dict, so a pad token set later is seen). The tokenizer owns one; a BatchEncoding
     holds (aligner, texts, pairs, options, flatten_overflow) until its alignment is asked for."""
 
-    __slots__ = ("core", "added", "specials", "_added_by_id")
+    __slots__ = ("core", "added", "specials", "_added_by_id", "gaps")
 
-    def __init__(self, core, added: list[dict], specials: dict):
+    def __init__(self, core, added: list[dict], specials: dict, gaps=((1,), (1, 1))):
         self.core = core
         self.added = added
         self.specials = specials
         self._added_by_id = None
+        # the template's special tokens before $A (single), and before $A and between $A and $B (pair)
+        self.gaps = gaps
 
     def added_by_id(self) -> dict[int, dict]:
         # added tokens are fixed when the tokenizer is made
@@ -183,7 +185,7 @@ class Aligner:
             flat.append(enc)
             # Encoding::merge_with nests one level more when both sequences overflow: (A_i, B_0) holds
             # (A_i, B_j) for j >= 1, and (A_0, B_j) holds (A_i, B_j) for i >= 1 (rows come in that order)
-            i, j = out["windows"][k]
+            i, j, _ = out["windows"][k]
             if not j:
                 by_a[i] = enc
             elif i:
@@ -200,15 +202,20 @@ class Aligner:
         attn = out["attention_mask"][k]
         offsets = out["offset_mapping"][k]
         words = out["word_ids"][k]
-        seq = [None if s else t for s, t in zip(special, types)]
-        counts = [seq.count(0), seq.count(1)]
+        # the sequence of each token: A's tokens come first (out["windows"] counts them), then B's;
+        # token types cannot tell (MPNet's template gives B type 0)
+        count_a = out["windows"][k][2]
+        seq, seen = [], 0
+        for s in special:
+            seq.append(None if s else (0 if seen < count_a else 1))
+            seen += not s
         lo = len(ids) - sum(attn) if options.pad_left else 0
-        # BERT's template: [CLS] A [SEP] (B [SEP]); without specials A B
-        start_a = lo + (1 if options.add_special_tokens else 0)
-        ranges = {0: range(start_a, start_a + counts[0])}
+        gaps = self.gaps[n_seq - 1] if options.add_special_tokens else (0, 0)
+        start_a = lo + gaps[0]
+        ranges = {0: range(start_a, start_a + count_a)}
         if n_seq == 2:
-            start_b = start_a + counts[0] + (1 if options.add_special_tokens else 0)
-            ranges[1] = range(start_b, start_b + counts[1])
+            start_b = start_a + count_a + gaps[1]
+            ranges[1] = range(start_b, start_b + seen - count_a)
         tokens = self._tokens(ids, offsets, seq, words, attn, text, pair, options.split_words, vocab)
         return Encoding(ids, types, tokens, offsets, attn, special, words, seq, ranges)  # offsets: tuples
 

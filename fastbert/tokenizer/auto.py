@@ -1,9 +1,11 @@
 """fastbert.AutoTokenizer: the C++ WordPiece tokenizer where it applies, HF's fast tokenizer elsewhere.
 
-WordPiece vocabularies (BERT, DistilBERT, ELECTRA, MiniLM, bge, e5) get `fastbert.BertTokenizer`;
+WordPiece vocabularies (BERT, DistilBERT, ELECTRA, MiniLM, bge, e5, and MPNet with its
+<s> A </s></s> B </s> template) get `fastbert.BertTokenizer`;
 BPE (RoBERTa) and SentencePiece/Unigram (XLM-R, CamemBERT, ALBERT) get `transformers.AutoTokenizer`,
 which reads the same files. The choice is made from the files in the checkpoint directory:
-  tokenizer.json present  -> its "model.type" decides (WordPiece -> fastbert)
+  tokenizer.json present  -> its "model.type" decides (WordPiece -> fastbert, when its post-processor
+                             is Bert-, Roberta- or TemplateProcessing)
   only vocab.txt present  -> fastbert (a WordPiece vocabulary)
   anything else           -> transformers.AutoTokenizer
 """
@@ -11,6 +13,8 @@ import json
 from pathlib import Path
 
 from fastbert.tokenizer.bert import BertTokenizer
+from fastbert.tokenizer.files import GENERIC_CLASSES, read_json
+from fastbert.tokenizer.template import supported
 
 
 def tokenizer_kind(directory) -> str:
@@ -20,10 +24,17 @@ def tokenizer_kind(directory) -> str:
     if tokenizer_json.is_file():
         try:
             with open(tokenizer_json, encoding="utf-8") as f:
-                model = json.load(f).get("model") or {}
+                data = json.load(f)
+            model = data.get("model") or {}
         except (OSError, ValueError) as e:
             raise OSError(f"cannot read tokenizer file {tokenizer_json}: {e}") from e
-        return "wordpiece" if model.get("type") == "WordPiece" else "hf"
+        if model.get("type") != "WordPiece":
+            return "hf"
+        # a generic class applies the file's post-processor: one the C++ core cannot apply exactly (e.g. a
+        # Sequence of them) goes to transformers (named classes such as BertTokenizer build their own)
+        config = read_json(directory / "tokenizer_config.json") or {}
+        generic = config.get("tokenizer_class") in GENERIC_CLASSES
+        return "hf" if generic and not supported(data.get("post_processor")) else "wordpiece"
     if (directory / "vocab.txt").is_file():
         return "wordpiece"
     return "hf"

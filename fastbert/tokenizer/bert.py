@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastbert import _C
-from fastbert.tokenizer import files, pad as pad_module
+from fastbert.tokenizer import files, pad as pad_module, template
 from fastbert.tokenizer.alignment import Aligner
 from fastbert.tokenizer.encoding import BatchEncoding, as_tensor
 from fastbert.tokenizer.files import SPECIAL_ATTRS
@@ -171,7 +171,8 @@ class BertTokenizer:
                  padding_side: str = "right", truncation_side: str = "right",
                  clean_up_tokenization_spaces: bool = False, added_tokens: Iterable[dict] | None = None,
                  additional_special_tokens: Iterable | None = None, num_threads: int | None = None,
-                 clean_text: bool = True, name_or_path: str = "", **kwargs):
+                 clean_text: bool = True, name_or_path: str = "", bos_token=None, eos_token=None,
+                 post_processor: dict | None = None, model_input_names: Iterable[str] | None = None, **kwargs):
         if vocab is None:
             if vocab_file is None:
                 raise ValueError("BertTokenizer needs a vocab_file (vocab.txt) or a vocab")
@@ -198,8 +199,9 @@ class BertTokenizer:
         self.name_or_path = name_or_path
         source_path = kwargs.pop("_source_path", None)  # tokenizer.json, for error messages
         self.init_kwargs = dict(kwargs)
-        specials = {"unk_token": unk_token, "sep_token": sep_token, "pad_token": pad_token,
-                    "cls_token": cls_token, "mask_token": mask_token}
+        # transformers' order; bos / eos are None for BERT (and left out of special_tokens_map)
+        specials = {"bos_token": bos_token, "eos_token": eos_token, "unk_token": unk_token, "sep_token": sep_token,
+                    "pad_token": pad_token, "cls_token": cls_token, "mask_token": mask_token}
         self._special = {k: _token_str(v) for k, v in specials.items()}
         self.additional_special_tokens = [_token_str(t) for t in (additional_special_tokens or [])]
 
@@ -230,9 +232,21 @@ class BertTokenizer:
         self._base_size = self._core.base_size()
         self._normalized_ids = {self._core.token_to_id(a["content"]) for a in self._added
                                 if a.get("normalized", not a.get("special", False))}
-        self._core.set_specials(self._id_or(self.cls_token, 0), self._id_or(self.sep_token, 0))
+        # what goes around the sequences: tokenizer.json's post-processor, else BERT's (MPNet's
+        # RobertaProcessing gives <s> A </s></s> B </s>)
+        if model_input_names is not None:
+            self.model_input_names = list(model_input_names)
+        self._post_processor = post_processor
+        single, pair = template.build(post_processor, self._core.token_to_id, self.cls_token, self.sep_token,
+                                      source_name)
+        try:
+            self._core.set_template(single, pair)
+        except ValueError as e:
+            raise ValueError(f"{source_name}: {e}") from None
+        self._templates = (single, pair)
+        self._num_specials = (template.specials(single), template.specials(pair))
         self._warned_long = False
-        self._aligner = Aligner(self._core, self._added, self._special)
+        self._aligner = Aligner(self._core, self._added, self._special, template.gaps(single, pair))
         self._options = OptionsCache()
         # the options of one text without padding or truncation, by (add_special_tokens,
         # token_type_ids, attention_mask): what a loop over single texts calls
@@ -290,6 +304,7 @@ class BertTokenizer:
                      added_tokens=[dict(a, id=self._core.token_to_id(a["content"])) for a in self._added],
                      additional_special_tokens=list(self.additional_special_tokens),
                      num_threads=self._num_threads, name_or_path=self.name_or_path,
+                     post_processor=self._post_processor, model_input_names=list(self.model_input_names),
                      **{k: self._special[k] for k in SPECIAL_ATTRS}, **self.init_kwargs)
         return (_rebuild, (type(self), state))
 
@@ -346,8 +361,8 @@ class BertTokenizer:
     pad_token = _special_token("pad_token")
     cls_token = _special_token("cls_token")
     mask_token = _special_token("mask_token")
-    bos_token = property(lambda self: None)
-    eos_token = property(lambda self: None)
+    bos_token = _special_token("bos_token")
+    eos_token = _special_token("eos_token")
 
     def _special_id(name):  # noqa: N805
         return property(lambda self: None if self._special.get(name) is None
@@ -358,8 +373,8 @@ class BertTokenizer:
     pad_token_id = _special_id("pad_token")
     cls_token_id = _special_id("cls_token")
     mask_token_id = _special_id("mask_token")
-    bos_token_id = property(lambda self: None)
-    eos_token_id = property(lambda self: None)
+    bos_token_id = _special_id("bos_token")
+    eos_token_id = _special_id("eos_token")
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -383,7 +398,7 @@ class BertTokenizer:
         return [self.convert_tokens_to_ids(t) for t in self.all_special_tokens]
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
-        return 3 if pair else 2
+        return self._num_specials[bool(pair)]
 
     def __repr__(self) -> str:
         return (f"fastbert.BertTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
@@ -701,6 +716,16 @@ class BertTokenizer:
                   "padding_side": self.padding_side, "truncation_side": self.truncation_side,
                   "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
                   **({} if self.clean_text else {"clean_text": False})}  # fastbert's own option
+        # vocab.txt holds no post-processor: the class name says which template to build
+        single, pair = self._templates
+        as_bert = template.build(None, self._core.token_to_id, self.cls_token, self.sep_token)
+        as_mpnet = template.build({"type": "RobertaProcessing"}, self._core.token_to_id, self.cls_token,
+                                  self.sep_token)
+        if (single, pair) == as_mpnet and (single, pair) != as_bert:
+            config.update(tokenizer_class="MPNetTokenizer", model_input_names=list(self.model_input_names))
+        elif (single, pair) != as_bert:
+            raise ValueError(f"save_pretrained writes vocab.txt, which cannot hold this tokenizer's post-processor "
+                             f"template (single {single}, pair {pair}): keep the checkpoint's tokenizer.json")
         specials = dict(self.special_tokens_map)
         if self.additional_special_tokens:  # the key every transformers version reads
             specials["additional_special_tokens"] = list(self.additional_special_tokens)

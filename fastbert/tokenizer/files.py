@@ -7,7 +7,13 @@ import json
 import os
 from typing import Any
 
-SPECIAL_ATTRS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SPECIAL_ATTRS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# MPNetTokenizer's defaults (a vocab.txt whose tokenizer_config.json names that class)
+MPNET_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "[UNK]", "sep_token": "</s>",
+                  "pad_token": "<pad>", "cls_token": "<s>",
+                  "mask_token": {"content": "<mask>", "lstrip": True, "special": True}}
+MPNET_INPUTS = ["input_ids", "attention_mask"]
+GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")  # apply tokenizer.json's post-processor
 
 
 def read_json(path):
@@ -94,10 +100,15 @@ def read_pretrained(path) -> dict[str, Any]:
             kwargs[k] = config_value(k, config[k], config_path)
     if "strip_accents" in config:
         kwargs["strip_accents"] = config["strip_accents"]
+    mpnet = str(config.get("tokenizer_class") or "").startswith("MPNet")
     for k in SPECIAL_ATTRS:
         v = special_map.get(k, config.get(k))
+        if v is None and mpnet:
+            v = MPNET_SPECIALS[k]
         if v is not None:
             kwargs[k] = v
+    if "model_input_names" in config or mpnet:
+        kwargs["model_input_names"] = config.get("model_input_names") or MPNET_INPUTS
     extra = special_map.get("additional_special_tokens", config.get("additional_special_tokens"))
     if not extra:  # transformers >= 5 saves them as extra_special_tokens (a list, or named tokens)
         extra = special_map.get("extra_special_tokens", config.get("extra_special_tokens"))
@@ -117,6 +128,8 @@ def read_pretrained(path) -> dict[str, Any]:
         vocab = model["vocab"]
         kwargs["vocab"] = vocab if isinstance(vocab, dict) else [v[0] if isinstance(v, list) else v for v in vocab]
         kwargs["_source_path"] = tok_json_path
+        if config.get("tokenizer_class") in GENERIC_CLASSES:
+            kwargs["post_processor"] = tj.get("post_processor")
         for a in tj.get("added_tokens") or []:
             a = added_entry(a, tok_json_path)
             added[a["id"]] = a
@@ -124,6 +137,11 @@ def read_pretrained(path) -> dict[str, Any]:
         kwargs["vocab_file"] = vocab_path
     else:
         raise OSError(f"no vocab.txt or tokenizer.json in {directory}")
+    if mpnet:
+        # transformers' named tokenizer classes build their own post-processor, whatever tokenizer.json
+        # holds: BertTokenizer BERT's (the default here), MPNetTokenizer RobertaProcessing with its cls /
+        # sep tokens (<s> A </s></s> B </s>, every type id 0); only the generic classes keep the file's
+        kwargs["post_processor"] = {"type": "RobertaProcessing"}
     for id_str, a in (config.get("added_tokens_decoder") or {}).items():
         a = added_entry(a, config_path, id_str)
         added[a["id"]] = a
