@@ -182,21 +182,48 @@ def _mpnet_table_index(num_buckets: int, max_distance: int, device: torch.device
     return mpnet_bucket(-d, num_buckets, max_distance).to(device), radius
 
 
-@functools.lru_cache(maxsize=None)
+_LUTS = {}   # (span, position_buckets, max_relative_positions, device) -> (lut, R), built eagerly once
+
+
+def _saturation_guess(span: int, position_buckets: int, max_relative_positions: int) -> int:
+    """A distance past which DeBERTa's clamped relative index no longer changes (closed form)."""
+    if not (position_buckets > 0 and max_relative_positions > 0):
+        return span + 1
+    mid = position_buckets // 2
+    if mid < 2 or max_relative_positions - 1 <= mid:
+        return 4 * max(span, max_relative_positions) + 2
+    # r(a) = ceil(log(a / mid) / log((maxpos - 1) / mid) * (mid - 1)) + mid reaches span - 1 here
+    power = max(span - 1 - mid, 0) / (mid - 1)
+    return int(mid * ((max_relative_positions - 1) / mid) ** power * 1.05) + max(span, mid) + 2
+
+
 def deberta_lut(span: int, position_buckets: int, max_relative_positions: int,
                 device: torch.device) -> Tuple[torch.Tensor, int]:
     """((2R + 1,) int32 c2p index clamp(r(d) + span, 0, 2 span - 1) of each clamped distance, R); the
     p2c index of pair (i, j) is the same lut[d] (transformers gathers p2c at -r(p_j - p_i) = r(p_i - p_j)).
-    Built on the host once per configuration."""
-    radius = max(span, max_relative_positions, 1) + 1
-    while True:
-        d = torch.arange(-radius, radius + 1)
+    Built and checked eagerly once per configuration; a torch.compile trace reads the cached table (no
+    data-dependent branch in the graph)."""
+    key = (span, position_buckets, max_relative_positions, str(device))
+    if key in _LUTS:
+        return _LUTS[key]
+    radius = _saturation_guess(span, position_buckets, max_relative_positions)
+    for _ in range(8):
+        d = torch.arange(-2 * radius, 2 * radius + 1)
         r = (deberta_log_bucket(d, position_buckets, max_relative_positions)
              if position_buckets > 0 and max_relative_positions > 0 else d)
-        lut = torch.clamp(r + span, 0, 2 * span - 1)
-        if lut[0] == 0 and lut[-1] == 2 * span - 1:         # saturated at both ends (r is monotone)
-            return lut.to(torch.int32).to(device), radius
+        wide = torch.clamp(r + span, 0, 2 * span - 1)
+        lut = wide[radius:3 * radius + 1]
+        # r is monotone in d: equal ends at R and 2R mean it no longer changes (clamped or constant)
+        if torch.compiler.is_compiling() or (lut[0] == wide[0] and lut[-1] == wide[-1]):
+            break
         radius *= 2
+    else:
+        raise ValueError(f"DeBERTa relative positions (position_buckets={position_buckets}, max_relative_positions="
+                         f"{max_relative_positions}, span={span}) do not saturate within {radius} tokens")
+    out = (lut.to(torch.int32).to(device), radius)
+    if not torch.compiler.is_compiling():
+        _LUTS[key] = out
+    return out
 
 
 # ---- Blocked torch path (CPU): scores for one block of query rows at a time ---------------------------
