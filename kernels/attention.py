@@ -20,6 +20,12 @@
 # a training step). Inference skips the lse store (STORE_LSE=False): only the backward reads it.
 # Backward (deterministic, no atomics): delta = rowsum(dO * O); a dk/dv pass over key blocks and a
 # dq pass over query blocks, with dS = P * (dP - delta) (dP taken through the dropout mask).
+# Sliding window (WINDOW > 0, ModernBERT's local layers): key j is visible to query i of the same
+# sequence iff |pos_i - pos_j| <= window (a runtime half-width); pos is the offset inside the sequence
+# (WINDOW=1) or a (tokens,) positions array (WINDOW=2, increasing inside each sequence, holes allowed).
+# Each program walks only the blocks within +-window packed tokens of its own block (packed distance <=
+# position distance, so no visible key lies outside): a local layer costs O(L * window), not O(L^2).
+# Blocks at the window's edges are masked element-wise. WINDOW=0 compiles the global path unchanged.
 # Math: Dao et al., "FlashAttention" (2022) and "FlashAttention-2" (2023).
 import torch
 import triton
@@ -48,7 +54,7 @@ _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 
                          (128, 128, 8, 2), (64, 64, 4, 4)])
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2),
                          (64, 128, 8, 2), (32, 32, 4, 3)])
-_KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT"]  # + argument dtypes
+_KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"]  # + argument dtypes
 
 
 @triton.jit
@@ -96,12 +102,38 @@ def _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p):
 
 
 @triton.jit
+def _window_span(first, size, n, window, STEP: tl.constexpr, WINDOW: tl.constexpr):
+    """[lo, hi) of the other side's indices that indices [first, first + size) can see, lo a multiple
+    of STEP: all n, or with a window only those within +-window (the loop bounds that skip blocks)."""
+    lo = first * 0
+    hi = n
+    if WINDOW:
+        lo = tl.maximum(first - window, 0) // STEP * STEP
+        hi = tl.minimum(first + size + window, n)
+    return lo, hi
+
+
+@triton.jit
+def _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW: tl.constexpr):
+    """(rows x cols) visibility, broadcastable: the key mask, and with a window |pos_i - pos_j| <= window."""
+    ok = col_ok[None, :]
+    if WINDOW == 1:
+        ok = ok & (tl.abs(rows[:, None] - cols[None, :]) <= window)
+    elif WINDOW == 2:
+        pr = tl.load(pos_ptr + start64 + rows, mask=rows < n, other=0).to(tl.int64)
+        pc = tl.load(pos_ptr + start64 + cols, mask=cols < n, other=0).to(tl.int64)
+        ok = ok & (tl.abs(pr[:, None] - pc[None, :]) <= window)
+    return ok
+
+
+@triton.jit
 def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen, qk_scale, dropout_p,
               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    """One (rows x cols) tile of the backward: (dropped P, dS), P recomputed from the saved lse."""
+    """One (rows x cols) tile of the backward: (dropped P, dS), P recomputed from the saved lse.
+    col_ok: (cols,) key validity, or a (rows, cols) visibility mask (sliding window)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
     p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
-    p = tl.where(col_ok[None, :], p, 0.0)
+    p = tl.where(col_ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     if HAS_DROPOUT:
         keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
@@ -123,15 +155,18 @@ def _attention_fwd_kernel(
     mask_ptr,   # (batch, seq) int8 key mask, nonzero = real token (HAS_MASK)
     cu_ptr,     # (batch + 1,) int32 sequence starts (IS_VARLEN)
     seed_ptr,   # (1,) int64 Philox seed (HAS_DROPOUT)
+    pos_ptr,    # (total_tokens,) int positions for the window (WINDOW == 2)
     stride_qb, stride_qs, stride_qh, stride_qd,  # batch stride is 0 for varlen
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh, stride_od,
     stride_mb, stride_ms,
     n_heads, max_seqlen, sm_scale, dropout_p,
+    window,      # half-width of the sliding window (WINDOW > 0)
     SEQ_BUCKET,  # autotune key only: seq_bucket(max_seqlen)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_LSE: tl.constexpr,
+    WINDOW: tl.constexpr,  # 0 global; 1 window over offsets in the sequence; 2 over pos_ptr
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
@@ -150,13 +185,15 @@ def _attention_fwd_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, n, BLOCK_N):
+    lo, hi = _window_span(pid_m * BLOCK_M, BLOCK_M, n, window, BLOCK_N, WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
+        ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         kt = tl.trans(_tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM))  # (BLOCK_D, BLOCK_N)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)              # (BLOCK_N, BLOCK_D)
         s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(col_ok[None, :], s, float("-inf"))
+        s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -209,17 +246,17 @@ def _attention_bwd_dkdv_kernel(
     do_ptr,     # like q
     lse_ptr,    # (batch, heads, max_seqlen) fp32 from the forward
     delta_ptr,  # (batch, heads, max_seqlen) fp32 from the preprocess kernel
-    mask_ptr, cu_ptr, seed_ptr,
+    mask_ptr, cu_ptr, seed_ptr, pos_ptr,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_db, stride_ds, stride_dh, stride_dd,   # dO
     stride_gb, stride_gs, stride_gh, stride_gd,   # dk and dv
     stride_mb, stride_ms,
-    n_heads, max_seqlen, sm_scale, dropout_p,
+    n_heads, max_seqlen, sm_scale, dropout_p, window,
     SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh, pid_n, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
@@ -240,14 +277,16 @@ def _attention_bwd_dkdv_kernel(
     rng_base = stat_base * max_seqlen
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range(0, n, BLOCK_M):
+    lo, hi = _window_span(pid_n * BLOCK_N, BLOCK_N, n, window, BLOCK_M, WINDOW)
+    for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < n
+        ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
         do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
         lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen,
+        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, rng_base, rows, cols, max_seqlen,
                                qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
@@ -262,17 +301,17 @@ def _attention_bwd_dkdv_kernel(
 @triton.jit
 def _attention_bwd_dq_kernel(
     dq_ptr,     # like q, contiguous
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr, cu_ptr, seed_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr, cu_ptr, seed_ptr, pos_ptr,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_db, stride_ds, stride_dh, stride_dd,   # dO
     stride_gb, stride_gs, stride_gh, stride_gd,   # dq
     stride_mb, stride_ms,
-    n_heads, max_seqlen, sm_scale, dropout_p,
+    n_heads, max_seqlen, sm_scale, dropout_p, window,
     SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
@@ -294,12 +333,14 @@ def _attention_bwd_dq_kernel(
     v_base = _head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh)
     qk_scale = sm_scale * 1.4426950408889634
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, n, BLOCK_N):
+    lo, hi = _window_span(pid_m * BLOCK_M, BLOCK_M, n, window, BLOCK_N, WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
+        ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        _, ds = _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen,
+        _, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, rng_base, rows, cols, max_seqlen,
                           qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
@@ -324,7 +365,7 @@ def _strides4(t: torch.Tensor):
 class _Call:
     """What one forward or backward call shares: layout, sizes, flags and the launch key."""
 
-    def __init__(self, q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed):
+    def __init__(self, q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, window, positions):
         head_dim = q.shape[-1]
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}")
@@ -348,37 +389,47 @@ class _Call:
         has_mask = key_mask is not None and not self.varlen
         self.dropout = dropout_p > 0
         self.seed = seed if self.dropout else q
-        self.scalars = (self.heads, self.max_seqlen, float(scale), float(dropout_p))
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+            raise ValueError(f"window must be an int >= 0 (the half-width), got {window!r}")
+        if positions is not None and (window is None or not self.varlen or positions.dim() != 1
+                                      or positions.shape[0] != q.shape[0] or positions.stride(0) != 1):
+            raise ValueError(f"positions go with a window on varlen input, contiguous ({q.shape[0]},); got "
+                             f"shape {tuple(positions.shape)}, window {window!r}, varlen {self.varlen}")
+        flag = 0 if window is None else (1 if positions is None else 2)
+        self.pos = q if positions is None else positions
+        self.scalars = (self.heads, self.max_seqlen, float(scale), float(dropout_p), int(window or 0))
         self.meta = dict(SEQ_BUCKET=seq_bucket(self.max_seqlen), HEAD_DIM=head_dim,
                          BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                          DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                         IS_VARLEN=self.varlen, HAS_MASK=has_mask, HAS_DROPOUT=self.dropout)
-        self.key = (self.meta["SEQ_BUCKET"], head_dim, self.varlen, has_mask, self.dropout, q.dtype)
+                         IS_VARLEN=self.varlen, HAS_MASK=has_mask, HAS_DROPOUT=self.dropout, WINDOW=flag)
+        self.key = (self.meta["SEQ_BUCKET"], head_dim, self.varlen, has_mask, self.dropout, flag, q.dtype)
 
     def grid(self, block):
         return lambda meta: (self.batch * self.heads, triton.cdiv(self.max_seqlen, meta[block]))
 
 
 def attention_fwd(q, k, v, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=None,
-                  dropout_p=0.0, seed=None, store_lse=True):
+                  dropout_p=0.0, seed=None, store_lse=True, window=None, positions=None):
     """out (like q, contiguous) and lse (batch, heads, max_seqlen) fp32, or None without store_lse.
-    seed: a (1,) int64 tensor on q's device, needed when dropout_p > 0."""
-    c = _Call(q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
+    seed: a (1,) int64 tensor on q's device, needed when dropout_p > 0. window: sliding-window
+    half-width (None: global); positions: q.shape[:-2] ints the window is measured in (None: offsets)."""
+    c = _Call(q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, window, positions)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = (torch.empty((c.batch, c.heads, c.max_seqlen), dtype=torch.float32, device=q.device)
            if store_lse else None)
     if out.numel() == 0:
         return out, (lse.fill_(float("inf")) if store_lse else None)
     _fwd.launch(c.key + (store_lse,), c.grid("BLOCK_M"), out, lse if store_lse else out, q, k, v, c.mask,
-                c.cu, c.seed, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *c.mstride,
+                c.cu, c.seed, c.pos, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *c.mstride,
                 *c.scalars, **c.meta, STORE_LSE=store_lse)
     return out, lse
 
 
 def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=None,
-                  dropout_p=0.0, seed=None):
-    """(dq, dk, dv), each contiguous in q's shape and dtype; the same seed tensor as the forward."""
-    c = _Call(q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed)
+                  dropout_p=0.0, seed=None, window=None, positions=None):
+    """(dq, dk, dv), each contiguous in q's shape and dtype; the same seed, window and positions as the
+    forward."""
+    c = _Call(q, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, window, positions)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -389,7 +440,7 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
     launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, block_m)),
            delta, out, do, c.cu, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
            HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=c.varlen, BLOCK_M=block_m)
-    args = (q, k, v, do, lse, delta, c.mask, c.cu, c.seed,
+    args = (q, k, v, do, lse, delta, c.mask, c.cu, c.seed, c.pos,
             *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do))
     _dkdv.launch(c.key, c.grid("BLOCK_N"), dk, dv, *args, *_strides4(dk), *c.mstride, *c.scalars, **c.meta)
     _dq.launch(c.key, c.grid("BLOCK_M"), dq, *args, *_strides4(dq), *c.mstride, *c.scalars, **c.meta)

@@ -385,10 +385,13 @@ from triton.compiler import ASTSource
 import fastbert.kernels.attention as K
 flags = dict(HEAD_DIM=80, BLOCK_D=128, IS_VARLEN=True, BLOCK_M=64)
 tuned = dict(flags, DOT_PRECISION="tf32", HAS_MASK=True, HAS_DROPOUT=True, BLOCK_N=64)
-for fn, const in ((K._attention_fwd_kernel, dict(tuned, STORE_LSE=True)), (K._attention_bwd_preprocess_kernel, flags),
-                  (K._attention_bwd_dkdv_kernel, tuned), (K._attention_bwd_dq_kernel, tuned)):
+window = lambda w: dict(tuned, WINDOW=w)  # 0 global, 1 window over offsets, 2 over positions
+for fn, const in ((K._attention_fwd_kernel, dict(tuned, STORE_LSE=True, WINDOW=0)), (K._attention_bwd_preprocess_kernel, flags),
+                  (K._attention_bwd_dkdv_kernel, window(0)), (K._attention_bwd_dq_kernel, window(0)),
+                  (K._attention_fwd_kernel, dict(window(2), STORE_LSE=True)),
+                  (K._attention_bwd_dkdv_kernel, window(2)), (K._attention_bwd_dq_kernel, window(1))):
     sig = {n: "constexpr" if n in const else "*fp32" if n in ("lse_ptr", "delta_ptr") else "*i8"
-           if n == "mask_ptr" else "*i32" if n == "cu_ptr" else "*i64" if n == "seed_ptr" else "*fp16" if n.endswith("_ptr")
+           if n == "mask_ptr" else "*i32" if n == "cu_ptr" else "*i64" if n in ("seed_ptr", "pos_ptr") else "*fp16" if n.endswith("_ptr")
            else "fp32" if n in ("sm_scale", "dropout_p") else "i32" for n in fn.arg_names}
     binary = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
                             target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
@@ -423,6 +426,7 @@ def _bad_calls():
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     p3 = [t.reshape(10, 2, 16) for t in (q, k, v)]
     big = torch.zeros(2, 5, 2, 129)
+    cu10 = torch.tensor([0, 4, 10], dtype=torch.int32)
     return [
         (lambda: attention(q[0], k, v), "4-D"),
         (lambda: attention(q, k[:, :4], v), "shapes differ"),
@@ -441,10 +445,16 @@ def _bad_calls():
         (lambda: attention(q, k.to("meta"), v), "devices differ"),
         (lambda: attention(q, k, v, torch.ones(2, 5, device="meta")), "attention_mask is on meta"),
         (lambda: varlen_attention(*p3, cu.to("meta"), 3), "cu_seqlens is on meta"),
+        (lambda: varlen_attention(*p3, cu10, 6, window=-1), r"window must be an int >= 0 .*got -1"),
+        (lambda: varlen_attention(*p3, cu10, 6, window=2.5), "window must be an int >= 0"),
+        (lambda: varlen_attention(*p3, cu10, 6, window=True), "window must be an int >= 0"),
+        (lambda: varlen_attention(*p3, cu10, 6, positions=torch.arange(10)), "pass them with window="),
+        (lambda: varlen_attention(*p3, cu10, 6, window=2, positions=torch.ones(10)), "integer tensor"),
+        (lambda: varlen_attention(*p3, cu10, 6, window=2, positions=torch.arange(9)), r"\(total_tokens,\) = \(10,\)"),
     ]
 
 
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(23))
 def test_validation_names_the_problem(case):
     call, message = _bad_calls()[case]
     with pytest.raises(ValueError, match=message):
@@ -526,6 +536,36 @@ def test_opcheck_kernel(padded, device):
     fwd = torch.ops.fastbert.attention if padded else torch.ops.fastbert.varlen_attention
     seed = torch.tensor([5], device=device)
     torch.library.opcheck(fwd.default, (q, k, v, *extra, 0.3, 0.25, seed, True, interpret), test_utils=utils)
+
+
+def test_opcheck_window(device):
+    """varlen_attention's window (with positions: holes in the first two sequences) through the custom
+    ops: opcheck on the CPU reference and the kernel's fake-tensor check, values and gradients against
+    varlen_attention_ref's dense window mask. (Window values: tests/test_sliding_window.py.)"""
+    q, k, v, (cu, max_len) = _op_args(False)
+    pos = torch.tensor([0, 1, 3, 4] + [0, 2, 3, 5, 6, 7, 9, 10, 11] + [4])
+    window = (2, pos)
+    # aot_dispatch of this op is checked without a window in test_opcheck_cpu_reference (it costs ~10 s)
+    torch.library.opcheck(torch.ops.fastbert.varlen_attention.default,
+                          (q, k, v, cu, max_len, 0.3, 0.0, None, True, False, *window),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    out, lse = torch.ops.fastbert.varlen_attention(q, k, v, cu, max_len, 0.3, 0.0, None, True, False, *window)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.fastbert.varlen_attention_backward.default,
+                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, cu, max_len, 0.3, 0.0,
+                           None, False, *window), test_utils=("test_schema", "test_faketensor"))
+    ref = varlen_attention_ref(q, k, v, cu, max_len, 0.3, window=2, positions=pos)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    for g, r in zip(torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+    interpret = device.type == "cpu"
+    args = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+    kpos = None if pos is None else pos.to(device)
+    torch.library.opcheck(torch.ops.fastbert.varlen_attention.default,
+                          (*args, cu.to(device), max_len, 0.3, 0.0, None, True, interpret, 2, kpos),
+                          test_utils=("test_faketensor",))
+    got = varlen_attention(*args, cu.to(device), max_len, scale=0.3, window=2, positions=kpos, backend="triton")
+    torch.testing.assert_close(got.cpu(), ref.detach(), atol=1e-5, rtol=1e-5)
 
 
 def test_inference_skips_lse():

@@ -137,3 +137,45 @@ def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error(tmp_path, mo
     ids, mask = padded_batch(hf.config)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         fast(input_ids=ids, attention_mask=mask)
+
+
+def test_modernbert_local_layers_on_the_kernel_match_transformers(tmp_path, monkeypatch):
+    """ModernBERT on backend="triton": its global and sliding-window (local) layers both run the varlen
+    flash kernel (the local one with its window), rotary on its kernel, forward and backward, with rows
+    longer than the window (20 > 4), shorter (3) and fully padded."""
+    from fastbert.kernels import attention as kernel, rotary
+    from fastbert.ops import _dispatch
+    if not _dispatch.interpreting():
+        pytest.skip("backend='triton' on CPU needs TRITON_INTERPRET=1; on a GPU the CUDA tests check the kernels")
+    config = T.ModernBertConfig(vocab_size=67, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                num_attention_heads=2, global_attn_every_n_layers=2, local_attention=8,
+                                max_position_embeddings=40, pad_token_id=0, global_rope_theta=500.0,
+                                local_rope_theta=50.0)
+    torch.manual_seed(0)
+    T.ModernBertModel(config).save_pretrained(tmp_path)
+    hf = T.ModernBertModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    fast = fastbert.AutoModel.from_pretrained(tmp_path, backend="triton")
+    windows, ran = [], []     # the window flag of each attention launch, forward and backward
+    for name in ("_fwd", "_dkdv", "_dq"):
+        tuned = getattr(kernel, name)
+        monkeypatch.setattr(tuned, "launch", lambda *a, _name=name, _launch=tuned.launch, **kw:
+                            windows.append((_name, kw["WINDOW"] > 0)) or _launch(*a, **kw))
+    monkeypatch.setattr(rotary, "launch", lambda fn, *a, _launch=rotary.launch, **kw:
+                        ran.append(fn.__name__) or _launch(fn, *a, **kw))
+    ids, mask = padded_batch(config, seq=20)
+    real = mask.bool()
+    weight = torch.randn(*ids.shape, 32, generator=torch.Generator().manual_seed(2))
+    outs = []
+    for model in (hf, fast):
+        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        (h[real] * weight[real]).sum().backward()
+        outs.append(h[real].detach())
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    # one global and one local layer, each forward and backward (dk/dv and dq)
+    assert sorted(windows) == sorted((n, w) for n in ("_fwd", "_dkdv", "_dq") for w in (False, True)), windows
+    assert ran.count("_rotary_fwd_kernel") == 4, ran                # 2 layers, forward and backward
+    for name in ("layers.0.attn.Wqkv.weight", "layers.1.attn.Wqkv.weight", "layers.1.mlp.Wi.weight",
+                 "embeddings.tok_embeddings.weight"):
+        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
+        err = (got - want).abs().max() / want.abs().max()
+        assert err < 1e-4, f"modernbert {name}: relative gradient error {err:.2e}"

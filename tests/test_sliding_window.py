@@ -108,3 +108,77 @@ def test_offsets_and_errors():
         sliding_window_attention_ref(q, k, v, cu.long(), 2)
     with pytest.raises(ValueError, match="positions"):
         sliding_window_attention_ref(q, k, v, cu, 2, torch.arange(3))
+
+
+# ------------------------------------------------------------------------------------------------
+# the window inside the varlen flash kernel (Triton's interpreter on CPU, compiled on a GPU)
+
+KERNEL_LENGTHS = [70, 1, 5, 0, 20]     # 70 > one 64-row block and > every window; seq 1; an empty row
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
+
+
+def _kernel_vs_fp64(device, lengths, window, dtype, positions=None, heads=2, dim=16):
+    q, k, v, cu = packed(lengths, heads=heads, dim=dim, seed=window)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    leaves = [t.to(device, dtype, copy=True).requires_grad_() for t in (q, k, v)]
+    pos = None if positions is None else positions.to(device)
+    out = sliding_window_attention(*leaves, cu.to(device), max(lengths), window, pos, backend="triton")
+    out.backward(dout.to(device, dtype))
+    ref64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = dense_window_ref(*ref64, lengths, window, positions)
+    ref.backward(dout.double())
+    tol = TOL[dtype]
+    assert (out.detach().cpu().double() - ref.detach()).abs().max() < tol
+    for name, got, r in zip("qkv", leaves, ref64):
+        err = (got.grad.cpu().double() - r.grad).abs().max().item()
+        assert err < 2 * tol, f"d{name}: error {err:.3g}"
+
+
+@pytest.mark.parametrize("window,dtype", [(4, torch.float32), (16, torch.float32), (7, torch.float32),
+                                          (7, torch.float16)], ids=str)
+def test_kernel_matches_fp64_forward_backward(window, dtype, device, launches):
+    from fastbert.kernels import attention as kernel
+    calls = launches(kernel, "_fwd", "_dkdv", "_dq")
+    _kernel_vs_fp64(device, KERNEL_LENGTHS, window, dtype)
+    assert calls == {"_fwd": 1, "_dkdv": 1, "_dq": 1}
+
+
+def test_kernel_positions_with_holes(device):
+    """Window measured in given positions (a holey mask keeps padded-row indices), forward and backward."""
+    lengths = [70, 12]
+    pos = torch.cat([torch.arange(70) * 2, torch.arange(12) + 3])      # gaps of 2 in the first sequence
+    _kernel_vs_fp64(device, lengths, 6, torch.float32, positions=pos)
+
+
+def test_kernel_skips_key_blocks_outside_the_window(device):
+    """Blocks entirely outside the window are never loaded: NaN in q, k, v and dO far from the first
+    block leaves its output and gradients finite and exact; the global path does read them (NaN)."""
+    from fastbert.kernels import attention as kernel
+    if device.type == "cuda":
+        pytest.skip("block sizes are autotuned on a GPU; the interpreter's single config is known")
+    window, n = 4, 256
+    fm, fn = (kernel._FWD_CONFIGS[0].kwargs[b] for b in ("BLOCK_M", "BLOCK_N"))
+    bm, bn = (kernel._BWD_CONFIGS[0].kwargs[b] for b in ("BLOCK_M", "BLOCK_N"))
+    first, step = max(fm, bm, bn), min(fn, bm, bn)                     # rows/cols checked: the first block
+
+    def blocks_end(i):                                                 # end of the blocks reached from [0, i)
+        return -(-(i + window) // step) * step
+    # never visited from the first block, nor seen by the rows it visits (their lse/delta stay finite)
+    far = blocks_end(blocks_end(first))
+    assert far + fn <= n
+    q, k, v, cu = packed([n], heads=1, dim=16)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    ref64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = dense_window_ref(*ref64, [n], window)
+    ref.backward(dout.double())
+    poisoned = [t.clone() for t in (q, k, v, dout)]
+    for t in poisoned:
+        t[far:] = float("nan")
+    q, k, v, dout = poisoned
+    kw = dict(scale=0.25, cu_seqlens=cu, max_seqlen=n)
+    out, lse = kernel.attention_fwd(q, k, v, window=window, **kw)
+    grads = kernel.attention_bwd(dout, q, k, v, out, lse, window=window, **kw)
+    assert (out[:first].double() - ref[:first]).abs().max() < 2e-5
+    for got, r in zip(grads, ref64):
+        assert (got[:first].double() - r.grad[:first]).abs().max() < 4e-5
+    assert kernel.attention_fwd(q, k, v, **kw)[0][:first].isnan().any()  # the poison is visible to a reader

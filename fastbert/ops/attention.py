@@ -9,7 +9,11 @@ tensor drawn on the device from `generator` (or torch's default generator for th
 Packing metadata: cu_seqlens' values are the caller's contract. CPU tensors are checked on every
 call; CUDA tensors are not read (that would be a device-to-host sync per layer, and no CUDA graph or
 torch.compile graph could hold it): check them on the host copy before the upload, with
-check_cu_seqlens(), as the tokenizer's packed output and the padding helpers do."""
+check_cu_seqlens(), as the tokenizer's packed output and the padding helpers do.
+
+Sliding window (ModernBERT's local layers): varlen_attention(..., window=w) lets query i see key j of
+its own sequence only when |pos_i - pos_j| <= w, pos being the offset inside the sequence or the given
+`positions`; the kernel skips the key blocks outside the window (O(tokens * w) work)."""
 import math
 from typing import Optional, Tuple
 
@@ -102,16 +106,17 @@ def _draw_keep(shape, dropout_p, generator, device) -> torch.Tensor:
 
 
 def _attend(qh, kh, vh, key_keep, scale, dropout_p=0.0, generator=None, drop_keep=None):
-    """(batch, heads, seq, dim) attention over keys where key_keep (batch, seq) is True.
+    """(batch, heads, seq, dim) attention over keys where key_keep (batch, seq) is True (or a
+    (batch, 1, seq, seq) mask, True where query i may see key j).
 
     Without dropout this is one SDPA call (it returns zeros, not NaN, for rows with no key, forward
     and backward). With dropout the probabilities are materialised once to apply the mask."""
     if dropout_p == 0.0 and drop_keep is None:
-        attn_mask = None if key_keep is None else key_keep[:, None, None, :]
+        attn_mask = None if key_keep is None else _keep4(key_keep)
         return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale          # (batch, heads, seq, seq)
     if key_keep is not None:
-        keep = key_keep[:, None, None, :]
+        keep = _keep4(key_keep)
         any_key = keep.any(-1, keepdim=True)
         # rows with no key get finite scores and are zeroed after softmax: no NaN in either pass
         scores = scores.masked_fill(~keep, float("-inf")).masked_fill(~any_key, 0.0)
@@ -122,6 +127,18 @@ def _attend(qh, kh, vh, key_keep, scale, dropout_p=0.0, generator=None, drop_kee
         drop_keep = _draw_keep(probs.shape, dropout_p, generator, probs.device)
     probs = probs * drop_keep / (1.0 - dropout_p)
     return torch.matmul(probs, vh)
+
+
+def _keep4(key_keep):
+    return key_keep if key_keep.dim() == 4 else key_keep[:, None, None, :]
+
+
+def _window_keep(mask, window: int, positions=None):
+    """(batch, 1, seq, seq) bool: real keys (mask (batch, seq)) within +-window of the query, the
+    distance in positions (batch, seq) or, without them, in offsets inside the row."""
+    pos = torch.arange(mask.shape[1], device=mask.device)[None, :] if positions is None else positions.long()
+    near = (pos[:, :, None] - pos[:, None, :]).abs() <= window        # (batch or 1, seq, seq)
+    return (mask[:, None, :] & near)[:, None]
 
 
 def _compute_dtype(dtype):
@@ -162,10 +179,12 @@ def _padding(cu_seqlens, max_seqlen: int):
 
 def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[float] = None, *,
                          dropout_p: float = 0.0, generator: Optional[torch.Generator] = None,
+                         window: Optional[int] = None, positions: Optional[torch.Tensor] = None,
                          _drop_keep: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Pure-torch reference over packed (total_tokens, heads, head_dim) sequences.
 
-    Repads to (batch, max_seqlen) and runs one batched attention, so the CPU path stays fast."""
+    Repads to (batch, max_seqlen) and runs one batched attention, so the CPU path stays fast. With a
+    window the mask is (batch, seq, seq): an oracle (fastbert.ops.sliding_window has the linear one)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     batch = cu_seqlens.numel() - 1
     # Gather (not scatter into zeros): padding slots read token 0 (or nothing when there are no
@@ -179,6 +198,9 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
         # index_select, not t[src]: advanced indexing is many times slower on CPU
         return t.index_select(0, src).to(compute).view(batch, max_seqlen, *t.shape[1:]).transpose(1, 2)
 
+    if window is not None:
+        pos = None if positions is None else positions.index_select(0, src).view(batch, max_seqlen)
+        mask = _window_keep(mask, window, pos)
     out = _attend(pad(q), pad(k), pad(v), mask, scale, dropout_p, generator, _drop_keep)
     out = out.transpose(1, 2).reshape(batch * max_seqlen, *q.shape[1:])
     return out.index_select(0, _slots(cu_seqlens, max_seqlen, q.shape[0])).to(q.dtype)
@@ -199,12 +221,13 @@ def _no_stats(q) -> torch.Tensor:
 
 
 def _flash_ref(q, k, v, key_keep, scale):
-    """(out, lse) for (batch, seq, heads, dim): lse (batch, heads, seq) fp32, +inf for a row with no key."""
+    """(out, lse) for (batch, seq, heads, dim): lse (batch, heads, seq) fp32, +inf for a row with no key.
+    key_keep: (batch, seq) real keys, or a (batch, 1, seq, seq) visibility mask."""
     compute = _compute_dtype(q.dtype)
     qh, kh, vh = (t.transpose(1, 2).to(compute) for t in (q, k, v))
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale           # (batch, heads, seq, seq)
     if key_keep is not None:
-        scores = scores.masked_fill(~key_keep[:, None, None, :], float("-inf"))
+        scores = scores.masked_fill(~_keep4(key_keep), float("-inf"))
     lse = torch.logsumexp(scores, -1)
     has_key = lse > float("-inf")
     p = torch.exp(scores - torch.where(has_key, lse, 0.0)[..., None])  # rows with no key: all 0
@@ -219,7 +242,7 @@ def _flash_backward_ref(dout, q, k, v, out, lse, key_keep, scale):
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale
     p = torch.exp(scores - lse.to(compute)[..., None])
     if key_keep is not None:
-        p = p.masked_fill(~key_keep[:, None, None, :], 0.0)
+        p = p.masked_fill(~_keep4(key_keep), 0.0)
     dv = torch.matmul(p.transpose(-1, -2), doh)
     ds = p * (torch.matmul(doh, vh.transpose(-1, -2)) - (doh * oh).sum(-1, keepdim=True))
     dq = torch.matmul(ds, kh) * scale
@@ -232,6 +255,15 @@ def _repad(t, cu_seqlens, max_seqlen):
     src, mask = _padding(cu_seqlens, max_seqlen)
     padded = t.index_select(0, src).view(mask.shape[0], max_seqlen, *t.shape[1:])
     return padded * mask[:, :, None, None].to(t.dtype), mask
+
+
+def _varlen_keep(cu_seqlens, max_seqlen, window, positions):
+    """The reference's (batch, max_seqlen) real-token mask, or with a window its (batch, 1, seq, seq) mask."""
+    src, mask = _padding(cu_seqlens, max_seqlen)
+    if window is None:
+        return mask
+    pos = None if positions is None else positions.index_select(0, src).view(mask.shape)
+    return _window_keep(mask, window, pos)
 
 
 def _unpad(t, cu_seqlens, max_seqlen, total):
@@ -257,21 +289,23 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: O
 @triton_op("fastbert::varlen_attention", mutates_args=())
 def _varlen_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                          max_seqlen: int, scale: float, dropout_p: float, seed: Optional[torch.Tensor],
-                         save_stats: bool, interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of packed attention; lse is (batch, heads, max_seqlen), empty unless save_stats."""
+                         save_stats: bool, interpret: bool, window: Optional[int] = None,
+                         positions: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of packed attention; lse is (batch, heads, max_seqlen), empty unless save_stats.
+    window: sliding-window half-width (None: global); positions (total,) the window's positions."""
     if run_kernel(q, interpret):
         from fastbert.kernels import attention as kernel
         out, lse = kernel.attention_fwd(q, k, v, scale=scale, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                        dropout_p=dropout_p, seed=seed, store_lse=save_stats)
+                                        dropout_p=dropout_p, seed=seed, store_lse=save_stats, window=window,
+                                        positions=positions)
         return out, (lse if save_stats else _no_stats(q))
     _no_ref_dropout(dropout_p)
     batch, total = cu_seqlens.numel() - 1, q.shape[0]
     if total == 0:
         lse = torch.full((batch, q.shape[1], max_seqlen), float("inf"), device=q.device)
         return torch.empty(q.shape, dtype=q.dtype, device=q.device), (lse if save_stats else _no_stats(q))
-    (qp, mask), kp, vp = _repad(q, cu_seqlens, max_seqlen), _repad(k, cu_seqlens, max_seqlen)[0], \
-        _repad(v, cu_seqlens, max_seqlen)[0]
-    out, lse = _flash_ref(qp, kp, vp, mask, scale)
+    qp, kp, vp = (_repad(t, cu_seqlens, max_seqlen)[0] for t in (q, k, v))
+    out, lse = _flash_ref(qp, kp, vp, _varlen_keep(cu_seqlens, max_seqlen, window, positions), scale)
     return _unpad(out, cu_seqlens, max_seqlen, total), (lse if save_stats else _no_stats(q))
 
 
@@ -292,12 +326,14 @@ def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def _varlen_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
                                   max_seqlen: int, scale: float, dropout_p: float,
-                                  seed: Optional[torch.Tensor], interpret: bool
+                                  seed: Optional[torch.Tensor], interpret: bool, window: Optional[int] = None,
+                                  positions: Optional[torch.Tensor] = None
                                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if run_kernel(q, interpret):
         from fastbert.kernels import attention as kernel
         return kernel.attention_bwd(dout, q, k, v, out, lse, scale=scale, cu_seqlens=cu_seqlens,
-                                    max_seqlen=max_seqlen, dropout_p=dropout_p, seed=seed)
+                                    max_seqlen=max_seqlen, dropout_p=dropout_p, seed=seed, window=window,
+                                    positions=positions)
     _no_ref_dropout(dropout_p)
     total = q.shape[0]
     if total == 0:
@@ -305,7 +341,7 @@ def _varlen_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.
     padded = [_repad(t, cu_seqlens, max_seqlen)[0] for t in (dout, q, k, v, out)]
     mask = _padding(cu_seqlens, max_seqlen)[1]
     lse = torch.where(mask[:, None, :], lse, float("inf"))            # padding rows: P = 0
-    grads = _flash_backward_ref(*padded, lse, mask, scale)
+    grads = _flash_backward_ref(*padded, lse, _varlen_keep(cu_seqlens, max_seqlen, window, positions), scale)
     return tuple(_unpad(g, cu_seqlens, max_seqlen, total) for g in grads)
 
 
@@ -320,7 +356,7 @@ def _(q, k, v, key_mask, scale, dropout_p, seed, save_stats, interpret):
 
 
 @_varlen_attention_op.register_fake
-def _(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, save_stats, interpret):
+def _(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, save_stats, interpret, window=None, positions=None):
     lse = _lse_like(q, cu_seqlens.shape[0] - 1, max_seqlen, save_stats)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device), lse
 
@@ -333,30 +369,42 @@ _attention_backward_op.register_fake(lambda dout, q, *args: _grads_like(q))
 _varlen_attention_backward_op.register_fake(lambda dout, q, *args: _grads_like(q))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, layout = inputs[:4]
-    *options, scale, dropout_p, seed, save_stats, interpret = inputs[4:]
-    out, lse = output
-    if not save_stats:
-        ctx.mark_non_differentiable(out)  # no lse saved: a backward would be wrong, so there is none
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse, layout, seed)
-    ctx.args = (*options, scale, dropout_p)
-    ctx.interpret = interpret
+def _setup_context(n_window_args: int):
+    """setup_context for an op whose inputs are (q, k, v, layout, *options, scale, dropout_p, seed,
+    save_stats, interpret) followed by n_window_args window arguments (window, positions)."""
+    def setup_context(ctx, inputs, output):
+        ctx.n_inputs = len(inputs)
+        inputs = tuple(inputs) + (None,) * (10 + n_window_args - len(inputs) if n_window_args else 0)
+        head = inputs[:len(inputs) - n_window_args]
+        q, k, v, layout = head[:4]
+        *options, scale, dropout_p, seed, save_stats, interpret = head[4:]
+        out, lse = output
+        if not save_stats:
+            ctx.mark_non_differentiable(out)  # no lse saved: a backward would be wrong, so there is none
+        ctx.mark_non_differentiable(lse)
+        window, positions = inputs[len(head):] if n_window_args else (None, None)
+        ctx.save_for_backward(q, k, v, out, lse, layout, seed, positions)
+        ctx.args = (*options, scale, dropout_p)
+        ctx.window = window
+        ctx.interpret = interpret
+        ctx.n_window_args = n_window_args
+    return setup_context
 
 
 def _backward(op):
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, layout, seed = ctx.saved_tensors
+        q, k, v, out, lse, layout, seed, positions = ctx.saved_tensors
         *options, scale, dropout_p = ctx.args
-        dq, dk, dv = op(dout, q, k, v, out, lse, layout, *options, scale, dropout_p, seed, ctx.interpret)
-        return (dq, dk, dv) + (None,) * (len(options) + 6)
+        window_args = (ctx.window, positions) if ctx.n_window_args else ()
+        dq, dk, dv = op(dout, q, k, v, out, lse, layout, *options, scale, dropout_p, seed, ctx.interpret,
+                        *window_args)
+        return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
     return backward
 
 
-_attention_op.register_autograd(_backward(torch.ops.fastbert.attention_backward), setup_context=_setup_context)
+_attention_op.register_autograd(_backward(torch.ops.fastbert.attention_backward), setup_context=_setup_context(0))
 _varlen_attention_op.register_autograd(_backward(torch.ops.fastbert.varlen_attention_backward),
-                                       setup_context=_setup_context)
+                                       setup_context=_setup_context(2))
 
 
 def _seed(dropout_p, generator, device) -> Optional[torch.Tensor]:
@@ -390,22 +438,54 @@ def attention(q, k, v, attention_mask=None, *, scale: Optional[float] = None, ba
     return attention_ref(q, k, v, attention_mask, scale, dropout_p=dropout_p, generator=generator)
 
 
+def _check_window(q, window, positions) -> None:
+    if window is None:
+        if positions is not None:
+            raise ValueError("positions are the sliding window's; pass them with window=")
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (the half-width: ModernBERT's local_attention // 2), "
+                         f"got {window!r}")
+    if positions is None:
+        return
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.is_complex() \
+            or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions))}")
+    if tuple(positions.shape) != (q.shape[0],):
+        raise ValueError(f"positions must have shape (total_tokens,) = ({q.shape[0]},), got {tuple(positions.shape)}")
+    if positions.device != q.device:
+        raise ValueError(f"positions is on {positions.device} but q is on {q.device}")
+
+
 def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[float] = None,
                      backend: str = "auto", dropout_p: float = 0.0,
-                     generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                     generator: Optional[torch.Generator] = None, window: Optional[int] = None,
+                     positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention over packed sequences, as flash-attention's flash_attn_varlen_func (non-causal).
 
+    window: a sliding window's half-width: query i sees key j of its sequence iff |pos_i - pos_j| <=
+    window, pos the offset inside the sequence or `positions` (total_tokens,) (increasing inside each
+    sequence; holes allowed). The kernel skips key blocks outside it; on the torch path it runs
+    fastbert.ops.sliding_window's blockwise reference (linear memory).
     cu_seqlens' values are checked here for CPU tensors only; see check_cu_seqlens()."""
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
     if isinstance(max_seqlen, torch.Tensor):
         raise ValueError("max_seqlen must be a Python int, not a tensor (reading one would sync the device)")
     _check_packing(q, cu_seqlens, int(max_seqlen))
     _check_dropout(dropout_p, generator)
+    _check_window(q, window, positions)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
+        window_args = () if window is None else (window, None if positions is None else positions.contiguous())
         return torch.ops.fastbert.varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), scale, float(dropout_p),
                                                    _seed(dropout_p, generator, q.device),
-                                                   records_grad(q, k, v), not q.is_cuda)[0]
+                                                   records_grad(q, k, v), not q.is_cuda, *window_args)[0]
+    if window is not None:
+        from fastbert.ops.sliding_window import sliding_window_attention_ref   # it imports this module
+        if generator is not None:
+            raise ValueError("the sliding-window torch path draws dropout from torch's default generator; "
+                             "pass generator=None")
+        return sliding_window_attention_ref(q, k, v, cu_seqlens, window, positions, scale, dropout_p=dropout_p)
     return varlen_attention_ref(q, k, v, cu_seqlens, int(max_seqlen), scale, dropout_p=dropout_p,
                                 generator=generator)
 

@@ -96,14 +96,16 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
 def sliding_window_attention(q, k, v, cu_seqlens, max_seqlen: int, window: int,
                              positions: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
                              dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
-    """Local attention over packed sequences. When no sequence is longer than the window reaches
-    (max_seqlen - 1 <= window, with default positions) it is plain varlen attention, which runs it."""
+    """Local attention over packed sequences: the varlen flash kernel with its window (backend
+    "triton", or "auto" on CUDA; it skips key blocks outside the window), else the blockwise torch
+    path above. When no sequence is longer than the window reaches (max_seqlen - 1 <= window, with
+    default positions) it is plain varlen attention."""
     _check(q, k, v, cu_seqlens, window, positions)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if positions is None and max_seqlen - 1 <= window:
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale=scale, dropout_p=dropout_p,
                                 backend=backend)
-    if backend == "triton":
-        raise ValueError("sliding_window_attention has no Triton kernel yet; use backend='auto' or 'torch'")
-    return sliding_window_attention_ref(q, k, v, cu_seqlens, window, positions, scale, dropout_p=dropout_p)
+    # varlen_attention runs the kernel where the backend picks it, else sliding_window_attention_ref
+    return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale=scale, dropout_p=dropout_p, backend=backend,
+                            window=window, positions=positions)
