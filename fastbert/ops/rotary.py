@@ -8,16 +8,22 @@
 first use up to `max_positions` (the model's limit, so building one never needs the positions' values
 on the host: no sync). `rotary(qkv, cos, sin)` takes the fused QKV projection (tokens, 3, heads, dim)
 and returns q and k rotated; v is untouched. q and k go through one elementwise expression together
-(one read, one write of the q/k part); on CUDA a Triton kernel does it in place on the QKV buffer
-when no gradient is needed. The math is in fp32 (fp64 stays fp64; transformers' ModernBERT upcasts the same way)
-and cast back on store.
+(one read, one write of the q/k part). The math is in fp32 (fp64 stays fp64; transformers' ModernBERT
+upcasts the same way) and cast back on store.
+
+Custom ops (Triton on CUDA, or in Triton's interpreter with interpret=True; the torch reference on CPU):
+  torch.ops.fastbert.rotary(qk, cos, sin, conjugate, interpret) -> (tokens, 2, heads, dim), a new buffer;
+      autograd: its backward is the same op with conjugate flipped (the inverse rotation).
+  torch.ops.fastbert.rotary_(qk, cos, sin, conjugate, interpret) rotates qk in place (inference).
+qk is the (tokens, 2, heads, dim) view qkv[:, :2] of the fused projection: no copy of it is made.
 """
 from typing import Dict, Tuple
 
 import torch
 from torch import nn
+from torch.library import triton_op
 
-from fastbert.ops._dispatch import records_grad, use_triton
+from fastbert.ops._dispatch import records_grad, run_kernel, use_triton
 
 
 def inv_freq(theta: float, dim: int) -> torch.Tensor:
@@ -59,6 +65,61 @@ class Rotary(nn.Module):
         return cos.index_select(0, positions), sin.index_select(0, positions)
 
 
+def _rotate_ref(qk, cos, sin, conjugate: bool) -> torch.Tensor:
+    """(tokens, 2, heads, dim) -> the rotation of both, in qk's dtype (math in fp32, fp64 stays fp64)."""
+    compute = torch.float64 if qk.dtype == torch.float64 else torch.float32
+    x1, x2 = qk.to(compute).chunk(2, dim=-1)
+    c, s = cos.to(compute)[:, None, None, :], sin.to(compute)[:, None, None, :]
+    s = -s if conjugate else s
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(qk.dtype)
+
+
+@triton_op("fastbert::rotary", mutates_args=())
+def _rotary_op(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, conjugate: bool,
+               interpret: bool) -> torch.Tensor:
+    """q and k (qk (tokens, 2, heads, dim), any strides) rotated into a new contiguous buffer."""
+    if run_kernel(qk, interpret) and qk.dtype != torch.float64:
+        from fastbert.kernels import rotary as kernel
+        out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)
+        return kernel.rotary_fwd(qk, cos, sin, out=out, conjugate=conjugate)
+    return _rotate_ref(qk, cos, sin, conjugate).contiguous()
+
+
+@triton_op("fastbert::rotary_", mutates_args=("qk",))
+def _rotary_inplace_op(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, conjugate: bool,
+                       interpret: bool) -> None:
+    """q and k rotated in place (inference: nothing may need the unrotated values)."""
+    if run_kernel(qk, interpret) and qk.dtype != torch.float64:
+        from fastbert.kernels import rotary as kernel
+        kernel.rotary_fwd(qk, cos, sin, conjugate=conjugate)
+    else:
+        qk.copy_(_rotate_ref(qk, cos, sin, conjugate))
+
+
+@_rotary_op.register_fake
+def _(qk, cos, sin, conjugate, interpret):
+    return torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)
+
+
+@_rotary_inplace_op.register_fake
+def _(qk, cos, sin, conjugate, interpret):
+    return None
+
+
+def _setup_context(ctx, inputs, output):
+    _, cos, sin, conjugate, interpret = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.conjugate, ctx.interpret = conjugate, interpret
+
+
+def _backward(ctx, grad):
+    cos, sin = ctx.saved_tensors      # the rotation is orthogonal: its transpose rotates the other way
+    return torch.ops.fastbert.rotary(grad, cos, sin, not ctx.conjugate, ctx.interpret), None, None, None, None
+
+
+_rotary_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def _check(qkv, cos, sin) -> None:
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv must be (tokens, 3, heads, head_dim), got shape {tuple(qkv.shape)}")
@@ -87,39 +148,17 @@ def rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backend: 
            inplace: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """q, k of a fused QKV projection rotated by per-token cos/sin (from `Rotary`).
 
-    inplace=True lets the kernel write into qkv's q/k part (inference: qkv must not need a gradient);
-    the returned q, k are then views of qkv."""
+    On the kernel path this is one launch for q and k. inplace=True (inference: qkv must not need a
+    gradient) writes into qkv's q/k part and returns views of qkv; otherwise q, k are views of one new
+    (tokens, 2, heads, dim) buffer and autograd runs the inverse rotation."""
     _check(qkv, cos, sin)
-    if use_triton(backend, qkv, cos, sin):
-        from fastbert.kernels import rotary as kernel
-        if records_grad(qkv):
-            return _RotaryFunction.apply(qkv, cos, sin)
-        out = qkv if inplace else qkv.clone()
-        kernel.rotary_fwd(out, cos, sin)
-        return out[:, 0], out[:, 1]
+    if use_triton(backend, qkv, cos, sin) and not (backend == "auto" and qkv.dtype == torch.float64):
+        if qkv.dtype == torch.float64:
+            raise ValueError("backend='triton' rotary supports float16, bfloat16 and float32, got torch.float64")
+        interpret = not qkv.is_cuda
+        if inplace and not records_grad(qkv):
+            torch.ops.fastbert.rotary_(qkv[:, :2], cos, sin, False, interpret)
+            return qkv[:, 0], qkv[:, 1]
+        qk = torch.ops.fastbert.rotary(qkv[:, :2], cos, sin, False, interpret)
+        return qk[:, 0], qk[:, 1]
     return rotary_ref(qkv, cos, sin)
-
-
-class _RotaryFunction(torch.autograd.Function):
-    """The kernel both ways: the backward is the inverse rotation (sin negated) of dq, dk."""
-
-    @staticmethod
-    def forward(ctx, qkv, cos, sin):
-        from fastbert.kernels import rotary as kernel
-        out = qkv.clone()
-        kernel.rotary_fwd(out, cos, sin)
-        ctx.save_for_backward(cos, sin)
-        ctx.qkv_shape, ctx.qkv_dtype = qkv.shape, qkv.dtype
-        return out[:, 0], out[:, 1]
-
-    @staticmethod
-    def backward(ctx, dq, dk):
-        from fastbert.kernels import rotary as kernel
-        cos, sin = ctx.saved_tensors
-        grad = cos.new_zeros(ctx.qkv_shape, dtype=ctx.qkv_dtype)      # v's gradient flows outside this op
-        if dq is not None:
-            grad[:, 0] = dq
-        if dk is not None:
-            grad[:, 1] = dk
-        kernel.rotary_fwd(grad, cos, sin, conjugate=True)
-        return grad, None, None
