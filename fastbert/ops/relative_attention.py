@@ -246,10 +246,15 @@ def _blocked(q, k, v, cu_seqlens, max_seqlen, positions, *, scale, dropout_p, po
 
     qh, kh, vh = (pad(t).to(c).transpose(1, 2) for t in (q, k, v))      # (batch, heads, L, d)
     pos = pad(positions).long()                                          # (batch, L)
-    # -inf on padding keys; a sequence without keys (empty) gets 0s: finite rows that are dropped
-    key_add = torch.zeros(mask.shape, dtype=c, device=q.device).masked_fill(~mask, float("-inf"))
-    key_add = key_add.masked_fill(~mask.any(-1, keepdim=True), 0.0)[:, None, None, :]
-    p2c = torch.matmul(kh, pos_query.to(c).permute(1, 2, 0)) if pos_query is not None else None   # (b, h, L, K)
+    # -inf on padding keys; a sequence without keys (empty) gets 0s: finite rows that are dropped. Skipped
+    # when nothing is padded (read on CPU only: no device sync, no data-dependent branch under compile)
+    key_add = None
+    if q.device.type != "cpu" or torch.compiler.is_compiling() or not bool(mask.all()):
+        key_add = torch.zeros(mask.shape, dtype=c, device=q.device).masked_fill(~mask, float("-inf"))
+        key_add = key_add.masked_fill(~mask.any(-1, keepdim=True), 0.0)[:, None, None, :]
+    # p2c as (batch, heads, 2 span, L): gathered along dim 2, its block comes out (rows, L)-contiguous
+    p2c = torch.matmul(pos_query.to(c).permute(1, 0, 2), kh.transpose(-1, -2)) if pos_query is not None else None
+    lut = lut.long() if lut is not None else None                          # gather's index dtype, expanded
     heads = qh.shape[1]
     rows = L if batch * heads * L * L <= BLOCK_BUDGET else max(16, BLOCK_BUDGET // (batch * heads * L))
     outs = []
@@ -257,18 +262,21 @@ def _blocked(q, k, v, cu_seqlens, max_seqlen, positions, *, scale, dropout_p, po
         qb = qh[:, :, r0:r0 + rows]                                      # (batch, heads, m, d)
         m = qb.shape[2]
         d = torch.clamp(pos[:, r0:r0 + rows, None] - pos[:, None, :], -radius, radius) + radius   # (b, m, L)
-        add = key_add
+        add = None
         if pos_key is not None or pos_query is not None:
-            rel = torch.zeros((), dtype=c, device=q.device)
+            index = lut[d][:, None].expand(batch, heads, m, L)          # relative index of each (i, j)
             if pos_key is not None:
                 c2p = torch.matmul(qb, pos_key.to(c).permute(1, 2, 0))  # (batch, heads, m, K)
-                rel = rel + torch.gather(c2p, -1, lut[d][:, None].expand(batch, heads, m, L).long())
+                add = torch.gather(c2p, -1, index)
             if pos_query is not None:
-                index = lut[d].transpose(1, 2)[:, None].expand(batch, heads, L, m).long()
-                rel = rel + torch.gather(p2c, -1, index).transpose(-1, -2)
-            add = add + rel * scale
+                p2c_b = torch.gather(p2c, 2, index)                     # [.., i, j] = k_j . pos_query[index]
+                add = p2c_b if add is None else add.add_(p2c_b)
+            add.mul_(scale)
         if bias is not None:
-            add = add + bias.to(c)[d].permute(0, 3, 1, 2)               # (batch, heads, m, L)
+            b_term = bias.to(c)[d].permute(0, 3, 1, 2)                  # (batch, heads, m, L)
+            add = b_term if add is None else add.add_(b_term)
+        if key_add is not None:
+            add = key_add if add is None else add.add_(key_add)
         outs.append(F.scaled_dot_product_attention(qb, kh, vh, attn_mask=add, dropout_p=dropout_p, scale=scale))
     out = torch.cat(outs, 2).transpose(1, 2).reshape(batch * L, *q.shape[1:])
     real = torch.nonzero_static(mask.flatten(), size=q.shape[0]).squeeze(1)

@@ -1,0 +1,253 @@
+"""DeBERTa-v3-base-sized relative attention: fastbert vs transformers vs FlexAttention, on CPU (GPU rows skip
+with a reason when no GPU is present).
+
+    python bench/bench_relative_attention.py [--layers 2] [--tokens 2048] [--batch 8x256] [--threads 2]
+
+Config: hidden 768, 12 heads, intermediate 3072, position_buckets 256, max_relative_positions 512,
+share_att_key, pos_att_type c2p|p2c, norm_rel_ebd layer_norm, position_biased_input false; random
+weights, the same in every peer (fastbert loads transformers' state dict, strict). fp32.
+
+Rows:
+1. long: `--layers` layers on one `--tokens`-token sequence, each peer in a fresh subprocess. Peak
+   memory is the forward's own: the process's resident-set high-water mark (VmHWM, reset through
+   /proc/self/clear_refs just before the forward) minus the resident set before it; time is the best
+   of `--repeats` forwards under torch.inference_mode. transformers' DeBERTa-v2 has no sdpa path, so
+   its peer is eager (its only implementation).
+2. flex: the attention alone at `--tokens` (q, k, v, pos_key, pos_query of one layer): fastbert's
+   disentangled_attention vs torch.nn.attention.flex_attention compiled with torch.compile, with a
+   score_mod adding the same c2p / p2c terms (gathered from (heads, L, 2 span) products through the
+   same distance table); same subprocess method, compile time excluded (a warm-up call first).
+3. batch: a padded batch (`--batch` B x L, random lengths in [L/8, L], seed 0), fastbert vs transformers
+   in one process, interleaved, median of `--repeats` (x3) forwards each.
+Outputs are compared (max abs diff on real tokens) so the figures are for equal work.
+GPU rows (the Triton kernel's speed, flashdeberta) need CUDA and are skipped here with the reason.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def hf_config(layers: int):
+    import transformers
+    return transformers.DebertaV2Config(
+        vocab_size=128100, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=512, relative_attention=True, position_buckets=256,
+        max_relative_positions=512, share_att_key=True, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+        position_biased_input=False, type_vocab_size=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def build(layers: int):
+    """(transformers model, fastbert model) with the same weights, eval mode."""
+    import transformers
+
+    import fastbert
+    torch.manual_seed(0)
+    config = hf_config(layers)
+    hf = transformers.DebertaV2Model(config).eval()
+    fast = fastbert.DebertaV2Model.from_hf_config(config)
+    fast.load_state_dict(hf.state_dict(), strict=True)
+    return hf, fast.eval()
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _measure(fn, repeats: int):
+    """(best seconds, peak forward MiB above the resident set before the call, last output)."""
+    times, peak, out = [], 0, None
+    for _ in range(repeats):
+        out = None
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                                       # reset the RSS high-water mark
+        before = _rss_kb("VmRSS")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = fn()
+        times.append(time.perf_counter() - t0)
+        peak = max(peak, _rss_kb("VmHWM") - before)
+    return min(times), round(peak / 1024, 1), out
+
+
+def attention_inputs(tokens: int):
+    """One layer's q, k, v (tokens, 12, 64) and pos_key / pos_query (512, 12, 64), fp32, seed 0."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(tokens, 12, 64, generator=g) for _ in range(3))
+    pk, pq = (torch.randn(512, 12, 64, generator=g) * 0.5 for _ in range(2))
+    return q, k, v, pk, pq
+
+
+def flex_peer(q, k, v, pk, pq):
+    """A compiled flex_attention callable computing DeBERTa's c2p + p2c attention of one sequence."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from fastbert.ops import relative_attention as R
+    lut, radius = R.deberta_lut(256, 256, 512, q.device)
+    lut = lut.long()
+    scale = 1.0 / (64 * 3) ** 0.5                              # scale_factor 3: c2p and p2c
+    compiled = torch.compile(flex_attention)
+
+    def run():
+        qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))          # (1, heads, L, d)
+        c2p = torch.matmul(qh[0], pk.permute(1, 2, 0))                     # (heads, L, 2 span)
+        p2c = torch.matmul(kh[0], pq.permute(1, 2, 0))
+
+        def score_mod(score, b, h, i, j):
+            d = lut[torch.clamp(i - j, -radius, radius) + radius]
+            return score + (c2p[h, i, d] + p2c[h, j, d]) * scale
+        return compiled(qh, kh, vh, score_mod=score_mod, scale=scale)[0].transpose(0, 1)
+    return run
+
+
+def child(case: str, tokens: int, layers: int, repeats: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    if case in ("fastbert", "transformers_eager"):
+        hf, fast = build(layers)
+        model = fast if case == "fastbert" else hf
+        del hf, fast
+        ids = torch.randint(5, 128000, (1, tokens), generator=torch.Generator().manual_seed(1))
+        seconds, peak, out = _measure(lambda: model(input_ids=ids).last_hidden_state, repeats)
+        return {"row": "long", "peer": case, "tokens": tokens, "layers": layers, "seconds": seconds,
+                "peak_forward_mib": peak, "checksum": float(out.double().abs().sum())}
+    from fastbert.ops import relative_attention as R
+    q, k, v, pk, pq = attention_inputs(tokens)
+    cu = torch.tensor([0, tokens], dtype=torch.int32)
+    positions = torch.arange(tokens)
+    if case == "fastbert_attention":
+        def fn():
+            return R.disentangled_attention(q, k, v, cu, tokens, positions, pk, pq, span=256, position_buckets=256,
+                                            max_relative_positions=512, scale_factor=3)
+    else:
+        fn = flex_peer(q, k, v, pk, pq)
+        with torch.inference_mode():
+            fn()                                               # compile outside the measurement
+    seconds, peak, out = _measure(fn, repeats)
+    return {"row": "flex", "peer": case, "tokens": tokens, "seconds": seconds, "peak_forward_mib": peak,
+            "checksum": float(out.double().abs().sum())}
+
+
+def run_case(args, case) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", case, "--tokens", str(args.tokens),
+           "--layers", str(args.layers), "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"row": "long" if case in ("fastbert", "transformers_eager") else "flex", "peer": case,
+                "error": done.stderr.strip().splitlines()[-1][-300:] if done.stderr.strip() else f"rc {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parity(layers: int, tokens: int) -> float:
+    hf, fast = build(layers)
+    ids = torch.randint(5, 128000, (1, tokens), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        return (hf(input_ids=ids).last_hidden_state - fast(input_ids=ids).last_hidden_state).abs().max().item()
+
+
+def attention_parity(tokens: int) -> float:
+    """fastbert's disentangled_attention vs the plain reference (one sequence, fp32)."""
+    from fastbert.ops import relative_attention as R
+    q, k, v, pk, pq = attention_inputs(tokens)
+    cu, positions = torch.tensor([0, tokens], dtype=torch.int32), torch.arange(tokens)
+    opts = dict(span=256, position_buckets=256, max_relative_positions=512, scale_factor=3)
+    with torch.inference_mode():
+        return (R.disentangled_attention(q, k, v, cu, tokens, positions, pk, pq, **opts)
+                - R.disentangled_attention_ref(q, k, v, cu, tokens, positions, pk, pq, **opts)).abs().max().item()
+
+
+def batch_row(args) -> dict:
+    """Padded batch, both peers in this process, interleaved; medians."""
+    b, n = (int(x) for x in args.batch.split("x"))
+    hf, fast = build(args.layers)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(n // 8, n + 1, (b,), generator=g)
+    ids = torch.randint(5, 128000, (b, n), generator=g)
+    mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    real = mask.bool()
+    with torch.inference_mode():
+        outs = [m(input_ids=ids, attention_mask=mask).last_hidden_state for m in (hf, fast)]   # warm-up
+        diff = (outs[0][real] - outs[1][real]).abs().max().item()
+        times = {"transformers_eager": [], "fastbert": []}
+        for _ in range(3 * args.repeats):
+            for name, m in (("transformers_eager", hf), ("fastbert", fast)):
+                t0 = time.perf_counter()
+                m(input_ids=ids, attention_mask=mask)
+                times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"row": "batch", "batch": args.batch, "lengths": lengths.tolist(), "layers": args.layers,
+            "max_abs_diff": diff, "median_seconds": med,
+            "speedup_vs_transformers": med["transformers_eager"] / med["fastbert"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--batch", default="8x256")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.tokens, args.layers, args.repeats, args.threads)))
+        return
+    import transformers
+    torch.set_num_threads(args.threads)
+    meta = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": args.threads,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    checks = {"model_max_abs_diff_256_tokens": parity(args.layers, 256),
+              "attention_max_abs_diff_vs_reference": attention_parity(args.tokens)}
+    print(checks, flush=True)
+    rows = [run_case(args, c) for c in ("fastbert", "transformers_eager", "fastbert_attention", "flex_attention")]
+    for r in rows:
+        print(r, flush=True)
+    rows.append(batch_row(args))
+    print(rows[-1], flush=True)
+    skipped = []
+    if not torch.cuda.is_available():
+        skipped = [{"row": name, "skipped": "no CUDA GPU on this machine: the Triton kernel (and flashdeberta, a "
+                                           "CUDA package) are timed on a GPU only"}
+                   for name in ("gpu_kernel_vs_transformers", "gpu_flashdeberta", "gpu_flex_attention")]
+        for s in skipped:
+            print(s)
+    for r in rows:
+        r.update(meta)
+    by = {(r["row"], r["peer"]): r for r in rows if "peer" in r and "seconds" in r}
+    f, h = by.get(("long", "fastbert")), by.get(("long", "transformers_eager"))
+    if f and h:
+        print(f"\nDeBERTa-v3-base-sized, {args.layers} layer(s), {args.tokens} tokens: fastbert {f['seconds']:.2f} s, "
+              f"peak {f['peak_forward_mib']} MiB | transformers eager {h['seconds']:.2f} s, peak "
+              f"{h['peak_forward_mib']} MiB | speedup {h['seconds'] / f['seconds']:.2f}x, memory ratio "
+              f"{h['peak_forward_mib'] / max(f['peak_forward_mib'], 1e-9):.1f}x")
+    fa, fl = by.get(("flex", "fastbert_attention")), by.get(("flex", "flex_attention"))
+    if fa and fl:
+        print(f"attention alone, {args.tokens} tokens: fastbert {fa['seconds']:.3f} s / {fa['peak_forward_mib']} MiB,"
+              f" flex_attention (compiled) {fl['seconds']:.3f} s / {fl['peak_forward_mib']} MiB")
+    b = rows[-1] if rows[-1]["row"] == "batch" else None
+    if b:
+        print(f"padded batch {b['batch']}: speedup vs transformers {b['speedup_vs_transformers']:.2f}x "
+              f"(medians {b['median_seconds']})")
+    out = args.out or os.path.join(HERE, "results", f"relative-attention-cpu-"
+                                                    f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}.json")
+    with open(out, "w") as fh:
+        json.dump({"checks": checks, "rows": rows, "skipped": skipped}, fh, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
