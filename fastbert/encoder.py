@@ -18,6 +18,7 @@ module -> truncate_dim -> normalize_embeddings -> precision (fastbert.embedding_
 math of sentence_transformers.quantization.quantize_embeddings, in fastbert.quantize).
 """
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -166,12 +167,44 @@ OUTPUT_VALUES = ("sentence_embedding", "token_embeddings", None)
 _DEFAULT_PROMPTS = {"query": "", "document": ""}
 
 
+class _Prefetch:
+    """Iterates fn(item) over items in order. With background=True, fn(items[k + 1]) runs on one worker
+    thread while the caller works on fn(items[k]) (on a GPU the host-side batch preparation then hides
+    behind the device's work). An exception raised by fn surfaces in the caller at that item; leaving
+    the with-block, normally or by an exception, cancels what is queued and joins the thread."""
+
+    def __init__(self, fn, items, background: bool):
+        self.fn, self.items = fn, items
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastbert-prefetch") if background else None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self):
+        if self.pool is None:
+            yield from map(self.fn, self.items)
+            return
+        future = self.pool.submit(self.fn, self.items[0]) if self.items else None
+        for k in range(len(self.items)):
+            result = future.result()
+            if k + 1 < len(self.items):
+                future = self.pool.submit(self.fn, self.items[k + 1])
+            yield result
+
+
 class Encoder:
     """Sentence embeddings: `Encoder.from_pretrained(path).encode(texts)`.
 
     prompts / default_prompt_name / truncate_dim as in sentence-transformers' SentenceTransformer
     (prompts from the checkpoint's config_sentence_transformers.json, overridable here);
     include_prompt: whether pooling sees the prompt's tokens (the Pooling config's key)."""
+
+    # prepare batch k + 1's host tensors on a worker thread while the model runs batch k
+    overlap = True
 
     def __init__(self, model, tokenizer, pooling=("mean",), normalize: bool = False,
                  max_seq_length: int = 512, do_lower_case: bool = False, prompts: Optional[dict] = None,
@@ -280,29 +313,31 @@ class Encoder:
             self._prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
         return self._prompt_lengths[prompt]
 
-    def _forward_packed(self, rows: list) -> torch.Tensor:
-        """The model's packed forward on token id rows: (tokens, hidden). Ids and cu_seqlens travel
-        as one host buffer (pinned on CUDA) in one non-blocking copy; nothing is read back."""
+    def _host_batch(self, rows: list, packed: bool):
+        """Host tensors of one batch of token id rows (the part that can run beside the model).
+        packed: (one buffer [ids | 0 | cumsum(lengths)], pinned on CUDA, token count, longest row);
+        else (input_ids, attention_mask) padded to the longest row."""
         lengths = [len(r) for r in rows]
-        tokens = sum(lengths)
-        host = torch.empty(tokens + len(rows) + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
-        host[:tokens] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-        host[tokens] = 0
-        host[tokens + 1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.long), 0)
+        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+        if packed:
+            tokens = len(flat)
+            host = torch.empty(tokens + len(rows) + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
+            host[:tokens] = flat
+            host[tokens] = 0
+            host[tokens + 1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.long), 0)
+            return host, tokens, max(lengths)
+        lengths = torch.tensor(lengths)
+        mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]        # (batch, width)
+        ids = torch.full(mask.shape, getattr(self.tokenizer, "pad_token_id", None) or 0, dtype=torch.long)
+        ids[mask] = flat
+        return ids, mask.long()
+
+    def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int) -> torch.Tensor:
+        """The model's packed forward on one host buffer (from _host_batch): (tokens, hidden). One
+        non-blocking copy; nothing is read back."""
         buf = host.to(self.device, non_blocking=True)
         input_ids, cu_seqlens = buf[:tokens], buf[tokens:].to(torch.int32)
-        return self.model.forward_packed(input_ids, cu_seqlens, max(lengths)).last_hidden_state
-
-    def _batch_tensors(self, rows: list):
-        """Pads token id rows to the longest one: (input_ids, attention_mask) on the model's device."""
-        lengths = torch.tensor([len(r) for r in rows])
-        width = int(lengths.max())
-        mask = torch.arange(width)[None, :] < lengths[:, None]        # (batch, width)
-        pad_id = getattr(self.tokenizer, "pad_token_id", None) or 0
-        ids = torch.full(mask.shape, pad_id, dtype=torch.long)
-        ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-        device = self.device
-        return ids.to(device), mask.to(device=device, dtype=torch.long)
+        return self.model.forward_packed(input_ids, cu_seqlens, max_seqlen).last_hidden_state
 
     def encode(self, sentences: Union[str, Sequence[str]] = None, prompt_name: Optional[str] = None,
                prompt: Optional[str] = None, batch_size: int = 32, show_progress_bar: bool = False,
@@ -394,39 +429,41 @@ class Encoder:
         skip = 0 if self.include_prompt else prompt_length  # leading tokens pooling leaves out
         rows = self._tokenize(texts)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first, as ST
-        starts = range(0, len(order), batch_size)
+        batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
         packed = output_value == "sentence_embedding" and hasattr(self.model, "forward_packed")
-        for start in tqdm(starts, desc="Batches", disable=not show_progress_bar):
-            idx = order[start:start + batch_size]
-            if packed:      # real tokens only, pooled per sequence on the packed states
-                batch_rows = [rows[i] for i in idx]
-                vectors = pool_packed(self._forward_packed(batch_rows), [len(r) for r in batch_rows], modes, skip)
-            else:
-                input_ids, attention_mask = self._batch_tensors([rows[i] for i in idx])
-                hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                pool_mask = attention_mask
-                if skip:
-                    pool_mask = attention_mask.clone()
-                    pool_mask[:, :skip] = 0
-                vectors = pool(hidden, pool_mask, modes)
-            if self.normalize and normalize is not False:      # the checkpoint's Normalize module
-                vectors = F.normalize(vectors, p=2, dim=1)
-            if truncate_dim is not None:
-                vectors = vectors[:, :truncate_dim]
-            if output_value == "sentence_embedding":
-                if normalize:                                    # after truncation, as ST's flag
-                    vectors = F.normalize(vectors, p=2, dim=1)
-                out[torch.tensor(idx, device=out.device)] = vectors
-                continue
-            for j, i in enumerate(idx):
-                n = len(rows[i])
-                tokens = hidden[j, :n].float()
-                if output_value == "token_embeddings":
-                    per_text[i] = tokens
+        prefetch = _Prefetch(lambda idx: self._host_batch([rows[i] for i in idx], packed), batches,
+                             background=self.overlap and len(batches) > 1)
+        with prefetch:
+            for host, idx in zip(tqdm(prefetch, total=len(batches), desc="Batches", disable=not show_progress_bar),
+                                 batches):     # the bar first: zip exhausts it, so it closes at n/n
+                if packed:      # real tokens only, pooled per sequence on the packed states
+                    vectors = pool_packed(self._forward_packed(*host), [len(rows[i]) for i in idx], modes, skip)
                 else:
-                    item = {"input_ids": input_ids[j, :n], "attention_mask": attention_mask[j, :n],
-                            "token_embeddings": tokens, "sentence_embedding": vectors[j]}
-                    if prompt:
-                        item["prompt_length"] = prompt_length
-                    per_text[i] = item
+                    input_ids, attention_mask = (t.to(self.device) for t in host)
+                    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                    pool_mask = attention_mask
+                    if skip:
+                        pool_mask = attention_mask.clone()
+                        pool_mask[:, :skip] = 0
+                    vectors = pool(hidden, pool_mask, modes)
+                if self.normalize and normalize is not False:      # the checkpoint's Normalize module
+                    vectors = F.normalize(vectors, p=2, dim=1)
+                if truncate_dim is not None:
+                    vectors = vectors[:, :truncate_dim]
+                if output_value == "sentence_embedding":
+                    if normalize:                                    # after truncation, as ST's flag
+                        vectors = F.normalize(vectors, p=2, dim=1)
+                    out[torch.tensor(idx, device=out.device)] = vectors
+                    continue
+                for j, i in enumerate(idx):
+                    n = len(rows[i])
+                    tokens = hidden[j, :n].float()
+                    if output_value == "token_embeddings":
+                        per_text[i] = tokens
+                    else:
+                        item = {"input_ids": input_ids[j, :n], "attention_mask": attention_mask[j, :n],
+                                "token_embeddings": tokens, "sentence_embedding": vectors[j]}
+                        if prompt:
+                            item["prompt_length"] = prompt_length
+                        per_text[i] = item
         return out if output_value == "sentence_embedding" else per_text

@@ -377,3 +377,66 @@ def test_encode_runs_the_packed_forward(monkeypatch):
     assert [c[0] for c in calls] == [rows[1] + rows[0], rows[2]]      # longest first, real tokens only
     assert calls[0][1] == [0, rows[1], rows[1] + rows[0]] and calls[0][2] == rows[1]
     assert vectors.shape == (3, 384)
+
+
+def _prefetch_threads():
+    import threading
+    return [t for t in threading.enumerate() if t.name.startswith("fastbert-prefetch")]
+
+
+@pytest.mark.parametrize("output_value", ["sentence_embedding", "token_embeddings"])
+def test_overlapped_batches_equal_the_serial_path(encoder, lines, monkeypatch, output_value):
+    """Batch k + 1 is prepared on a worker thread while the model runs batch k: the same results, in
+    the same order, as preparing each batch in turn; the worker is gone once encode returns."""
+    import threading
+
+    from fastbert import encoder as encoder_module
+
+    prepared_on = []
+    original = encoder_module.Encoder._host_batch
+
+    def spy(self, rows, packed):
+        prepared_on.append(threading.current_thread().name)
+        return original(self, rows, packed)
+
+    monkeypatch.setattr(encoder_module.Encoder, "_host_batch", spy)
+    texts = lines[:24]
+    monkeypatch.setattr(encoder, "overlap", False)
+    serial = encoder.encode(texts, batch_size=8, output_value=output_value)
+    assert set(prepared_on) == {threading.current_thread().name}
+    prepared_on.clear()
+    monkeypatch.setattr(encoder, "overlap", True)
+    overlapped = encoder.encode(texts, batch_size=8, output_value=output_value)
+    assert len(prepared_on) == 3 and all(n.startswith("fastbert-prefetch") for n in prepared_on)
+    assert not _prefetch_threads()
+    if output_value == "sentence_embedding":
+        assert np.array_equal(serial, overlapped)
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(serial, overlapped, strict=True))
+
+
+def test_overlap_worker_error_surfaces_and_thread_ends(encoder, lines, monkeypatch):
+    from fastbert import encoder as encoder_module
+
+    original, calls = encoder_module.Encoder._host_batch, []
+
+    def failing(self, rows, packed):
+        calls.append(len(rows))
+        if len(calls) == 3:
+            raise RuntimeError("tokenizer worker failed on batch 3")
+        return original(self, rows, packed)
+
+    monkeypatch.setattr(encoder_module.Encoder, "_host_batch", failing)
+    monkeypatch.setattr(encoder, "overlap", True)
+    with pytest.raises(RuntimeError, match="tokenizer worker failed on batch 3"):
+        encoder.encode(lines[:24], batch_size=8)
+    assert not _prefetch_threads() and len(calls) == 3     # nothing prepared after the failure
+
+
+def test_overlap_keeps_the_progress_bar(encoder, lines, capsys, monkeypatch):
+    bars = []
+    for overlap in (False, True):
+        monkeypatch.setattr(encoder, "overlap", overlap)
+        encoder.encode(lines[:10], batch_size=4, show_progress_bar=True)
+        bars.append(capsys.readouterr().err.strip().splitlines()[-1].split("[")[0])
+    assert bars[0] == bars[1] and "Batches" in bars[0] and "3/3" in bars[0]
