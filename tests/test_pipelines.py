@@ -175,3 +175,61 @@ def test_pipeline_repr_save_and_optimize_of_a_pipeline(checkpoints, reference, t
     assert fastbert.optimize(plain) is plain
     assert type(plain.model.bert.encoder).__module__.startswith("fastbert")
     assert_same(reference(task)("i love this movie", top_k=None), plain("i love this movie", top_k=None))
+
+
+@pytest.fixture(scope="module")
+def deberta_v3_nli(tmp_path_factory):
+    """A tiny DeBERTa-v3 NLI checkpoint (entailment in label2id) with a SentencePiece Unigram tokenizer
+    trained here by `tokenizers` and saved as transformers' DebertaV2TokenizerFast."""
+    from tokenizers import SentencePieceUnigramTokenizer
+
+    from test_deberta import config as deberta_config
+
+    path = tmp_path_factory.mktemp("deberta-v3-nli")
+    corpus = ["i love this movie", "the film was great fun", "politics is about the government and votes",
+              "sports like football and tennis", "this example is about film.", "the movie was bad"] * 10
+    sp = SentencePieceUnigramTokenizer()
+    sp.train_from_iterator(corpus, vocab_size=90, unk_token="[UNK]", show_progress=False,
+                           special_tokens=["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"])
+    specials = dict(bos_token="[CLS]", eos_token="[SEP]", unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                    cls_token="[CLS]", mask_token="[MASK]")
+    T.DebertaV2TokenizerFast(tokenizer_object=sp._tokenizer, **specials).save_pretrained(path)
+    labels = ["contradiction", "neutral", "entailment"]
+    cfg = deberta_config("v3", vocab_size=len(sp.get_vocab()), num_labels=3, pad_token_id=0,
+                         id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+    torch.manual_seed(0)
+    model = T.DebertaV2ForSequenceClassification(cfg)
+    with torch.no_grad():   # logits far enough apart that a wrong model changes the ranking
+        for name, p in model.named_parameters():
+            if name.endswith("weight") and ("attention.self" in name or "pooler" in name or "classifier" in name):
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fastbert-model", "optimized-transformers-pipeline"])
+def test_zero_shot_deberta_v3_with_sentencepiece(deberta_v3_nli, kind):
+    """The seeds' use: zero-shot classification on DeBERTa-v3 through transformers' pipeline, with a
+    SentencePiece tokenizer loaded by fastbert.AutoTokenizer."""
+    task, path = "zero-shot-classification", deberta_v3_nli
+    tokenizer = fastbert.AutoTokenizer.from_pretrained(path)
+    assert type(tokenizer).__name__.startswith("DebertaV2Tokenizer")
+    ref = T.pipeline(task, model=T.DebertaV2ForSequenceClassification.from_pretrained(path), tokenizer=tokenizer,
+                     device="cpu")
+    if kind == "fastbert-model":
+        pipe = T.pipeline(task, model=fastbert.AutoModelForSequenceClassification.from_pretrained(path),
+                          tokenizer=tokenizer, device="cpu")
+        assert type(pipe.model).__module__.startswith("fastbert")
+    else:
+        pipe = T.pipeline(task, model=path, tokenizer=tokenizer, device="cpu")
+        assert fastbert.optimize(pipe.model) is pipe.model
+        assert type(pipe.model.deberta.encoder).__module__.startswith("fastbert")
+    labels = ["sports", "politics", "film", "government"]
+    for text, options in [("i love this movie", {}), ("the film was great fun", {"multi_label": True}),
+                          (["football and tennis", "votes"], {"hypothesis_template": "this example is about {}."})]:
+        a, b = ref(text, candidate_labels=labels, **options), pipe(text, candidate_labels=labels, **options)
+        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
+            assert x["sequence"] == y["sequence"] and x["labels"] == y["labels"], (x, y)
+            assert np.abs(np.subtract(x["scores"], y["scores"])).max() <= 1e-4, (x, y)
+        scores = (a if isinstance(a, list) else [a])[0]["scores"]
+        assert max(scores) - min(scores) > 1e-3     # the labels are told apart: the ranking means something
