@@ -1,8 +1,21 @@
-"""Long inputs on CPU: ModernBERT-base-sized, random weights, fp32, fastbert vs transformers (sdpa).
+"""Long inputs: ModernBERT-base-sized, random weights, fp32, fastbert vs transformers (sdpa) and FlexAttention.
 
-    python bench/bench_long.py [--layers 22] [--lengths 2048,4096,8192] [--threads 2] [--out FILE.json]
+    python bench/bench_long.py [--part attention|model|all] [--layers 22] [--lengths 2048,4096,8192]
+                               [--threads 2] [--out FILE.json]
 
-Two measurements, each case in a fresh subprocess (so one case's peak memory cannot hide another's):
+Part "attention" (the op level, in this process): one local (sliding-window) attention over one
+sequence of each length, 12 heads x 64 (ModernBERT-base), window +-64 (local_attention 128), fp32,
+every peer on the same q, k, v in the same run, rounds interleaved, medians:
+  fastbert CPU path     sliding_window_attention (blockwise torch: keys within the window only)
+  transformers sdpa     torch SDPA under the dense (L, L) window mask, as transformers' sdpa path
+                        runs ModernBERT's local layers (the mask is built outside the timed region)
+  FlexAttention         torch.nn.attention.flex_attention compiled with torch.compile, with the
+                        sliding-window block mask (|q - kv| <= 64; its block sparsity skips the rest)
+  fastbert Triton       the varlen flash kernel with its window, and FlexAttention on the GPU: only
+                        with a CUDA GPU (a row with the reason otherwise)
+Linear cost shows as a flat time per token across 2k / 4k / 8k.
+
+Part "model", two measurements, each case in a fresh subprocess (so one case's peak memory cannot hide another's):
 1. the whole model (global layer every 3rd, local_attention 128) on one sequence of the longest length;
 2. a model of local (sliding-window) layers only at each length: fastbert's local attention is
    blockwise (keys within the window only), so its time and memory grow linearly with length, while
@@ -17,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -83,6 +97,96 @@ def parity(length: int, layers: int) -> float:
         return (hf(input_ids=ids).last_hidden_state - fast(input_ids=ids).last_hidden_state).abs().max().item()
 
 
+HEADS, HEAD_DIM, WINDOW = 12, 64, 64     # ModernBERT-base: 12 x 64, local_attention 128 -> +-64
+
+
+def attention_peers(length: int, device: str):
+    """name -> zero-argument call, all on the same (length, 12, 64) fp32 q, k, v; and an fp64 reference
+    output at a few rows for a correctness check of every peer."""
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from fastbert.ops.sliding_window import sliding_window_attention
+    g = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(length, HEADS, HEAD_DIM, generator=g).to(device) for _ in range(3))
+    cu = torch.tensor([0, length], dtype=torch.int32, device=device)
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))         # (1, heads, L, dim) views
+    pos = torch.arange(length, device=device)
+    dense_mask = (pos[:, None] - pos[None, :]).abs() <= WINDOW         # (L, L), as transformers builds it
+    block_mask = create_block_mask(lambda b, h, qi, ki: (qi - ki).abs() <= WINDOW, None, None, length, length,
+                                   device=device)
+    flex = torch.compile(flex_attention)
+
+    def unheads(o):
+        return o[0].transpose(0, 1)
+    on = "GPU" if device == "cuda" else "CPU"
+    peers = {
+        f"fastbert {'Triton kernel' if device == 'cuda' else 'CPU path (blockwise)'}":
+            lambda: sliding_window_attention(q, k, v, cu, length, WINDOW),
+        f"transformers sdpa ({on}, dense window mask)":
+            lambda: unheads(F.scaled_dot_product_attention(qh, kh, vh, attn_mask=dense_mask)),
+        f"FlexAttention compiled ({on})": lambda: unheads(flex(qh, kh, vh, block_mask=block_mask)),
+    }
+    return peers, (q, k, v)
+
+
+def _check_peer(out, q, k, v, rows) -> float:
+    """Max abs diff of out at `rows` against fp64 attention over each row's window."""
+    err = 0.0
+    for i in rows:
+        lo, hi = max(0, i - WINDOW), min(q.shape[0], i + WINDOW + 1)
+        s = torch.einsum("hd,jhd->hj", q[i].double(), k[lo:hi].double()) / HEAD_DIM ** 0.5
+        ref = torch.einsum("hj,jhd->hd", torch.softmax(s, -1), v[lo:hi].double())
+        err = max(err, (out[i].double().cpu() - ref.cpu()).abs().max().item())
+    return err
+
+
+def attention_part(args, lengths, meta) -> list:
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices.append("cuda")
+    else:
+        print("GPU rows skipped: no CUDA GPU on this machine (the Triton kernel's speed and FlexAttention on "
+              "a GPU are measured only where one is present)")
+    rows = []
+    for device in devices:
+        for length in lengths:
+            peers, (q, k, v) = attention_peers(length, device)
+            errs = {}
+            with torch.inference_mode():
+                for name, call in peers.items():                       # warm-up (FlexAttention compiles here)
+                    errs[name] = _check_peer(call(), q, k, v, (0, 1, length // 2, length - 1))
+                times = {name: [] for name in peers}
+                for _ in range(args.repeats_attention):                # interleaved rounds
+                    for name, call in peers.items():
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        call()
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                        times[name].append(time.perf_counter() - t0)
+            for name in peers:
+                med = statistics.median(times[name])
+                rows.append({**meta, "part": "attention", "peer": name, "device": device, "tokens": length,
+                             "heads": HEADS, "head_dim": HEAD_DIM, "window": WINDOW, "dtype": "float32",
+                             "median_ms": round(med * 1e3, 3), "us_per_token": round(med * 1e6 / length, 3),
+                             "repeats": args.repeats_attention, "max_abs_diff_vs_fp64": errs[name]})
+                print(f"  {device} {length:5d} tokens  {name:45s} {med * 1e3:9.2f} ms  "
+                      f"{med * 1e6 / length:7.2f} us/token  err {errs[name]:.1e}", flush=True)
+    print("\nlocal attention, time per token (flat = linear cost) and ratio to FlexAttention, same device:")
+    for device in devices:
+        for name in dict.fromkeys(r["peer"] for r in rows if r["device"] == device):
+            per = {r["tokens"]: r for r in rows if r["peer"] == name and r["device"] == device}
+            flex = {r["tokens"]: r for r in rows if r["peer"].startswith("FlexAttention") and r["device"] == device}
+            cells = "  ".join(f"{n}: {per[n]['us_per_token']:.2f} us/tok "
+                              f"({per[n]['median_ms'] / flex[n]['median_ms']:.2f}x flex)" for n in lengths)
+            growth = per[max(lengths)]["median_ms"] / per[min(lengths)]["median_ms"]
+            print(f"  {device} {name:45s} {cells}  | time {max(lengths)}/{min(lengths)} = {growth:.2f}x "
+                  f"(length x{max(lengths) / min(lengths):.0f})")
+    return rows
+
+
 def run_case(args, peer, length, layers, local_only) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, str(length), str(layers),
            str(int(local_only)), "--repeats", str(args.repeats), "--threads", str(args.threads)]
@@ -100,6 +204,8 @@ def main():
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None)
+    p.add_argument("--part", choices=("attention", "model", "all"), default="all")
+    p.add_argument("--repeats-attention", type=int, default=7)
     p.add_argument("--child", nargs=4, metavar=("PEER", "TOKENS", "LAYERS", "LOCAL_ONLY"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -112,6 +218,19 @@ def main():
             "torch": torch.__version__, "transformers": transformers.__version__,
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     torch.set_num_threads(args.threads)
+    if args.part != "model":
+        import triton
+        meta_a = dict(meta, triton=triton.__version__,
+                      cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+        rows = attention_part(args, lengths, meta_a)
+        stamp = meta["timestamp"][:19].replace(":", "").replace("-", "")
+        out = ((args.out if args.part == "attention" else None)
+               or os.path.join(HERE, "results", f"long-attention-cpu-{stamp}.json"))
+        with open(out, "w") as fh:
+            json.dump({"rows": rows}, fh, indent=1)
+        print(f"wrote {out}")
+        if args.part == "attention":
+            return
     diff = parity(min(lengths), 3)
     print(f"max abs diff fastbert vs transformers sdpa, 3 layers, {min(lengths)} tokens: {diff:.2e}")
     rows = []

@@ -188,3 +188,17 @@ def test_compiles_without_graph_breaks():
     f(ref).backward()
     torch.testing.assert_close(got, f(ref).detach())
     torch.testing.assert_close(qkv.grad, ref.grad)
+
+
+def test_inplace_op_compiles_without_graph_breaks():
+    """The in-place op on the q/k view of a fused buffer under torch.compile(fullgraph=True)."""
+    torch._dynamo.reset()
+    qkv, cos, sin = _op_inputs(requires_grad=False)
+
+    def f(x):
+        x = x * 1.0                                                          # a fresh QKV buffer
+        torch.ops.fastbert.rotary_(x[:, :2], cos, sin, False, False)
+        return x
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(qkv)
+    q, k = rotary_ref(qkv, cos, sin)
+    torch.testing.assert_close(got, torch.stack([q, k, qkv[:, 2]], 1))
