@@ -17,7 +17,9 @@ Rows:
    disentangled_attention vs torch.nn.attention.flex_attention compiled with torch.compile, with a
    score_mod adding the same c2p / p2c terms (gathered from (heads, L, 2 span) products through the
    same distance table); same subprocess method, compile time excluded (a warm-up call first).
-3. batch: a padded batch (`--batch` B x L, random lengths in [L/8, L], seed 0), fastbert vs transformers
+3. interleaved: the time ratios of rows 1 and 2 again, both peers in this process, calls alternating,
+   medians (the subprocess rows run one after the other, so load from other processes can tilt them).
+4. batch: a padded batch (`--batch` B x L, random lengths in [L/8, L], seed 0), fastbert vs transformers
    in one process, interleaved, median of `--repeats` (x3) forwards each.
 Outputs are compared (max abs diff on real tokens) so the figures are for equal work.
 GPU rows (fp16 on CUDA: the Triton kernel in the model vs transformers, the attention vs compiled
@@ -170,6 +172,45 @@ def attention_parity(tokens: int) -> float:
                 - R.disentangled_attention_ref(q, k, v, cu, tokens, positions, pk, pq, **opts)).abs().max().item()
 
 
+def _interleaved(fns: dict, repeats: int) -> dict:
+    """Median seconds of each callable, calls alternating between them (shared noise), after a warm-up."""
+    times = {name: [] for name in fns}
+    with torch.inference_mode():
+        for fn in fns.values():
+            fn()
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def interleaved_rows(args) -> list:
+    """Time ratios from interleaved runs in this process: the long row's models and the attention alone."""
+    hf, fast = build(args.layers)
+    ids = torch.randint(5, 128000, (1, args.tokens), generator=torch.Generator().manual_seed(1))
+    med = _interleaved({"transformers_eager": lambda: hf(input_ids=ids), "fastbert": lambda: fast(input_ids=ids)},
+                       args.repeats + 1)
+    rows = [{"row": "long_interleaved", "tokens": args.tokens, "layers": args.layers, "median_seconds": med,
+             "speedup_vs_transformers": med["transformers_eager"] / med["fastbert"]}]
+    del hf, fast
+    from fastbert.ops import relative_attention as R
+    q, k, v, pk, pq = attention_inputs(args.tokens)
+    cu, positions = torch.tensor([0, args.tokens], dtype=torch.int32), torch.arange(args.tokens)
+    flex = flex_peer(q, k, v, pk, pq)
+    with torch.inference_mode():
+        ours = R.disentangled_attention(q, k, v, cu, args.tokens, positions, pk, pq, span=256, position_buckets=256,
+                                        max_relative_positions=512, scale_factor=3)
+        diff = (flex() - ours).abs().max().item()
+    med = _interleaved({"flex_attention": flex, "fastbert_attention": lambda: R.disentangled_attention(
+        q, k, v, cu, args.tokens, positions, pk, pq, span=256, position_buckets=256, max_relative_positions=512,
+        scale_factor=3)}, 2 * args.repeats + 1)
+    rows.append({"row": "flex_interleaved", "tokens": args.tokens, "max_abs_diff_vs_fastbert": diff,
+                 "median_seconds": med, "speedup_vs_flex": med["flex_attention"] / med["fastbert_attention"]})
+    return rows
+
+
 def batch_row(args) -> dict:
     """Padded batch, both peers in this process, interleaved; medians."""
     b, n = (int(x) for x in args.batch.split("x"))
@@ -261,6 +302,8 @@ def main():
     rows = [run_case(args, c) for c in ("fastbert", "transformers_eager", "fastbert_attention", "flex_attention")]
     for r in rows:
         print(r, flush=True)
+    rows.extend(interleaved_rows(args))
+    print(rows[-2], rows[-1], sep="\n", flush=True)
     rows.append(batch_row(args))
     print(rows[-1], flush=True)
     skipped = []
@@ -287,7 +330,11 @@ def main():
     if fa and fl:
         print(f"attention alone, {args.tokens} tokens: fastbert {fa['seconds']:.3f} s / {fa['peak_forward_mib']} MiB,"
               f" flex_attention (compiled) {fl['seconds']:.3f} s / {fl['peak_forward_mib']} MiB")
-    b = rows[-1] if rows[-1]["row"] == "batch" else None
+    for r in rows:
+        if r["row"] in ("long_interleaved", "flex_interleaved"):
+            print(f"{r['row']} (medians, interleaved): {r['median_seconds']}, "
+                  f"speedup {r.get('speedup_vs_transformers', r.get('speedup_vs_flex')):.2f}x")
+    b = next((r for r in rows if r["row"] == "batch"), None)
     if b:
         print(f"padded batch {b['batch']}: speedup vs transformers {b['speedup_vs_transformers']:.2f}x "
               f"(medians {b['median_seconds']})")
