@@ -8,8 +8,9 @@ import torch
 import transformers as T
 
 from fastbert.models import modernbert as MB
+from rotary_family import (ATOL, check_gradients, check_host_reads, check_save_pretrained,
+                           check_sentence_transformers_and_encoder, max_diff, pair)
 
-ATOL = 1e-4
 BASE = dict(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
             local_attention=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             cls_token_id=1, sep_token_id=2, num_labels=3)
@@ -30,12 +31,7 @@ def make_config(style="new", attn="eager", **extra):
 
 def make_pair(task="Model", style="new", attn="eager", seed=0, **extra):
     """(transformers model, fastbert model with the same weights), both in eval mode."""
-    config = make_config(style, attn, **extra)
-    torch.manual_seed(seed)
-    hf = getattr(T, "ModernBert" + task)(config).eval()
-    fast = getattr(MB, "ModernBert" + task)(copy.deepcopy(config)).eval()
-    fast.load_state_dict(hf.state_dict(), strict=True)
-    return hf, fast
+    return pair(make_config(style, attn, **extra), "ModernBert", MB, task, seed)
 
 
 def batch(seed=1, seq=21):
@@ -51,12 +47,6 @@ def batch(seed=1, seq=21):
 
 def real(t, mask):
     return t[mask.bool()]
-
-
-def max_diff(a, b, mask=None):
-    if mask is not None:
-        a, b = real(a, mask), real(b, mask)
-    return (a.float() - b.float()).abs().max().item()
 
 
 # ---- config ------------------------------------------------------------------------------------------
@@ -237,23 +227,16 @@ def test_training_loss_and_gradients_match(checkpointing):
     lb = fast(input_ids=ids, attention_mask=mask, labels=labels).loss
     la.backward(), lb.backward()
     assert abs(la.item() - lb.item()) <= ATOL
-    ours = dict(fast.named_parameters())
-    for name in ("model.embeddings.tok_embeddings.weight", "model.layers.1.attn.Wqkv.weight",
-                 "model.layers.2.mlp.Wi.weight", "model.layers.0.attn.Wo.weight", "model.final_norm.weight",
-                 "head.dense.weight", "decoder.bias"):
-        ga, gb = hf.get_parameter(name).grad, ours[name].grad
-        assert gb is not None and (ga - gb).abs().max() <= 1e-5 + 1e-3 * ga.abs().max(), name
+    check_gradients(hf, fast, ("model.embeddings.tok_embeddings.weight", "model.layers.1.attn.Wqkv.weight",
+                               "model.layers.2.mlp.Wi.weight", "model.layers.0.attn.Wo.weight",
+                               "model.final_norm.weight", "head.dense.weight", "decoder.bias"))
 
 
 # ---- checkpoints both ways ----------------------------------------------------------------------------
 def test_save_pretrained_loads_in_transformers(tmp_path):
     _, fast = make_pair("ForMaskedLM")
-    fast.save_pretrained(str(tmp_path))
-    back = T.ModernBertForMaskedLM.from_pretrained(str(tmp_path)).eval()
     ids, mask = batch()
-    with torch.no_grad():
-        assert max_diff(back(input_ids=ids, attention_mask=mask).logits,
-                        fast(input_ids=ids, attention_mask=mask).logits, mask) <= ATOL
+    back = check_save_pretrained(fast, T.ModernBertForMaskedLM, tmp_path, ids, mask)
     assert set(back.state_dict()) == set(fast.state_dict())
 
 
@@ -337,36 +320,15 @@ def test_optimize_transformers_model(task):
 
 
 def test_sentence_transformers_and_encoder(tmp_path):
-    st = pytest.importorskip("sentence_transformers")
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    import fastbert
-    path = save_checkpoint(tmp_path)
-    model = st.SentenceTransformer(modules=[Transformer(str(path)), Pooling(BASE["hidden_size"], "mean")],
-                                   device="cpu")
-    ref = model.encode(TEXTS, convert_to_tensor=True)
-    fastbert.optimize(model)
-    assert "_fastbert_encoder" in model[0].auto_model.__dict__
-    assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
-    enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
-    assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
+    check_sentence_transformers_and_encoder(save_checkpoint(tmp_path), BASE["hidden_size"], TEXTS)
 
 
 def test_forward_packed_reads_no_device_value():
     """No host read in model code on the packed path (local and global layers both run); the padded
     forward reads once (input ranges and mask lengths together)."""
-    from test_forward_packed import HostReads
     _, fast = make_pair()
     ids, mask = batch()
-    lengths = mask.sum(1)
-    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    longest = int(lengths.max())
-    with torch.no_grad():
-        with HostReads() as packed_reads:
-            fast.forward_packed(ids[mask.bool()], cu, longest)
-        with HostReads() as padded_reads:
-            fast(input_ids=ids, attention_mask=mask)
-    assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
-    assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()
+    check_host_reads(fast, ids, mask)
 
 
 def test_forward_packed_traces_without_graph_breaks_in_this_family():

@@ -7,8 +7,9 @@ import torch
 import transformers as T
 
 from fastbert.models import nomic_bert as NB
+from rotary_family import (ATOL, check_gradients, check_host_reads, check_save_pretrained,
+                           check_sentence_transformers_and_encoder, max_diff, pair)
 
-ATOL = 1e-4
 BASE = dict(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             max_position_embeddings=64, type_vocab_size=2, num_labels=3,
             rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
@@ -17,11 +18,7 @@ TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassific
 
 def make_pair(task="Model", attn="eager", seed=0, **extra):
     config = T.NomicBertConfig(**copy.deepcopy({**BASE, **extra}), attn_implementation=attn)
-    torch.manual_seed(seed)
-    hf = getattr(T, "NomicBert" + task)(config).eval()
-    fast = getattr(NB, "NomicBert" + task)(copy.deepcopy(config)).eval()
-    fast.load_state_dict(hf.state_dict(), strict=True)
-    return hf, fast
+    return pair(config, "NomicBert", NB, task, seed)
 
 
 def batch(seed=1, seq=19):
@@ -33,12 +30,6 @@ def batch(seed=1, seq=19):
     mask[2, 2:] = 0
     mask[3, :] = 0
     return ids, types, mask
-
-
-def max_diff(a, b, mask=None):
-    if mask is not None:
-        a, b = a[mask.bool()], b[mask.bool()]
-    return (a.float() - b.float()).abs().max().item()
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -126,23 +117,18 @@ def test_training_loss_and_gradients_match():
     lb = fast(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss
     la.backward(), lb.backward()
     assert abs(la.item() - lb.item()) <= ATOL
-    ours = dict(fast.named_parameters())
-    for name in ("nomic_bert.embeddings.word_embeddings.weight", "nomic_bert.embeddings.token_type_embeddings.weight",
-                 "nomic_bert.layers.0.self_attn.q_proj.weight", "nomic_bert.layers.1.self_attn.k_proj.weight",
-                 "nomic_bert.layers.2.mlp.gate_proj.weight", "nomic_bert.layers.2.mlp.up_proj.weight",
-                 "nomic_bert.layers.1.post_mlp_layernorm.bias", "cls.predictions.bias"):
-        ga, gb = hf.get_parameter(name).grad, ours[name].grad
-        assert gb is not None and (ga - gb).abs().max() <= 1e-5 + 1e-3 * ga.abs().max(), name
+    check_gradients(hf, fast, ("nomic_bert.embeddings.word_embeddings.weight",
+                               "nomic_bert.embeddings.token_type_embeddings.weight",
+                               "nomic_bert.layers.0.self_attn.q_proj.weight",
+                               "nomic_bert.layers.1.self_attn.k_proj.weight",
+                               "nomic_bert.layers.2.mlp.gate_proj.weight", "nomic_bert.layers.2.mlp.up_proj.weight",
+                               "nomic_bert.layers.1.post_mlp_layernorm.bias", "cls.predictions.bias"))
 
 
 def test_save_pretrained_loads_in_transformers(tmp_path):
     _, fast = make_pair("ForMaskedLM")
-    fast.save_pretrained(str(tmp_path))
-    back = T.NomicBertForMaskedLM.from_pretrained(str(tmp_path)).eval()
     ids, types, mask = batch()
-    with torch.no_grad():
-        assert max_diff(back(input_ids=ids, attention_mask=mask).logits,
-                        fast(input_ids=ids, attention_mask=mask).logits, mask) <= ATOL
+    check_save_pretrained(fast, T.NomicBertForMaskedLM, tmp_path, ids, mask)
 
 
 # ---- checkpoints on disk, WordPiece tokenizer, fastbert.optimize, sentence-transformers, Encoder ----------
@@ -208,31 +194,10 @@ def test_optimize_transformers_model(task):
 
 
 def test_sentence_transformers_and_encoder(tmp_path):
-    st = pytest.importorskip("sentence_transformers")
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    import fastbert
-    path = save_checkpoint(tmp_path)
-    model = st.SentenceTransformer(modules=[Transformer(str(path)), Pooling(BASE["hidden_size"], "mean")],
-                                   device="cpu")
-    ref = model.encode(TEXTS, convert_to_tensor=True)
-    fastbert.optimize(model)
-    assert "_fastbert_encoder" in model[0].auto_model.__dict__
-    assert max_diff(model.encode(TEXTS, convert_to_tensor=True), ref) <= ATOL
-    enc = fastbert.Encoder.from_pretrained(str(path), device="cpu")
-    assert max_diff(torch.as_tensor(enc.encode(TEXTS)), ref) <= ATOL
+    check_sentence_transformers_and_encoder(save_checkpoint(tmp_path), BASE["hidden_size"], TEXTS)
 
 
 def test_forward_packed_reads_no_device_value():
-    from test_forward_packed import HostReads
     _, fast = make_pair()
     ids, types, mask = batch()
-    lengths = mask.sum(1)
-    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    longest = int(lengths.max())
-    with torch.no_grad():
-        with HostReads() as packed_reads:
-            fast.forward_packed(ids[mask.bool()], cu, longest, token_type_ids=types[mask.bool()])
-        with HostReads() as padded_reads:
-            fast(input_ids=ids, token_type_ids=types, attention_mask=mask)
-    assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
-    assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()
+    check_host_reads(fast, ids, mask, token_type_ids=types)

@@ -397,6 +397,11 @@ class EncoderModel(FastPreTrainedModel):
                 attentions.append(probs)
         return x, attentions
 
+    def run_encoder(self, x, packing, positions, output_attentions: bool, hidden_states: Optional[list]):
+        """The padded forward's hook after the embeddings: `positions` is what `padded_positions`
+        gave; -> (x, attentions), the repadded states appended to `hidden_states`."""
+        return self._run_layers(x, packing, output_attentions, hidden_states)
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
                 **kwargs):
@@ -410,12 +415,12 @@ class EncoderModel(FastPreTrainedModel):
         batch, seqlen, device, stats = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
                                                     inputs_embeds)
         packing = unpad(attention_mask, batch, seqlen, device, host_stats=stats)
+        positions = self.padded_positions(packing, input_ids, position_ids)
         x = self.embed(None if input_ids is None else pack(input_ids, packing),
-                       None if token_type_ids is None else pack(token_type_ids, packing),
-                       self.padded_positions(packing, input_ids, position_ids),
+                       None if token_type_ids is None else pack(token_type_ids, packing), positions,
                        None if inputs_embeds is None else pack(inputs_embeds, packing), self._backend)
         hidden_states = [repad(x, packing)] if output_hidden_states else None
-        x, attentions = self._run_layers(x, packing, bool(output_attentions), hidden_states)
+        x, attentions = self.run_encoder(x, packing, positions, bool(output_attentions), hidden_states)
         sequence_output = hidden_states[-1] if output_hidden_states else repad(x, packing)
         out = self.output_class(last_hidden_state=sequence_output,
                                 hidden_states=tuple(hidden_states) if output_hidden_states else None,

@@ -17,11 +17,11 @@ from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
-from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_inputs, check_packed_shapes
-from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
+from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_packed_shapes
+from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import add_layer_norm
 from fastbert.ops.linear import linear
-from fastbert.padding import Packing, pack, packed_positions, repad, unpad
+from fastbert.padding import Packing, pack, packed_positions, repad
 
 # transformers' ACT2FN names -> the function (gelu is the exact erf GELU, as transformers)
 ACTIVATIONS = {
@@ -237,35 +237,17 @@ class RotaryEncoderModel(RotaryFamily, EncoderModel):
             hidden_states.append(x)   # the last entry is last_hidden_state, as transformers
         return x, hidden_states, attentions
 
-    def _output(self, sequence_output, hidden_states, attentions, return_dict):
-        extra = {}
-        if self.output_class is BaseModelOutputWithPooling:
-            extra["pooler_output"] = self.pool(sequence_output)
-        out = self.output_class(last_hidden_state=sequence_output,
-                                hidden_states=tuple(hidden_states) if hidden_states is not None else None,
-                                attentions=tuple(attentions) if attentions is not None else None, **extra)
-        return self._finish(out, return_dict)
+    # EncoderModel.forward with the rotary families' positions: a Positions (rotary and window), which
+    # embed ignores and every layer takes
+    def padded_positions(self, packing: Packing, input_ids, position_ids) -> Positions:
+        return padded_positions(packing, position_ids)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs):
-        if kwargs:
-            raise TypeError(f"{type(self).__name__}.forward got unexpected arguments {sorted(kwargs)}")
-        if output_attentions is None:
-            output_attentions = getattr(self.config, "output_attentions", False)
-        if output_hidden_states is None:
-            output_hidden_states = getattr(self.config, "output_hidden_states", False)
-        batch, seqlen, device, stats = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
-                                                    inputs_embeds)
-        packing = unpad(attention_mask, batch, seqlen, device, host_stats=stats)
-        positions = padded_positions(packing, position_ids)
-        x = self.embed(None if input_ids is None else pack(input_ids, packing),
-                       None if token_type_ids is None else pack(token_type_ids, packing), positions.rotary,
-                       None if inputs_embeds is None else pack(inputs_embeds, packing), self._backend)
-        x, hidden, attentions = self.run_layers(x, packing, positions, output_attentions, output_hidden_states)
-        hidden = [repad(h, packing) for h in hidden] if hidden is not None else None
-        sequence_output = hidden[-1] if hidden is not None else repad(x, packing)
-        return self._output(sequence_output, hidden, attentions, return_dict)
+    def run_encoder(self, x, packing: Packing, positions: Positions, output_attentions: bool,
+                    hidden_states: Optional[list]):
+        x, hidden, attentions = self.run_layers(x, packing, positions, output_attentions, hidden_states is not None)
+        if hidden_states is not None:
+            hidden_states[:] = [repad(h, packing) for h in hidden]   # the last is after `finish`
+        return x, attentions
 
     def forward_packed(self, input_ids, cu_seqlens, max_seqlen: int, token_type_ids=None,
                        position_ids=None) -> BaseModelOutput:
