@@ -6,10 +6,10 @@ Sequences of lengths 29 (prime, longer than every relative span here), 0 (a full
 row), 1 and 13; small spans (DeBERTa span 8 with log buckets, MPNet max_distance 10) so distances
 saturate inside a row."""
 import pytest
-from test_backend import kernel_launches  # noqa: F401  (fixture: names of the kernels that ran)
 import torch
 
 from fastbert.ops import relative_attention as R
+from test_backend import kernel_launches, padded_batch  # noqa: F401  (a fixture: the kernels that ran)
 
 HEADS, HEAD_DIM, SPAN = 2, 16, 8
 LENGTHS = (29, 0, 1, 13)
@@ -153,7 +153,6 @@ def test_model_on_the_kernel_matches_transformers(family, tmp_path, kernel_launc
     import transformers as T
 
     import fastbert
-    from test_backend import padded_batch
     make_config, cls, grads = FAMILIES[family]
     torch.manual_seed(0)
     getattr(T, cls)(make_config(T)).save_pretrained(tmp_path)
