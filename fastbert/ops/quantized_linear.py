@@ -2,15 +2,19 @@
 
 The GEMMs are torch's own int8 kernels, never a hand-written one; this file is the only place that
 calls them, so the choice between them is made (and measured: bench/bench_quantized_linear.py) here:
-  "linear_dynamic"     torch.ops.quantized.linear_dynamic on a torch.ops.quantized.linear_prepack'ed
-                       weight (FBGEMM under the default x86 engine); quantizes x per tensor inside
-                       the op, fp32 out.
-  "qlinear_pointwise"  torch.ops.onednn.qlinear_pointwise on a torch.ops.onednn.qlinear_prepack'ed
-                       weight; x is quantized per tensor here (torch.quantize_per_tensor_dynamic).
-Weights: symmetric per output channel, scale = max|W_row| / 63, q = round(W / scale) in [-63, 63]
-(zero point 0; 7 bits, see WEIGHT_MAX). Activations: asymmetric uint8 per tensor over
-[min(x, 0), max(x, 0)], all 8 bits; `reduce_range=True` (torch's eager default, 7-bit activations)
-is available but off: on all-MiniLM-L6-v2 the activation range is the scarcer precision.
+  "per_token"          torch.ops.onednn.qlinear_pointwise on a qlinear_prepack'ed weight, activations
+                       quantized per row (per token): asymmetric uint8 over [min(x_r, 0), max(x_r, 0)].
+                       oneDNN takes one zero point per tensor, so it runs with scale 1 and zero point 0
+                       (the exact sum of uint8 x int8 products, times the weight scales, in fp32) and
+                       the row scales s_r and zero points z_r are applied after it:
+                         y = s_r * (acc_rc - z_r * colsum_c) + b_c,   colsum_c = sum_k Wq_ck * w_scale_c
+                       as one in-place scale and one rank-2 addmm_ (the bias rides along).
+  "linear_dynamic"     torch.ops.quantized.linear_dynamic on a quantized.linear_prepack'ed weight (FBGEMM);
+                       one asymmetric uint8 scale per tensor, chosen inside the op.
+  "per_tensor"         torch.ops.onednn.qlinear_pointwise, x quantized per tensor here.
+Per-tensor activation scales lose the small tokens to the largest one (all-MiniLM-L6-v2: min cosine
+0.97 to fp32 embeddings); per-token scales keep each row's own range (0.99+). Weights: symmetric per
+output channel, scale = max|W_row| / WEIGHT_MAX, zero point 0.
 Inference only: no autograd.
 """
 import warnings
@@ -19,13 +23,23 @@ from typing import Optional
 
 import torch
 
-BACKENDS = ("linear_dynamic", "qlinear_pointwise")
-# measured with bench/bench_quantized_linear.py (2-core AVX2 x86, MiniLM GEMMs over 2,048 tokens)
-DEFAULT_BACKEND = "linear_dynamic"
-# AVX2 int8 GEMMs (no VNNI) add pairs of u8 x s8 products in saturating int16: 255 * 63 * 2 fits,
-# 255 * 127 * 2 does not. So weights keep 7 bits and activations all 8 (rather than torch's
-# reduce_range, 7-bit activations): the per-tensor activation range is the scarcer precision.
-WEIGHT_MAX = 63
+BACKENDS = ("per_token", "linear_dynamic", "per_tensor")
+# measured with bench/bench_quantized_linear.py and fastbert bench (2-core AVX-512 VNNI x86)
+DEFAULT_BACKEND = "per_token"
+
+
+def _has_vnni() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return any(flag in flags for flag in (" avx512_vnni", " avx_vnni", " amx_int8"))
+
+
+# Without VNNI, x86 int8 GEMMs add pairs of u8 x s8 products in saturating int16: 255 * 63 * 2 fits,
+# 255 * 127 * 2 does not, so weights keep 7 bits there. VNNI (and AMX) accumulate in int32.
+WEIGHT_MAX = 127 if _has_vnni() else 63
 
 
 @dataclass
@@ -37,6 +51,8 @@ class PackedLinear:
     scale: torch.Tensor               # (out,) float32
     bias: Optional[torch.Tensor]      # (out,) float32 or None
     reduce_range: bool
+    rank2: Optional[torch.Tensor] = None   # per_token: (2, out) rows colsum and bias (zeros if none)
+    zeros: Optional[torch.Tensor] = None   # oneDNN: the weight zero points, (out,) int64 zeros
 
     @property
     def in_features(self) -> int:
@@ -60,6 +76,23 @@ def quantize_weight(weight: torch.Tensor):
     return q, scale
 
 
+def quantize_rows(x: torch.Tensor):
+    """(rows, k) float32 -> (uint8 (rows, k), scale (rows,), zero point (rows,) as float):
+    x ~= scale_r * (q - zero_r), asymmetric over [min(x_r, 0), max(x_r, 0)], 0 exact.
+
+    scale = range / 254 and zero = ceil(-min / scale) put x / scale + zero in [0, 255] (up to float
+    rounding), so q = trunc(x / scale + zero + 0.5) (round half up) needs no clamp: three passes over
+    x (mul, add_, the uint8 cast) instead of five. One level of 255 is the price."""
+    # amin + amax: two passes, yet ~20x faster than torch.aminmax(dim=1) (torch 2.13, x86); and
+    # mul + add_ beats addcmul's broadcasting path
+    lo, hi = x.amin(dim=1).clamp_(max=0), x.amax(dim=1).clamp_(min=0)
+    scale = (hi - lo) / 254
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))   # an all-zero row: q = 0
+    zero = torch.ceil(-lo / scale)
+    q = (x * scale.reciprocal()[:, None]).add_((zero + 0.5)[:, None]).to(torch.uint8)
+    return q, scale, zero
+
+
 def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Optional[str] = None,
          reduce_range: bool = False) -> PackedLinear:
     """Quantizes and packs an nn.Linear-shaped weight (out, in) and bias (out,) for `backend`."""
@@ -71,6 +104,7 @@ def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Opt
         if bias.shape != (q.shape[0],):
             raise ValueError(f"bias shape {tuple(bias.shape)} does not match weight's {q.shape[0]} outputs")
         bias = bias.detach().float().cpu().contiguous()
+    rank2 = None
     if backend == "linear_dynamic":
         zeros = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # the prepack op takes a quantized tensor, deprecated as a user type
@@ -79,7 +113,17 @@ def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Opt
         packed = torch.ops.quantized.linear_prepack(qw, bias)
     else:
         packed = torch.ops.onednn.qlinear_prepack(q, None)
-    return PackedLinear(backend, packed, q, scale, bias, bool(reduce_range))
+        zeros = torch.zeros(q.shape[0], dtype=torch.long)
+        if backend == "per_token":
+            colsum = q.float().sum(dim=1) * scale
+            rank2 = torch.stack([colsum, bias if bias is not None else torch.zeros_like(colsum)])
+    return PackedLinear(backend, packed, q, scale, bias, bool(reduce_range), rank2, zeros)
+
+
+def _onednn(qx: torch.Tensor, x_scale: float, x_zero: int, packed: PackedLinear, bias) -> torch.Tensor:
+    return torch.ops.onednn.qlinear_pointwise(
+        qx, x_scale, x_zero, packed.packed, packed.scale, packed.zeros,
+        bias, 1.0, 0, torch.float32, "none", [], "")
 
 
 def quantized_linear(x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
@@ -94,12 +138,13 @@ def quantized_linear(x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
     x2 = x.reshape(-1, packed.in_features).contiguous()
     if x2.shape[0] == 0:
         return x.new_zeros(*lead, packed.out_features)
-    if packed.backend == "linear_dynamic":
+    if packed.backend == "per_token":
+        qx, s, z = quantize_rows(x2)
+        y = _onednn(qx, 1.0, 0, packed, None).mul_(s[:, None])       # s_r * acc_rc
+        y.addmm_(torch.stack([-s * z, torch.ones_like(s)], dim=1), packed.rank2)  # - s_r z_r colsum_c + b_c
+    elif packed.backend == "linear_dynamic":
         y = torch.ops.quantized.linear_dynamic(x2, packed.packed, packed.reduce_range)
     else:
         qx = torch.quantize_per_tensor_dynamic(x2, torch.quint8, packed.reduce_range)
-        y = torch.ops.onednn.qlinear_pointwise(
-            qx.int_repr(), qx.q_scale(), qx.q_zero_point(), packed.packed, packed.scale,
-            torch.zeros(packed.out_features, dtype=torch.long), packed.bias, 1.0, 0, torch.float32,
-            "none", [], "")
+        y = _onednn(qx.int_repr(), qx.q_scale(), qx.q_zero_point(), packed, packed.bias)
     return y.reshape(*lead, packed.out_features)
