@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output-dir", type=Path, default=None,
                        help="where JSON and PNG go (default: bench/results/ in a fastbert checkout, "
                             "./fastbert-bench/ elsewhere)")
+    bench.add_argument("--only", default=None, metavar="PART,PART,...",
+                       help="run only these parts: tokenizer, tokenizer_latency, models, encoder, quantize")
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tiny: CLI tests
 
     encode = sub.add_parser(
@@ -134,9 +136,14 @@ def cmd_bench(parser, args) -> int:
     output_dir = args.output_dir or suite.default_output_dir()
     if output_dir.exists() and not output_dir.is_dir():
         parser.error(f"--output-dir {output_dir}: exists and is not a directory")
+    only = tuple(args.only.split(",")) if args.only else None
+    unknown = sorted(set(only or ()) - {section.key for section in suite.SECTIONS})
+    if unknown:
+        parser.error(f"--only {args.only}: unknown part(s) {unknown}; parts: "
+                     f"{', '.join(section.key for section in suite.SECTIONS)}")
     cfg = suite.BenchConfig(model_dir=model_dir, output_dir=output_dir, device=args.device,
                             dtype=args.dtype, batch_sizes=args.batch_sizes, seq_lens=args.seq_lens,
-                            quick=args.quick, smoke=args.smoke)
+                            quick=args.quick, smoke=args.smoke, only=only)
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough for the table on one line per row
         console = Console(width=130)

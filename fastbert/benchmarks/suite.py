@@ -38,6 +38,7 @@ class BenchConfig:
     seq_lens: tuple | None = None
     quick: bool = False
     smoke: bool = False                # tiny sizes, for the CLI's own tests
+    only: tuple | None = None          # section keys to run (None: all)
 
 
 def model_label(model_dir: Path) -> str:
@@ -343,8 +344,9 @@ def run_suite(cfg: BenchConfig, console=None):
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[part]:<14}"), BarColumn(bar_width=24),
                TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bars:
-        overall = bars.add_task("starting", total=len(SECTIONS), part="fastbert bench")
-        for section in SECTIONS:
+        sections = [section for section in SECTIONS if cfg.only is None or section.key in cfg.only]
+        overall = bars.add_task("starting", total=len(sections), part="fastbert bench")
+        for section in sections:
             task = bars.add_task("importing", total=None, part=section.title)
             bars.update(overall, description=section.title)
 
