@@ -3,6 +3,14 @@
     pytest bench/bench_tokenizer.py --benchmark-only      # pytest-benchmark (FASTBERT_BENCH_QUICK=1: less text)
     python bench/bench_tokenizer.py [--quick] [--repeated] # table with ratios + JSON in bench/results/,
                                                             # then one text per call (tokenizer_latency)
+    python bench/bench_tokenizer.py --scaling [--threads 1,2]  # fastbert alone, thread counts interleaved:
+                                                            # "vs 1 thread" per text and path (+ JSON)
+
+--scaling also reports each stage's CPU time per call and the GIL-held (serial) share when the
+extension was built with the stage timers: in a copy of the tree,
+`python setup.py build_ext --inplace --define FASTBERT_STAGE_TIMES`, then run this from that copy.
+CPU time does not depend on other load on the machine, so the serial share holds on a busy machine
+where the wall-clock ratios do not.
 
 Every round encodes text new to every tokenizer (fastbert.benchmarks.tokenizer: a fresh tag before
 each document, caches cleared); --repeated adds the same text encoded again, the cache-lookup figure.
@@ -95,9 +103,17 @@ def main(argv=None) -> int:
                         help="write 64 MB before every timed call, so each starts on cold CPU caches")
     parser.add_argument("--no-latency", action="store_true",
                         help="skip the one-text-per-call latency table (fastbert.benchmarks.tokenizer_latency)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="fastbert alone at each --threads count, interleaved: the 'vs 1 thread' ratios")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
     args = parser.parse_args(argv)
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
+    if args.scaling:
+        rows = tb.thread_scaling(model_dir(), quick=args.quick, threads=threads, progress=say)
+        print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
+        print(tb.format_scaling(rows))
+        print(f"JSON: {write_json(args.out, f'tokenizer-scaling-{stamp(rows)}.json', rows)}")
+        return 1 if any(r.get("error") for r in rows) else 0
     tb.EVICT = args.evict_caches
     rows = tb.run(model_dir(), quick=args.quick, threads=threads, repeated=args.repeated, progress=say)
     print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")

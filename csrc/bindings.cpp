@@ -5,6 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -38,6 +43,37 @@ void without_gil(F&& f) {
     PyEval_RestoreThread(state);
     if (error) std::rethrow_exception(error);
 }
+
+// Stage timers for measuring the serial (GIL-held) part of encode_batch: compiled in only with
+// -DFASTBERT_STAGE_TIMES (bench/bench_tokenizer.py --scaling reads them); otherwise no-ops.
+// CPU time, not wall time, so that a loaded machine does not change the figures: a GIL stage
+// counts the calling thread's CPU time, a stage without the GIL the whole process's (every thread
+// of the pool).
+#ifdef FASTBERT_STAGE_TIMES
+constexpr bool kStageTimes = true;
+#else
+constexpr bool kStageTimes = false;
+#endif
+enum Stage : int { kInputs, kEncode, kLayout, kOutputGil, kOutputThreads, kExtras, kStages };
+const char* const kStageNames[kStages] = {"inputs", "encode", "layout", "output", "output_threads", "extras"};
+constexpr bool kStageHoldsGil[kStages] = {true, false, true, true, false, true};
+struct StageClock {
+    static double now(clockid_t id) {
+        timespec t{};
+        clock_gettime(id, &t);
+        return static_cast<double>(t.tv_sec) * 1e9 + static_cast<double>(t.tv_nsec);
+    }
+    double thread = kStageTimes ? now(CLOCK_THREAD_CPUTIME_ID) : 0;
+    double process = kStageTimes ? now(CLOCK_PROCESS_CPUTIME_ID) : 0;
+    // adds the CPU time since the last mark to stage s
+    void mark(std::array<double, kStages>& ns, int s) {
+        if (!kStageTimes) return;
+        const double t = now(CLOCK_THREAD_CPUTIME_ID), p = now(CLOCK_PROCESS_CPUTIME_ID);
+        ns[s] += kStageHoldsGil[s] ? t - thread : p - process;
+        thread = t;
+        process = p;
+    }
+};
 
 // Pauses Python's cyclic GC while it lives (restored also when an exception leaves the scope).
 struct GcPause {
@@ -112,8 +148,50 @@ py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const
     return py::array_t<int64_t>(shape, static_cast<int64_t*>(h->data), owner);
 }
 
+// A str of a batch whose UTF-8 bytes are made without the GIL: segment seg of the batch, and what
+// names it in an error.
+struct PendingText {
+    PyObject* text;
+    size_t seg, chars;
+    const char* what;
+    size_t index;
+    long word;
+};
+
+// Appends the UTF-8 form of a str's characters (PyUnicode kind 1, 2 or 4) to out (cleared first);
+// false at a surrogate code point, which UTF-8 cannot hold (Python's encoder raises there).
+bool encode_utf8(int kind, const void* data, size_t n, std::string& out) {
+    out.clear();
+    out.reserve(n * (kind == PyUnicode_1BYTE_KIND ? 2 : kind == PyUnicode_2BYTE_KIND ? 3 : 4));
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t c = PyUnicode_READ(kind, data, i);
+        if (c < 0x80) {
+            out.push_back(static_cast<char>(c));
+        } else if (c < 0x800) {
+            out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+            out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+        } else if (c < 0x10000) {
+            if (c >= 0xD800 && c < 0xE000) return false;
+            out.push_back(static_cast<char>(0xE0 | (c >> 12)));
+            out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+            out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+        } else {
+            out.push_back(static_cast<char>(0xF0 | (c >> 18)));
+            out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+            out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+            out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+        }
+    }
+    return true;
+}
+
 // A Python-owned tokenizer: the C++ tokenizer plus cached Python ints for building lists.
 class PyTokenizer {
+ public:
+
+ private:
+    struct Workspace;  // per-thread buffers of encode_batch (below)
+
  public:
     PyTokenizer(py::object vocab, bool lowercase, bool strip_accents, bool handle_chinese_chars, bool clean_text,
                 const std::string& unk_token, const std::string& prefix, size_t max_chars,
@@ -163,6 +241,7 @@ class PyTokenizer {
 
     // (out, widest row): the outputs as a dict, and the longest row's length (the long-sequence notice).
     py::tuple encode_batch(py::object texts, py::object pairs, const EncodeOptions& o) {
+        StageClock clock;
         // This thread's input and row buffers, reused from its last batch (about 20 allocations
         // less per call: most of the C++ cost of one short text); a fresh set if they are in use
         // (a call made again from inside this one, by a finalizer the GC ran).
@@ -182,7 +261,7 @@ class PyTokenizer {
         in.a.reserve(n + 1);
         in.segs.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            add_item(items[i], "batch", i, o.split_words, in, ws.refs);
+            add_item(items[i], "batch", i, o.split_words, ws);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
         }
         if (!pairs.is_none()) {
@@ -199,25 +278,37 @@ class PyTokenizer {
                     in.single.resize(n, 0);
                     in.single[i] = 1;
                 } else {
-                    add_item(pitems[i], "text_pair", i, o.split_words, in, ws.refs);
+                    add_item(pitems[i], "text_pair", i, o.split_words, ws);
                 }
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
         }
         std::vector<Rows>& rows = ws.rows;
+        clock.mark(stage_ns_, kInputs);
         size_t bytes = 0;
         for (const std::string_view& seg : in.segs) bytes += seg.size();
+        for (const PendingText& p : ws.pending) bytes += p.chars;
         try {
             // a short input is encoded in about the time that releasing and taking back the GIL takes
-            if (bytes < kReleaseGilBytes)
-                tok_->encode_batch(in, o, rows);
-            else
-                without_gil([&] { tok_->encode_batch(in, o, rows); });
+            if (bytes < kReleaseGilBytes) {
+                to_utf8(ws, o.num_threads);
+                if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows);
+            } else {
+                without_gil([&] {
+                    to_utf8(ws, o.num_threads);
+                    if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows);
+                });
+            }
         } catch (const TruncationError& e) {
             throw py::value_error(e.what());
         } catch (const std::invalid_argument& e) {
             throw py::value_error(e.what());
         }
+        if (ws.bad_text != SIZE_MAX) {  // a lone surrogate: Python's encoder raises, with the same message as ever
+            const PendingText& p = ws.pending[ws.bad_text];
+            utf8_or_raise(p.text, p.what, p.index, p.word);
+        }
+        clock.mark(stage_ns_, kEncode);
         Layout layout;
         try {
             layout = plan_layout(rows, o);
@@ -230,6 +321,7 @@ class PyTokenizer {
         const ParallelFor run = [&](size_t count, const std::function<void(size_t)>& fn) {
             tok_->parallel(count, o.num_threads, fn);
         };
+        clock.mark(stage_ns_, kLayout);
         py::dict out;
         if (o.packed) {
             pack(rows, layout, o, run, out);
@@ -249,10 +341,13 @@ class PyTokenizer {
             po.attention = mk(o.attention_mask, keys_.attention_mask);
             po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
             po.offsets = mk(o.offsets, keys_.offset_mapping, true);
+            clock.mark(stage_ns_, kOutputGil);
             without_gil([&] { fill_padded(rows, layout, o, po, run); });
+            clock.mark(stage_ns_, kOutputThreads);
         } else {
-            lists(rows, layout, o, run, out);
+            lists(rows, layout, o, run, out, clock);
         }
+        clock.mark(stage_ns_, kOutputGil);
         if (o.length) {
             py::list lengths(layout.rows);
             size_t k = 0;
@@ -277,7 +372,18 @@ class PyTokenizer {
                 for (size_t r = 0; r < rs.rows(); ++r) mapping[k++] = int_obj(rs.item[r]);
             out[keys_.overflow_to_sample_mapping] = mapping;
         }
+        clock.mark(stage_ns_, kExtras);
         return py::make_tuple(out, layout.widest);
+    }
+
+    // The stages' CPU seconds summed since the last call (empty unless built with
+    // -DFASTBERT_STAGE_TIMES); resets them.
+    py::dict stage_times() {
+        py::dict d;
+        if (kStageTimes)
+            for (int s = 0; s < kStages; ++s) d[kStageNames[s]] = stage_ns_[s] * 1e-9;
+        stage_ns_.fill(0);
+        return d;
     }
 
     py::object id_to_token(int64_t id) const {
@@ -356,13 +462,19 @@ class PyTokenizer {
     }
 
     void lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const ParallelFor& run,
-               py::dict& out) {
+               py::dict& out, StageClock& clock) {
         // Thousands of new lists would trigger the cyclic GC again and again while we build
         // them; none of them can be part of a cycle, so pause it for the duration.
         GcPause pause;
         RowLists l;
         try {
-            build_lists(rows, layout, o, *ints_, run, [](const std::function<void()>& f) { without_gil(f); }, l);
+            build_lists(rows, layout, o, *ints_, run,
+                        [&](const std::function<void()>& f) {
+                            clock.mark(stage_ns_, kOutputGil);
+                            without_gil(f);
+                            clock.mark(stage_ns_, kOutputThreads);
+                        },
+                        l);
         } catch (const PythonError&) {
             throw py::error_already_set();
         }
@@ -384,18 +496,16 @@ class PyTokenizer {
         return word < 0 ? item : "word " + std::to_string(word) + " of " + item;
     }
 
-    void add_text(py::handle h, const char* what, size_t index, long word, BatchInput& in,
-                  std::vector<PyObject*>& keep) {
-        if (!PyUnicode_Check(h.ptr()))
-            throw py::type_error(where(what, index, word) + " is " + std::string(Py_TYPE(h.ptr())->tp_name) +
-                                 ", not str");
+    // The UTF-8 bytes of str h (Python's, made and cached in h if needed), or a ValueError naming
+    // the item.
+    static std::string_view utf8_or_raise(PyObject* h, const char* what, size_t index, long word) {
         Py_ssize_t len = 0;
-        const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &len);
+        const char* p = PyUnicode_AsUTF8AndSize(h, &len);
         if (!p) {
             PyErr_Clear();
-            const Py_ssize_t n = PyUnicode_GetLength(h.ptr());
+            const Py_ssize_t n = PyUnicode_GetLength(h);
             for (Py_ssize_t j = 0; j < n; ++j) {
-                Py_UCS4 c = PyUnicode_ReadChar(h.ptr(), j);
+                Py_UCS4 c = PyUnicode_ReadChar(h, j);
                 if (c >= 0xD800 && c < 0xE000) {
                     char buf[16];
                     snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(c));
@@ -405,15 +515,60 @@ class PyTokenizer {
             }
             throw py::value_error(where(what, index, word) + " cannot be encoded as UTF-8");
         }
-        Py_INCREF(h.ptr());
-        keep.push_back(h.ptr());
-        in.segs.emplace_back(p, static_cast<size_t>(len));
+        return std::string_view(p, static_cast<size_t>(len));
     }
 
-    void add_item(py::handle h, const char* what, size_t index, bool split_words, BatchInput& in,
-                  std::vector<PyObject*>& keep) {
+    // Adds str h as the next segment. A non-ASCII str without a UTF-8 form yet is encoded later,
+    // on the pool without the GIL (to_utf8): encoding it here was the largest serial part of a
+    // batch of new non-ASCII text.
+    void add_text(py::handle h, const char* what, size_t index, long word, Workspace& ws) {
+        PyObject* o = h.ptr();
+        if (!PyUnicode_Check(o))
+            throw py::type_error(where(what, index, word) + " is " + std::string(Py_TYPE(o)->tp_name) + ", not str");
+        BatchInput& in = ws.in;
+#if PY_VERSION_HEX < 0x030C0000
+        const bool ready = PyUnicode_IS_READY(o);
+#else
+        const bool ready = true;
+#endif
+        if (!ready || PyUnicode_IS_ASCII(o) || !PyUnicode_IS_COMPACT(o) ||
+            reinterpret_cast<PyCompactUnicodeObject*>(o)->utf8 != nullptr) {
+            in.segs.push_back(utf8_or_raise(o, what, index, word));
+        } else {
+            ws.pending.push_back(PendingText{o, in.segs.size(), static_cast<size_t>(PyUnicode_GET_LENGTH(o)),
+                                             what, index, word});
+            in.segs.emplace_back();
+        }
+        Py_INCREF(o);
+        ws.refs.push_back(o);
+    }
+
+    // The UTF-8 form of every pending str (read without the GIL: a str is immutable and the batch
+    // holds a reference), on the pool; the first str with a lone surrogate stops it (bad_text).
+    void to_utf8(Workspace& ws, int num_threads) {
+        ws.bad_text = SIZE_MAX;
+        const size_t n = ws.pending.size();
+        if (!n) return;
+        ws.utf8.resize(n);
+        const size_t tasks = std::min(n, static_cast<size_t>(std::max(num_threads, 1)) * 8);
+        std::atomic<size_t> bad{SIZE_MAX};
+        tok_->parallel(tasks, num_threads, [&](size_t t) {
+            for (size_t k = n * t / tasks; k < n * (t + 1) / tasks; ++k) {
+                const PendingText& p = ws.pending[k];
+                if (!encode_utf8(PyUnicode_KIND(p.text), PyUnicode_DATA(p.text), p.chars, ws.utf8[k])) {
+                    size_t seen = bad.load();
+                    while (k < seen && !bad.compare_exchange_weak(seen, k)) {
+                    }
+                }
+            }
+        });
+        ws.bad_text = bad.load();
+        for (size_t k = 0; k < n; ++k) ws.in.segs[ws.pending[k].seg] = ws.utf8[k];
+    }
+
+    void add_item(py::handle h, const char* what, size_t index, bool split_words, Workspace& ws) {
         if (!split_words) {
-            add_text(h, what, index, -1, in, keep);
+            add_text(h, what, index, -1, ws);
             return;
         }
         if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr()))
@@ -421,7 +576,7 @@ class PyTokenizer {
                                  std::string(Py_TYPE(h.ptr())->tp_name) +
                                  ", not a list of words (is_split_into_words=True)");
         long k = 0;
-        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, what, index, k++, in, keep);
+        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, what, index, k++, ws);
     }
 
     // Per-thread buffers of encode_batch (see there).
@@ -431,6 +586,9 @@ class PyTokenizer {
         // the caller's list while the GIL is released
         std::vector<PyObject*> refs;
         std::vector<Rows> rows;
+        std::vector<PendingText> pending;  // strs to encode as UTF-8 without the GIL, and their bytes
+        std::vector<std::string> utf8;
+        size_t bad_text = SIZE_MAX;        // the first pending str that has no UTF-8 form
         bool busy = false;
         // Drops the input references, empties the buffers and keeps their memory, unless a large
         // batch grew them: an idle thread should not hold its largest batch's rows.
@@ -438,12 +596,15 @@ class PyTokenizer {
             for (PyObject* o : refs) Py_DECREF(o);
             refs.clear();
             size_t held = in.segs.capacity() * sizeof(std::string_view);
+            for (const std::string& u : utf8) held += u.capacity();
             for (const Rows& r : rows)
                 held += r.ids.capacity() * sizeof(int32_t) + r.offsets.capacity() * sizeof(uint32_t);
             if (held > kKeepBytes) {
                 *this = Workspace();
                 return;
             }
+            pending.clear();
+            for (std::string& u : utf8) u.clear();  // keeps their memory for the next batch
             in.segs.clear();
             in.a.assign(1, 0);
             in.b.clear();
@@ -467,6 +628,7 @@ class PyTokenizer {
     static constexpr size_t kReleaseGilBytes = 2048;
     size_t base_size_ = 0;  // distinct tokens of the vocabulary file (HF's vocab_size)
     size_t base_ids_ = 0;   // its lines
+    std::array<double, kStages> stage_ns_{};  // with FASTBERT_STAGE_TIMES (one caller at a time)
 };
 
 thread_local PyTokenizer::Workspace PyTokenizer::workspace_;
@@ -584,6 +746,7 @@ PYBIND11_MODULE(_C, m) {
         .def("base_size", &PyTokenizer::base_size)
         .def("base_ids", &PyTokenizer::base_ids)
         .def("clear_cache", &PyTokenizer::clear_cache)
+        .def("stage_times", &PyTokenizer::stage_times)
         .def("normalize", &PyTokenizer::normalize, py::arg("text"))
         .def("__len__", &PyTokenizer::size);
 }

@@ -43,10 +43,12 @@ struct Count {
     PyObject* zero;
     PyObject* one;
     PyObject* pad;
-    std::vector<uint32_t> ids;  // per id
+    std::vector<uint32_t> ids;      // per id
+    std::vector<int32_t> touched;   // the ids counted at least once: step 3 visits only these, not
+                                    // every int of the table (65,536 refcounts in cold memory)
     uint64_t zeros = 0, ones = 0, pads = 0;
     PyObject* id(PyObject* o, int32_t i) {
-        ++ids[static_cast<size_t>(i)];
+        if (!ids[static_cast<size_t>(i)]++) touched.push_back(i);
         return o;
     }
     PyObject* take_zero() { return ++zeros, zero; }
@@ -218,13 +220,9 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
                 fill_chunk(rows[c], first[c], width, o, ints, out, refs);
         });
     });
-    // 3. The references, once per distinct int (with the GIL again).
-    for (size_t i = 0; i < ints.size(); ++i) {
-        uint64_t n = 0;
-        for (const Count& c : counts) n += c.ids[i];
-        add_refs(ints.borrowed(i), n);
-    }
+    // 3. The references, once per distinct int and task (with the GIL again).
     for (const Count& c : counts) {
+        for (int32_t i : c.touched) add_refs(ints.borrowed(static_cast<size_t>(i)), c.ids[static_cast<size_t>(i)]);
         add_refs(zero, c.zeros);
         add_refs(one, c.ones);
         add_refs(pad, c.pads);

@@ -50,3 +50,14 @@ def test_primer_shares_no_word_with_the_text():
     words = {w for d in DOCS for w in d.split()}
     primed = {w for d in tb.primer(DOCS) for w in d.split()}
     assert primed and not words & primed
+
+
+def test_thread_scaling_rows(model_dir):
+    """bench_tokenizer.py --scaling: a row per text, path and thread count, timed on new text, with the
+    ratio to the first count; stage times only from a build with the stage timers (not this one)."""
+    rows = tb.thread_scaling(model_dir, {"mixed": DOCS * 40}, threads=(1, 2), smoke=True)
+    assert [(r["path"], r["threads"]) for r in rows] == [(p, n) for p in tb.PATHS for n in (1, 2)]
+    assert all(r["MB/s"] > 0 and "error" not in r for r in rows)
+    assert [r["vs 1 thread"] for r in rows if r["threads"] == 1] == [1.0, 1.0]
+    assert all("stages" not in r for r in rows)  # the default build compiles the timers out
+    assert "vs 1 thread" in tb.format_scaling(rows)

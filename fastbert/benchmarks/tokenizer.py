@@ -459,3 +459,70 @@ def format_table(rows: list[dict]) -> str:
         if r.get("error"):
             lines.append(f"{'':<45}{r['error'][:200]}")
     return "\n".join(lines)
+
+
+def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=None, *, smoke=False) -> list[dict]:
+    """fastbert alone at each thread count, timed interleaved (every round runs each count in turn, so
+    load from elsewhere falls on all alike) on text new to it every round: one row per text, path and
+    count, with "vs 1 thread" (median MB/s over the first count's). When the extension was built with
+    -DFASTBERT_STAGE_TIMES, each row also carries "stages": CPU ms per call of each stage of the C++ call
+    (GIL-held stages: the calling thread's CPU; "encode" and "output_threads": every thread's), and
+    "serial": the GIL-held share of that CPU time, which bounds the speedup as Amdahl's law says."""
+    say = progress or (lambda message: None)
+    texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
+    reps = _reps(quick, smoke)
+    threads = _resolve_threads(threads)
+    tags = itertools.count(1)
+    common = {"device": device(), "versions": versions(),
+              "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    rows = []
+    peers = {n: FastbertPeer(model_dir, n) for n in threads}
+    for text_name, docs in texts.items():
+        for path, method in PATHS.items():
+            say(f"{text_name}: {path}, threads {threads}")
+            calls = {n: (getattr(p, method), p.clear_cache) for n, p in peers.items()}
+            for p in peers.values():
+                p.tok._core.stage_times()  # drop what loading and earlier calls summed
+            rounds = Rounds(docs, tags)
+            results = time_interleaved(calls, rounds, **reps)
+            nbytes = corpus.total_bytes(rounds(1))
+            for n, result in results.items():
+                row = {"name": "fastbert", "text": text_name, "path": path, "threads": n, **common}
+                if isinstance(result, Exception):
+                    rows.append({**row, "MB/s": None, "error": f"{type(result).__name__}: {result}"})
+                    continue
+                seconds, repeats, _, _ = result
+                row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats})
+                stages = peers[n].tok._core.stage_times()
+                if stages:  # summed over the primer, the first pass and every round
+                    calls_made = repeats + 2
+                    ms = {k: 1e3 * v / calls_made for k, v in stages.items()}
+                    held = sum(v for k, v in ms.items() if k not in ("encode", "output_threads"))
+                    row.update({"stages": ms, "serial": held / sum(ms.values())})
+                rows.append(row)
+    for r in rows:
+        first = next((o for o in rows if (o["text"], o["path"], o["threads"]) == (r["text"], r["path"], threads[0])),
+                     None)
+        r["vs 1 thread"] = r["MB/s"] / first["MB/s"] if r.get("MB/s") and first and first.get("MB/s") else None
+        if "stages" in r and first and "stages" in first:
+            # Amdahl: the first count's CPU per call over this count's GIL-held CPU plus its parallel CPU
+            # shared by the threads (what an otherwise idle machine with that many cores could reach)
+            par = r["stages"]["encode"] + r["stages"]["output_threads"]
+            held = sum(r["stages"].values()) - par
+            r["amdahl bound"] = sum(first["stages"].values()) / (held + par / r["threads"])
+    return rows
+
+
+def format_scaling(rows: list[dict]) -> str:
+    """Plain-text table of thread_scaling's rows."""
+    head = (f"{'text':<13}{'path':<10}{'thr':>4}{'MB/s':>9}{'vs 1 thread':>13}{'serial CPU':>12}{'Amdahl bound':>14}"
+            "  stages (CPU ms/call)")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        vs = f"{r['vs 1 thread']:.2f}x" if r.get("vs 1 thread") else "-"
+        serial = f"{r['serial']:.1%}" if "serial" in r else "-"
+        bound = f"{r['amdahl bound']:.2f}x" if "amdahl bound" in r else "-"
+        stages = " ".join(f"{k} {v:.3f}" for k, v in r.get("stages", {}).items()) or r.get("error", "")
+        mbs = f"{r['MB/s']:.2f}" if r.get("MB/s") else "-"
+        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}{mbs:>9}{vs:>13}{serial:>12}{bound:>14}  {stages}")
+    return "\n".join(lines)
