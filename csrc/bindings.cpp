@@ -158,30 +158,31 @@ struct PendingText {
     long word;
 };
 
-// Appends the UTF-8 form of a str's characters (PyUnicode kind 1, 2 or 4) to out (cleared first);
+// The UTF-8 form of a str's characters (PyUnicode kind 1, 2 or 4), into out;
 // false at a surrogate code point, which UTF-8 cannot hold (Python's encoder raises there).
 bool encode_utf8(int kind, const void* data, size_t n, std::string& out) {
-    out.clear();
-    out.reserve(n * (kind == PyUnicode_1BYTE_KIND ? 2 : kind == PyUnicode_2BYTE_KIND ? 3 : 4));
+    out.resize(n * (kind == PyUnicode_1BYTE_KIND ? 2 : kind == PyUnicode_2BYTE_KIND ? 3 : 4));
+    char* w = &out[0];
     for (size_t i = 0; i < n; ++i) {
         const uint32_t c = PyUnicode_READ(kind, data, i);
         if (c < 0x80) {
-            out.push_back(static_cast<char>(c));
+            *w++ = static_cast<char>(c);
         } else if (c < 0x800) {
-            out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-            out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+            *w++ = static_cast<char>(0xC0 | (c >> 6));
+            *w++ = static_cast<char>(0x80 | (c & 0x3F));
         } else if (c < 0x10000) {
             if (c >= 0xD800 && c < 0xE000) return false;
-            out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-            out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-            out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+            *w++ = static_cast<char>(0xE0 | (c >> 12));
+            *w++ = static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+            *w++ = static_cast<char>(0x80 | (c & 0x3F));
         } else {
-            out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-            out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-            out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-            out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+            *w++ = static_cast<char>(0xF0 | (c >> 18));
+            *w++ = static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+            *w++ = static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+            *w++ = static_cast<char>(0x80 | (c & 0x3F));
         }
     }
+    out.resize(static_cast<size_t>(w - out.data()));
     return true;
 }
 
