@@ -67,6 +67,20 @@ def test_positions_with_holes():
     assert (out.double() - ref).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("compiling", [False, True])
+def test_shared_mask_blocks_and_gathered_blocks_agree(monkeypatch, compiling):
+    """Long sequences (most blocks share one mask, on views) packed with short ones and a holey one
+    (gathered blocks); under torch.compile every block takes the gathered path: both match fp64."""
+    lengths = [300, 7, 150]
+    q, k, v, cu = packed(lengths, seed=3)
+    pos = torch.cat([torch.arange(300), torch.arange(7) * 3, torch.arange(150) + 5])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    for positions in (None, pos):
+        ref = dense_window_ref(q, k, v, lengths, 9, positions)
+        out = sliding_window_attention_ref(q, k, v, cu, 9, positions, block=16)
+        assert (out.double() - ref).abs().max() < 1e-5
+
+
 def test_short_sequences_take_the_global_path_and_agree():
     lengths = [5, 3, 6]
     q, k, v, cu = packed(lengths)

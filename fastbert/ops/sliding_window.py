@@ -4,11 +4,14 @@ Query i of a sequence attends to key j of the same sequence when |pos_i - pos_j|
 (transformers' `sliding_window_bidirectional_overlay`; ModernBERT's window = local_attention // 2).
 
 The torch path never builds a (tokens, tokens) score matrix: packed tokens are cut into query
-blocks of `block` rows, and each block attends to the `block + 2 * window` packed keys around it
-(an `unfold` view of the padded keys, no copy), masked to its own sequence and the window. Memory
-and time are O(tokens * (block + 2 * window)), linear in length; blocks are processed in chunks so
-the score tensors stay bounded too. No host sync: the block count comes from shapes, sequence ids
-from `searchsorted` on cu_seqlens.
+blocks of `block` rows, and each block attends to the `block + 2 * window` packed keys around it,
+masked to its own sequence and the window. Memory and time are O(tokens * (block + 2 * window)),
+linear in length. Blocks inside one sequence with consecutive positions (all but a few for long
+inputs) share one (block, span) mask and run on `unfold` views of k and v (no copy, no per-block
+mask); the rest (sequence edges, holes, the ends) gather their keys and build their own mask. Blocks
+go to SDPA in chunks so the scores of its math fallback stay bounded too. One host sync (the list of
+the rest; under torch.compile every block takes the gathered path instead); sequence ids and offsets
+are cumsums over cu_seqlens.
 
 `positions` (tokens,) are the indices the window is measured in (default: the offset inside each
 packed sequence). They may have holes (a left-padded or holey mask keeps array indices): packed
@@ -27,14 +30,18 @@ _MAX_SCORES = 1 << 24   # score elements per chunk of query blocks (64 MiB in fp
 
 def sequence_ids(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
     """(tokens,) index of the packed sequence each token belongs to."""
-    idx = torch.arange(tokens, device=cu_seqlens.device, dtype=torch.int32)
-    return torch.searchsorted(cu_seqlens[1:].contiguous(), idx, right=True)
+    # count the sequence ends at or before each token: a histogram and a cumsum (searchsorted is far slower)
+    ends = cu_seqlens[1:].long().clamp(max=tokens)
+    return torch.zeros(tokens + 1, dtype=torch.long, device=ends.device).index_add_(
+        0, ends, torch.ones_like(ends)).cumsum(0)[:tokens]
 
 
 def packed_offsets(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
     """(tokens,) int64 position of each token inside its sequence (0, 1, ... per sequence)."""
-    seq = sequence_ids(cu_seqlens, tokens)
-    return torch.arange(tokens, device=cu_seqlens.device) - cu_seqlens.long().index_select(0, seq)
+    # subtract, from each sequence's start on, the lengths of the sequences before it (a cumsum again)
+    cu = cu_seqlens.long().clamp(max=tokens)
+    starts = torch.zeros(tokens + 1, dtype=torch.long, device=cu.device).index_add_(0, cu[1:], cu[1:] - cu[:-1])
+    return torch.arange(tokens, device=cu.device) - starts.cumsum(0)[:tokens]
 
 
 def _check(q, k, v, cu_seqlens, window, positions):
@@ -65,32 +72,49 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
     nb = -(-tokens // block)                                      # query blocks
     span = block + 2 * window                                      # keys seen by one block
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qc, kc, vc = (t.to(compute) for t in (q, k, v))                # no copy when already `compute`
     seq = sequence_ids(cu_seqlens, tokens)
+    pack = torch.arange(tokens, device=q.device)
     pos = packed_offsets(cu_seqlens, tokens) if positions is None else positions.long()
     right = nb * block - tokens                                    # query padding of the last block
 
-    def keys(t, fill):                                             # (tokens, ...) -> (nb, span, ...) view
-        t = F.pad(t, (0, 0) * (t.dim() - 1) + (window, right + window), value=fill)
-        return t.unfold(0, span, block).movedim(-1, 1)
+    def keys(t, fill):                  # (tokens,) -> (nb, span) view: block b sees b * block - window + [0, span)
+        return F.pad(t, (window, right + window), value=fill).unfold(0, span, block)
 
-    qb = F.pad(q.to(compute), (0, 0, 0, 0, 0, right)).view(nb, block, heads, dim)
-    kb, vb = keys(k.to(compute), 0), keys(v.to(compute), 0)        # (nb, span, heads, dim)
-    seq_q = F.pad(seq, (0, right), value=-1).view(nb, block)
-    pos_q = F.pad(pos, (0, right)).view(nb, block)
-    seq_k, pos_k = keys(seq, -2), keys(pos, 0)                     # (nb, span); -2: no key
-    chunk = max(1, _MAX_SCORES // (heads * block * span))
-    outs = []
-    for lo in range(0, nb, chunk):
-        hi = min(nb, lo + chunk)
-        allowed = ((seq_q[lo:hi, :, None] == seq_k[lo:hi, None, :])
-                   & ((pos_q[lo:hi, :, None] - pos_k[lo:hi, None, :]).abs() <= window))
-        # padding query rows of the last block have no key: let them see all (finite), then drop them
-        allowed = allowed | ~allowed.any(-1, keepdim=True)
-        out = F.scaled_dot_product_attention(
-            qb[lo:hi].transpose(1, 2), kb[lo:hi].transpose(1, 2), vb[lo:hi].transpose(1, 2),
-            attn_mask=allowed[:, None], dropout_p=dropout_p, scale=scale)   # (n, heads, block, dim)
-        outs.append(out.transpose(1, 2))
-    return torch.cat(outs).reshape(nb * block, heads, dim)[:tokens].to(q.dtype)
+    seq_k, pos_k = keys(seq, -2), keys(pos, 0)                     # -2: no key (padding)
+    # A block whose keys are real, of one sequence, at consecutive positions has the mask `band` (the
+    # same for all such blocks): those run on views of q, k, v under one broadcast mask; the others
+    # (sequence edges, holes, the ends) gather their keys and build their own mask.
+    step = keys(pos - pack, 0)
+    plain = (seq_k == seq_k[:, :1]).all(1) & (step == step[:, :1]).all(1)
+    i, s = torch.arange(block, device=q.device)[:, None], torch.arange(span, device=q.device)
+    band = (i + window - s).abs() <= window                        # (block, span)
+    out = qc.new_empty(nb, block, heads, dim)
+    chunk = max(1, _MAX_SCORES // (heads * block * span))          # bounds the scores of a math fallback
+
+    def attend(idx, qb, kb, vb, mask):                             # (n, block|span, heads, dim) -> out[idx]
+        o = F.scaled_dot_product_attention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2),
+                                           attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        out[idx] = o.transpose(1, 2)
+
+    lo, hi = -(-window // block), (tokens - block - window) // block + 1     # blocks with all keys real
+    if torch.compiler.is_compiling():          # no data-dependent shapes in a traced graph: all blocks gather
+        lo, hi, rest = 0, 0, torch.arange(nb, device=q.device)
+    else:
+        rest = (~plain).nonzero().squeeze(1)                       # host sync (free on CPU)
+    for a in range(lo, hi, chunk):
+        b = min(hi, a + chunk)
+        kv = [t[a * block - window:b * block + window].unfold(0, span, block).movedim(-1, 1) for t in (kc, vc)]
+        attend(slice(a, b), qc[a * block:b * block].view(b - a, block, heads, dim), *kv, band)
+    for a in range(0, rest.numel(), chunk):
+        idx = rest[a:a + chunk]
+        kidx = (idx[:, None] * block - window + s).clamp(0, tokens - 1)      # (n, span), padding clamped
+        qidx = kidx[:, window:window + block]
+        # padding query rows (seq -2, pos 0) see the padding keys: finite, and dropped below
+        sq, pq = seq_k[idx, window:window + block], pos_k[idx, window:window + block]
+        allowed = (sq[:, :, None] == seq_k[idx, None, :]) & ((pq[:, :, None] - pos_k[idx, None, :]).abs() <= window)
+        attend(idx, qc[qidx], kc[kidx], vc[kidx], allowed[:, None])
+    return out.view(nb * block, heads, dim)[:tokens].to(q.dtype)
 
 
 def sliding_window_attention(q, k, v, cu_seqlens, max_seqlen: int, window: int,
