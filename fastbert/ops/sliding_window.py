@@ -38,9 +38,10 @@ def sequence_ids(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
 
 def packed_offsets(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
     """(tokens,) int64 position of each token inside its sequence (0, 1, ... per sequence)."""
-    # subtract, from each sequence's start on, the lengths of the sequences before it (a cumsum again)
-    cu = cu_seqlens.long().clamp(max=tokens)
-    starts = torch.zeros(tokens + 1, dtype=torch.long, device=cu.device).index_add_(0, cu[1:], cu[1:] - cu[:-1])
+    # each sequence's start: cu[0], plus from each later start on the length of the one before (a cumsum)
+    cu = cu_seqlens.long()
+    at = torch.cat([cu.new_zeros(1), cu[1:].clamp(max=tokens)])
+    starts = cu.new_zeros(tokens + 1).index_add_(0, at, cu.diff(prepend=cu.new_zeros(1)))
     return torch.arange(tokens, device=cu.device) - starts.cumsum(0)[:tokens]
 
 
@@ -112,7 +113,8 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
         qidx = kidx[:, window:window + block]
         # padding query rows (seq -2, pos 0) see the padding keys: finite, and dropped below
         sq, pq = seq_k[idx, window:window + block], pos_k[idx, window:window + block]
-        allowed = (sq[:, :, None] == seq_k[idx, None, :]) & ((pq[:, :, None] - pos_k[idx, None, :]).abs() <= window)
+        allowed = ((sq[:, :, None] == seq_k[idx, None, :])
+                   & ((pq[:, :, None] - pos_k[idx, None, :]).abs() <= window))
         attend(idx, qc[qidx], kc[kidx], vc[kidx], allowed[:, None])
     return out.view(nb * block, heads, dim)[:tokens].to(q.dtype)
 
