@@ -169,3 +169,13 @@ def test_quantized_fastbert_encoder_meets_the_bars(corpus):
     assert min_cos >= 0.99 and overlap >= 0.9, (min_cos, overlap)
     with pytest.raises(ValueError, match="CPU"):
         fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu", dtype=torch.float16, quantize="int8")
+
+
+def test_onnx_peer_is_skipped_with_its_reason_without_onnxruntime(monkeypatch, tmp_path):
+    import sys
+
+    from fastbert.benchmarks import quantize as bench
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)     # import onnxruntime -> ImportError
+    with pytest.raises(RuntimeError, match="not available: needs onnxruntime"):
+        bench._onnx_int8(MODEL_DIR, str(tmp_path))
