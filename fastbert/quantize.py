@@ -5,8 +5,8 @@ SentenceTransformer) is replaced, in place, by a QuantizedLinear: the weight qua
 channel and packed once, activations quantized per call, the GEMM one of torch's own int8 kernels
 (fastbert.ops.quantized_linear). Embeddings, LayerNorms and attention stay fp32.
 
-Which activation scales (backend=None, measured on all-MiniLM-L6-v2 by quantizing one Linear kind
-at a time, min cosine of 500 embeddings to fp32): per-tensor scales cost little on the query, key
+Which activation scales (backend=None, measured on all-MiniLM-L6-v2 by fake-quantizing one Linear
+kind at a time in fp32 with the same int8 grids, min cosine of 500 embeddings to fp32): per-tensor scales cost little on the query, key
 and attention-output projections (0.9994 / 0.9997 / 0.9998) but much on the value projection and
 both FFN GEMMs (0.995 / 0.986 / 0.986); per-token scales bring those to 0.998 / 0.998 / 0.998.
 So in fastbert's own layers (whose parts() name each role) query, key and attention output run
