@@ -87,6 +87,24 @@ def test_blocked_torch_path_equals_reference(variant, monkeypatch):
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("variant", ["deberta-log-buckets", "deberta-plain"])
+def test_banded_fast_path_equals_reference(variant, monkeypatch):
+    """Inference with default positions takes the banded path (saturated columns as broadcast sums, only the
+    band gathered); in 16-row blocks over sequences longer than the span (a padded batch of 70 and 29 tokens)
+    it equals the plain fp64 reference."""
+    monkeypatch.setattr(R, "BLOCK_BUDGET", 16 * HEADS * 70 * 2)
+    calls = []
+    banded = R._banded_terms
+    monkeypatch.setattr(R, "_banded_terms", lambda *a: calls.append(a[-1]) or banded(*a))
+    fn, oracle, opts, _ = VARIANTS[variant]
+    t, cu, L, positions = _inputs(lengths=(70, 29))
+    with torch.no_grad():
+        got = fn(t["q"], t["k"], t["v"], cu, L, positions, t["pk"], t["pq"], backend="torch", **opts)
+        want = oracle(t["q"], t["k"], t["v"], cu, L, positions, t["pk"], t["pq"], **opts)
+    assert calls == list(range(0, 70, 16))
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
 def test_dropout_runs_the_torch_path_and_drops():
     """The kernel has no dropout: dropout_p > 0 runs the blocked torch path (backend="triton" too)."""
     t, cu, L, positions = _inputs()
