@@ -37,6 +37,8 @@ import time
 
 import torch
 
+from common import measure_forward
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -62,31 +64,13 @@ def build(peer: str, layers: int, local_only: bool):
     return fast
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def child(peer: str, length: int, layers: int, local_only: bool, repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     model = build(peer, layers, local_only)
     ids = torch.randint(5, 50000, (1, length), generator=torch.Generator().manual_seed(1))
-    times, peak = [], 0
-    for _ in range(repeats):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")                                   # reset the RSS high-water mark
-        before = _rss_kb("VmRSS")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model(input_ids=ids).last_hidden_state
-        times.append(time.perf_counter() - t0)
-        peak = max(peak, _rss_kb("VmHWM") - before)
-        del out
+    seconds, peak_mib, _ = measure_forward(lambda: model(input_ids=ids).last_hidden_state, repeats)
     return {"peer": peer, "tokens": length, "layers": layers, "local_only": local_only,
-            "seconds": min(times), "peak_forward_mib": round(peak / 1024, 1)}
+            "seconds": seconds, "peak_forward_mib": peak_mib}
 
 
 def parity(length: int, layers: int) -> float:

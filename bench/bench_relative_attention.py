@@ -38,6 +38,8 @@ import time
 
 import torch
 
+from common import measure_forward
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -61,30 +63,6 @@ def build(layers: int):
     fast = fastbert.DebertaV2Model.from_hf_config(config)
     fast.load_state_dict(hf.state_dict(), strict=True)
     return hf, fast.eval()
-
-
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _measure(fn, repeats: int):
-    """(best seconds, peak forward MiB above the resident set before the call, last output)."""
-    times, peak, out = [], 0, None
-    for _ in range(repeats):
-        out = None
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")                                       # reset the RSS high-water mark
-        before = _rss_kb("VmRSS")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = fn()
-        times.append(time.perf_counter() - t0)
-        peak = max(peak, _rss_kb("VmHWM") - before)
-    return min(times), round(peak / 1024, 1), out
 
 
 def attention_inputs(tokens: int):
@@ -124,7 +102,7 @@ def child(case: str, tokens: int, layers: int, repeats: int, threads: int) -> di
         model = fast if case == "fastbert" else hf
         del hf, fast
         ids = torch.randint(5, 128000, (1, tokens), generator=torch.Generator().manual_seed(1))
-        seconds, peak, out = _measure(lambda: model(input_ids=ids).last_hidden_state, repeats)
+        seconds, peak, out = measure_forward(lambda: model(input_ids=ids).last_hidden_state, repeats)
         return {"row": "long", "peer": case, "tokens": tokens, "layers": layers, "seconds": seconds,
                 "peak_forward_mib": peak, "checksum": float(out.double().abs().sum())}
     from fastbert.ops import relative_attention as R
@@ -139,7 +117,7 @@ def child(case: str, tokens: int, layers: int, repeats: int, threads: int) -> di
         fn = flex_peer(q, k, v, pk, pq)
         with torch.inference_mode():
             fn()                                               # compile outside the measurement
-    seconds, peak, out = _measure(fn, repeats)
+    seconds, peak, out = measure_forward(fn, repeats)
     return {"row": "flex", "peer": case, "tokens": tokens, "seconds": seconds, "peak_forward_mib": peak,
             "checksum": float(out.double().abs().sum())}
 

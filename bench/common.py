@@ -44,6 +44,35 @@ def stamp(rows) -> str:
     return rows[0]["timestamp"].replace(":", "").replace("-", "")[:15] if rows else "empty"
 
 
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_forward(fn, repeats: int):
+    """(best seconds, peak MiB resident above the set before the call, last output) of fn() under
+    inference_mode, repeated; Linux only (reads and resets the high-water mark in /proc/self)."""
+    import time
+
+    import torch
+
+    times, peak, out = [], 0, None
+    for _ in range(repeats):
+        out = None
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                                       # reset the RSS high-water mark
+        before = _rss_kb("VmRSS")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = fn()
+        times.append(time.perf_counter() - t0)
+        peak = max(peak, _rss_kb("VmHWM") - before)
+    return min(times), round(peak / 1024, 1), out
+
+
 def elementwise_test(module_name: str):
     """The pytest-benchmark test of an element-wise op's bench file (bench_bias_gelu.py, ...): each kind
     of its calls(), forward and forward+backward, on CPU and (marked `gpu`) on CUDA. The module gives
