@@ -85,27 +85,33 @@ def kernel_launches():
     sys.setprofile(None)
 
 
+def match_transformers(hf, fast, ids, mask, grad_names, label):
+    """Forward and backward of both models on one padded batch, with a loss on real tokens only: fast's
+    last hidden state within 1e-4 of hf's on real tokens, and each named parameter's gradient within
+    1e-4 relative to hf's largest entry."""
+    real = mask.bool()
+    weight = torch.randn(*ids.shape, hf.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    outs = []
+    for model in (hf, fast):
+        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        (h[real] * weight[real]).sum().backward()
+        outs.append(h[real].detach())
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    for name in grad_names:
+        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
+        err = (got - want).abs().max() / want.abs().max()
+        assert err < 1e-4, f"{label} {name}: relative gradient error {err:.2e}"
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_triton_backend_forward_and_backward_match_transformers(family, tmp_path, kernel_launches):
     hf, fast = build(family, tmp_path, backend="triton")
     assert fast.backend == "triton"
-    ids, mask = padded_batch(hf.config)
-    real = mask.bool()
-    weight = torch.randn(*ids.shape, fast.dims.hidden_size, generator=torch.Generator().manual_seed(2))
-    outs = []
-    for model in (hf, fast):
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        (h[real] * weight[real]).sum().backward()           # a loss on real tokens only
-        outs.append(h[real].detach())
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    match_transformers(hf, fast, *padded_batch(hf.config), GRADS[family], family)
     for op in ("attention", "bias_gelu", "add_layer_norm"):           # every family here uses a GELU
         for direction in ("fwd", "bwd"):
             assert any(op in name and direction in name for name in kernel_launches), \
                 f"no {op} {direction} kernel ran: {sorted(kernel_launches)}"
-    for name in GRADS[family]:
-        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
-        err = (got - want).abs().max() / want.abs().max()
-        assert err < 1e-4, f"{family} {name}: relative gradient error {err:.2e}"
 
 
 def test_backend_is_passed_down_and_settable(tmp_path, monkeypatch):
@@ -162,20 +168,9 @@ def test_modernbert_local_layers_on_the_kernel_match_transformers(tmp_path, monk
                             windows.append((_name, kw["WINDOW"] > 0)) or _launch(*a, **kw))
     monkeypatch.setattr(rotary, "launch", lambda fn, *a, _launch=rotary.launch, **kw:
                         ran.append(fn.__name__) or _launch(fn, *a, **kw))
-    ids, mask = padded_batch(config, seq=20)
-    real = mask.bool()
-    weight = torch.randn(*ids.shape, 32, generator=torch.Generator().manual_seed(2))
-    outs = []
-    for model in (hf, fast):
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        (h[real] * weight[real]).sum().backward()
-        outs.append(h[real].detach())
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    match_transformers(hf, fast, *padded_batch(config, seq=20),
+                       ("layers.0.attn.Wqkv.weight", "layers.1.attn.Wqkv.weight", "layers.1.mlp.Wi.weight",
+                        "embeddings.tok_embeddings.weight"), "modernbert")
     # one global and one local layer, each forward and backward (dk/dv and dq)
     assert sorted(windows) == sorted((n, w) for n in ("_fwd", "_dkdv", "_dq") for w in (False, True)), windows
     assert ran.count("_rotary_fwd_kernel") == 4, ran                # 2 layers, forward and backward
-    for name in ("layers.0.attn.Wqkv.weight", "layers.1.attn.Wqkv.weight", "layers.1.mlp.Wi.weight",
-                 "embeddings.tok_embeddings.weight"):
-        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
-        err = (got - want).abs().max() / want.abs().max()
-        assert err < 1e-4, f"modernbert {name}: relative gradient error {err:.2e}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastbert.ops import relative_attention as R
-from test_backend import kernel_launches, padded_batch  # noqa: F401  (a fixture: the kernels that ran)
+from test_backend import kernel_launches, match_transformers, padded_batch  # noqa: F401  (a fixture: the kernels that ran)
 
 HEADS, HEAD_DIM, SPAN = 2, 16, 8
 LENGTHS = (29, 0, 1, 13)
@@ -176,18 +176,6 @@ def test_model_on_the_kernel_matches_transformers(family, tmp_path, kernel_launc
     getattr(T, cls)(make_config(T)).save_pretrained(tmp_path)
     hf = getattr(T, cls).from_pretrained(tmp_path, attn_implementation="eager").eval()
     fast = fastbert.AutoModel.from_pretrained(tmp_path, backend="triton")
-    ids, mask = padded_batch(hf.config, seq=12)
-    real = mask.bool()
-    weight = torch.randn(*ids.shape, 32, generator=torch.Generator().manual_seed(2))
-    outs = []
-    for model in (hf, fast):
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        (h[real] * weight[real]).sum().backward()            # a loss on real tokens only
-        outs.append(h[real].detach())
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    match_transformers(hf, fast, *padded_batch(hf.config, seq=12), grads, family)
     for name in ("_relative_attention_fwd_kernel", "_relative_attention_bwd_kernel"):
         assert name in kernel_launches, f"{name} did not run: {sorted(kernel_launches)}"
-    for name in grads:
-        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
-        err = (got - want).abs().max() / want.abs().max()
-        assert err < 1e-4, f"{family} {name}: relative gradient error {err:.2e}"
