@@ -56,7 +56,7 @@ def main() -> None:
     torch.manual_seed(0)
     mkldnn = torch.ops.mkldnn._linear_pointwise
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, engine "
-          f"{torch.backends.quantized.engine}, {args.tokens} tokens, int8 weights to +-{ql.WEIGHT_MAX}; "
+          f"{torch.backends.quantized.engine}, {args.tokens} tokens, int8 weights to +-{ql.weight_max()}; "
           "ms (speedup vs fp32 oneDNN, max error relative to max |y|)")
     with torch.inference_mode():
         for name, (k, n) in SHAPES.items():

@@ -14,9 +14,10 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
   "per_tensor"         torch.ops.onednn.qlinear_pointwise, x quantized per tensor here.
 Per-tensor activation scales lose the small tokens to the largest one (all-MiniLM-L6-v2: min cosine
 0.97 to fp32 embeddings); per-token scales keep each row's own range (0.99+). Weights: symmetric per
-output channel, scale = max|W_row| / WEIGHT_MAX, zero point 0.
+output channel, scale = max|W_row| / weight_max(), zero point 0.
 Inference only: no autograd.
 """
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -31,6 +32,7 @@ DEFAULT_BACKEND = "per_token"
 
 
 def _has_vnni() -> bool:
+    # Linux's CPU flags; elsewhere (no /proc) the 7-bit weights that are safe on every CPU
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             flags = f.read()
@@ -39,9 +41,13 @@ def _has_vnni() -> bool:
     return any(flag in flags for flag in (" avx512_vnni", " avx_vnni", " amx_int8"))
 
 
-# Without VNNI, x86 int8 GEMMs add pairs of u8 x s8 products in saturating int16: 255 * 63 * 2 fits,
-# 255 * 127 * 2 does not, so weights keep 7 bits there. VNNI (and AMX) accumulate in int32.
-WEIGHT_MAX = 127 if _has_vnni() else 63
+@functools.cache
+def weight_max() -> int:
+    """The largest |int8 weight|: 127 with VNNI or AMX, else 63. Read on first use, not at import.
+
+    Without VNNI, x86 int8 GEMMs add pairs of u8 x s8 products in saturating int16: 255 * 63 * 2 fits,
+    255 * 127 * 2 does not, so weights keep 7 bits there. VNNI (and AMX) accumulate in int32."""
+    return 127 if _has_vnni() else 63
 
 
 @dataclass
@@ -72,9 +78,10 @@ def quantize_weight(weight: torch.Tensor):
     if not weight.is_floating_point():
         raise TypeError(f"weight must be a float tensor, got {weight.dtype}")
     w = weight.detach().float().cpu()
-    scale = w.abs().amax(dim=1) / WEIGHT_MAX
+    limit = weight_max()
+    scale = w.abs().amax(dim=1) / limit
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))   # an all-zero row stays all zero
-    q = torch.round(w / scale[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX).to(torch.int8)
+    q = torch.round(w / scale[:, None]).clamp_(-limit, limit).to(torch.int8)
     return q, scale
 
 
