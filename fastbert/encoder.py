@@ -3,12 +3,18 @@
 The pipeline is the sentence-transformers one (Transformer -> Pooling -> optional Normalize), read
 from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_config.json
 (max_seq_length) and <pooling dir>/config.json. What makes it fast:
-- every text is tokenized once, up front, by fastbert.AutoTokenizer (the C++ WordPiece tokenizer for
-  BERT-style vocabularies);
-- batches are formed after sorting by token count (not by characters), so a batch carries almost no
-  padding, and the fastbert model does no work on what little padding there is;
+- the input is read in windows of `sort_window` texts (SORT_WINDOW by default, rounded up to whole
+  batches; None or 0: the whole input as one window). Each window is tokenized by
+  fastbert.AutoTokenizer (the C++ WordPiece tokenizer for BERT-style vocabularies; it releases the
+  GIL and runs on its own threads) on a worker thread while the model runs the previous window's
+  batches, so tokenization hides behind the model and a large corpus never holds all its ids at once;
+- inside a window, batches are formed after sorting by token count (not by characters), so a batch
+  carries almost no padding, and the fastbert model does no work on what little padding there is
+  (the packed path has none at all, so a window-local sort costs next to nothing);
+- a second worker prepares batch k + 1's host tensors while the model runs batch k;
 - the encoder is fastbert.AutoModel (fused QKV, fused bias+GELU and add+LayerNorm, varlen attention).
-Results come back in input order.
+Results come back in input order. `Encoder.overlap = False` runs all of it serially on the caller's
+thread (same batches, same results).
 
 `encode` takes sentence-transformers' options under their names (prompt / prompt_name, truncate_dim,
 precision, output_value, normalize_embeddings, convert_to_numpy / convert_to_tensor, batch_size,
@@ -17,6 +23,7 @@ tokens left out when the Pooling config says include_prompt: false) -> the check
 module -> truncate_dim -> normalize_embeddings -> precision (fastbert.embedding_quantization, the
 math of sentence_transformers.quantization.quantize_embeddings, in fastbert.quantize).
 """
+import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -167,15 +174,22 @@ OUTPUT_VALUES = ("sentence_embedding", "token_embeddings", None)
 _DEFAULT_PROMPTS = {"query": "", "document": ""}
 
 
-class _Prefetch:
-    """Iterates fn(item) over items in order. With background=True, fn(items[k + 1]) runs on one worker
-    thread while the caller works on fn(items[k]) (on a GPU the host-side batch preparation then hides
-    behind the device's work). An exception raised by fn surfaces in the caller at that item; leaving
-    the with-block, normally or by an exception, cancels what is queued and joins the thread."""
+# texts tokenized and length-sorted together by encode(): large enough that a local sort forms
+# batches as even as a global one and the tokenizer's per-call cost vanishes, small enough that the
+# first batch starts after a few milliseconds of tokenization and a window's ids take little memory
+SORT_WINDOW = 4096
 
-    def __init__(self, fn, items, background: bool):
+
+class _Prefetch:
+    """Iterates fn(item) over items (any iterable) in order. With background=True, fn(item k + 1) runs
+    on one worker thread while the caller works on fn(item k) (tokenization and host-side batch
+    preparation then hide behind the model's work). An exception raised by fn, or by the items'
+    iterator, surfaces in the caller at that item; leaving the with-block, normally or by an
+    exception, cancels what is queued and joins the thread."""
+
+    def __init__(self, fn, items, background: bool, name: str = "fastbert-prefetch"):
         self.fn, self.items = fn, items
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastbert-prefetch") if background else None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=name) if background else None
 
     def __enter__(self):
         return self
@@ -188,12 +202,14 @@ class _Prefetch:
         if self.pool is None:
             yield from map(self.fn, self.items)
             return
-        future = self.pool.submit(self.fn, self.items[0]) if self.items else None
-        for k in range(len(self.items)):
-            result = future.result()
-            if k + 1 < len(self.items):
-                future = self.pool.submit(self.fn, self.items[k + 1])
-            yield result
+        pending = None
+        for item in self.items:              # item k + 1 is queued before result k is handed out
+            future = self.pool.submit(self.fn, item)
+            if pending is not None:
+                yield pending.result()
+            pending = future
+        if pending is not None:
+            yield pending.result()
 
 
 class Encoder:
@@ -203,7 +219,8 @@ class Encoder:
     (prompts from the checkpoint's config_sentence_transformers.json, overridable here);
     include_prompt: whether pooling sees the prompt's tokens (the Pooling config's key)."""
 
-    # prepare batch k + 1's host tensors on a worker thread while the model runs batch k
+    # tokenize window i + 1 on a worker thread while the model runs window i, and prepare batch
+    # k + 1's host tensors on another while it runs batch k; False: everything on the caller's thread
     overlap = True
 
     def __init__(self, model, tokenizer, pooling=("mean",), normalize: bool = False,
@@ -344,7 +361,8 @@ class Encoder:
                output_value: Optional[str] = "sentence_embedding", precision: str = "float32",
                convert_to_numpy: bool = True, convert_to_tensor: bool = False,
                normalize_embeddings: Optional[bool] = None, truncate_dim: Optional[int] = None,
-               pooling: Optional[str] = None, texts=None, **kwargs):
+               pooling: Optional[str] = None, sort_window: Optional[int] = SORT_WINDOW, texts=None,
+               **kwargs):
         """Embeds `sentences`; a str gives one vector, a list gives (len, dim) in input order.
 
         The options are sentence-transformers' (SentenceTransformer.encode), with these fastbert
@@ -358,7 +376,14 @@ class Encoder:
         attention_mask, token_embeddings, sentence_embedding, and prompt_length with a prompt),
         each value unpadded: the text's own tokens only. convert_to_tensor returns a tensor
         (float32 on the model's device; quantized ones on the CPU), else convert_to_numpy an
-        array, else a list of 1-D tensors."""
+        array, else a list of 1-D tensors.
+
+        sort_window (a fastbert addition): texts are tokenized and sorted by token count in windows
+        of this many texts, rounded up to a whole number of batches (so only the input's last batch
+        can be short, and the batches, and the progress bar, count as with one window); window
+        i + 1 is tokenized while the model runs window i. None or 0: the whole input is one window
+        (tokenized up front, sorted globally). Embeddings equal the one-window ones to float
+        rounding (a batch's rows may differ), in input order either way."""
         from fastbert.quantize import PRECISIONS, quantize_embeddings
 
         if kwargs:
@@ -376,6 +401,10 @@ class Encoder:
                 raise TypeError(f"texts[{i}] is a {type(t).__name__}, expected str")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if sort_window is not None and (isinstance(sort_window, bool) or not isinstance(sort_window, int)
+                                        or sort_window < 0):
+            raise ValueError(f"sort_window must be a positive int, or None or 0 for the whole input, "
+                             f"got {sort_window!r}")
         modes = self.pooling if pooling is None else (pooling,)
         for mode in modes:
             if mode not in POOLINGS:
@@ -397,7 +426,7 @@ class Encoder:
             convert_to_tensor = convert_to_numpy = False
 
         out = self._embed(list(items), batch_size, modes, normalize_embeddings, show_progress_bar,
-                          text_prompt, truncate_dim, output_value)
+                          text_prompt, truncate_dim, output_value, sort_window)
         if precision != "float32":
             out = quantize_embeddings(out, precision)    # numpy: an array, or a list per text
             if convert_to_tensor:
@@ -411,9 +440,17 @@ class Encoder:
                 out = list(out)
         return out[0] if single else out
 
+    def _sorted_batches(self, texts: list, window: range, batch_size: int, prompt: str) -> list:
+        """One window of texts tokenized (prompt first) and cut into batches, longest first (as
+        sentence-transformers): [(input indices, token id rows)]. Runs on the tokenizing worker."""
+        rows = self._tokenize([prompt + texts[i] for i in window])
+        order = sorted(range(len(rows)), key=lambda j: -len(rows[j]))
+        parts = (order[s:s + batch_size] for s in range(0, len(order), batch_size))
+        return [([window[j] for j in part], [rows[j] for j in part]) for part in parts]
+
     @torch.inference_mode()
     def _embed(self, texts, batch_size, modes, normalize, show_progress_bar, prompt, truncate_dim,
-               output_value):
+               output_value, sort_window=SORT_WINDOW):
         """(len(texts), dim) float32 for sentence embeddings, else a list per text."""
         from tqdm.auto import tqdm
 
@@ -422,22 +459,21 @@ class Encoder:
         per_text = [None] * len(texts)
         if not texts:
             return out if output_value == "sentence_embedding" else []
-        prompt_length = 0
-        if prompt:
-            texts = [prompt + t for t in texts]
-            prompt_length = self._prompt_length(prompt)
+        prompt_length = self._prompt_length(prompt) if prompt else 0
         skip = 0 if self.include_prompt else prompt_length  # leading tokens pooling leaves out
-        rows = self._tokenize(texts)
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first, as ST
-        batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+        n = len(texts)
+        step = -(-sort_window // batch_size) * batch_size if sort_window else n   # whole batches
+        windows = [range(s, min(s + step, n)) for s in range(0, n, step)]
         packed = output_value == "sentence_embedding" and hasattr(self.model, "forward_packed")
-        prefetch = _Prefetch(lambda idx: self._host_batch([rows[i] for i in idx], packed), batches,
-                             background=self.overlap and len(batches) > 1)
-        with prefetch:
-            for host, idx in zip(tqdm(prefetch, total=len(batches), desc="Batches", disable=not show_progress_bar),
-                                 batches):     # the bar first: zip exhausts it, so it closes at n/n
+        tokenized = _Prefetch(lambda window: self._sorted_batches(texts, window, batch_size, prompt or ""),
+                              windows, background=self.overlap and len(windows) > 1, name="fastbert-tokenize")
+        prepared = _Prefetch(lambda batch: (*batch, self._host_batch(batch[1], packed)),
+                             itertools.chain.from_iterable(tokenized), background=self.overlap and n > batch_size)
+        bar = tqdm(total=-(-n // batch_size), desc="Batches", disable=not show_progress_bar)
+        with tokenized, prepared, bar:       # on any exit: both workers joined, the bar closed
+            for idx, rows, host in prepared:
                 if packed:      # real tokens only, pooled per sequence on the packed states
-                    vectors = pool_packed(self._forward_packed(*host), [len(rows[i]) for i in idx], modes, skip)
+                    vectors = pool_packed(self._forward_packed(*host), [len(r) for r in rows], modes, skip)
                 else:
                     input_ids, attention_mask = (t.to(self.device) for t in host)
                     hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -450,18 +486,18 @@ class Encoder:
                     vectors = F.normalize(vectors, p=2, dim=1)
                 if truncate_dim is not None:
                     vectors = vectors[:, :truncate_dim]
+                bar.update()
                 if output_value == "sentence_embedding":
                     if normalize:                                    # after truncation, as ST's flag
                         vectors = F.normalize(vectors, p=2, dim=1)
                     out[torch.tensor(idx, device=out.device)] = vectors
                     continue
-                for j, i in enumerate(idx):
-                    n = len(rows[i])
-                    tokens = hidden[j, :n].float()
+                for j, (i, row) in enumerate(zip(idx, rows)):
+                    tokens = hidden[j, :len(row)].float()
                     if output_value == "token_embeddings":
                         per_text[i] = tokens
                     else:
-                        item = {"input_ids": input_ids[j, :n], "attention_mask": attention_mask[j, :n],
+                        item = {"input_ids": input_ids[j, :len(row)], "attention_mask": attention_mask[j, :len(row)],
                                 "token_embeddings": tokens, "sentence_embedding": vectors[j]}
                         if prompt:
                             item["prompt_length"] = prompt_length
