@@ -102,6 +102,20 @@ def _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p):
 
 
 @triton.jit
+def _drop_bwd(p, dp, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """(P as the forward multiplied it into V, dP through the same mask): the forward's keep mask
+    regenerated from the seed, kept entries scaled by 1/(1-p), dropped ones 0."""
+    if HAS_DROPOUT:
+        keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+        scale_keep = 1.0 / (1.0 - dropout_p)
+        p_drop = tl.where(keep, p * scale_keep, 0.0)
+        dp = tl.where(keep, dp * scale_keep, 0.0)
+    else:
+        p_drop = p
+    return p_drop, dp
+
+
+@triton.jit
 def _window_span(first, size, n, window, STEP: tl.constexpr, WINDOW: tl.constexpr):
     """[lo, hi) of the other side's indices that indices [first, first + size) can see, lo a multiple
     of STEP: all n, or with a window only those within +-window (the loop bounds that skip blocks)."""
@@ -135,13 +149,7 @@ def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, m
     p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
     p = tl.where(col_ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    if HAS_DROPOUT:
-        keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
-        scale_keep = 1.0 / (1.0 - dropout_p)
-        p_drop = tl.where(keep, p * scale_keep, 0.0)
-        dp = tl.where(keep, dp * scale_keep, 0.0)
-    else:
-        p_drop = p
+    p_drop, dp = _drop_bwd(p, dp, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p, HAS_DROPOUT)
     return p_drop, p * (dp - delta[:, None])
 
 

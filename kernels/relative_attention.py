@@ -15,9 +15,14 @@
 # gradients are scatter-adds (fp32 atomics: several (i, j) of a tile share an index) into zeroed
 # dc2p / dp2c (tokens, heads, K) and dbias (2R + 1, heads) buffers; the caller chains them into q, k,
 # pos_key, pos_query and the table with torch GEMMs / index_add.
+# Dropout (HAS_DROPOUT) on the probabilities, exactly as fastbert.kernels.attention: keep(b, h, i, j) =
+# philox_uniform(seed, ((b*H + h)*L + i)*L + j) >= p (i, j offsets in the sequence, L = max_seqlen),
+# kept ones scaled by 1/(1-p); softmax statistics are those of the undropped P (transformers drops
+# after the softmax). The seed is a one-element int64 device tensor; the backward regenerates the
+# same mask from it, and dS, dc2p, dp2c and dbias go through it like dP.
 # Limits: head_dim <= 128, fp16 / bf16 / fp32 q, k, v (c2p, p2c, bias fp32), fp32 accumulators and
-# statistics; no dropout (the op layer runs its torch path when dropout_p > 0). Each sequence has
-# at least one key for each of its rows, so lse is finite on real rows.
+# statistics. Each sequence has at least one key for each of its rows, so lse is finite on real rows
+# (an empty sequence has no rows: nothing is written for it).
 # Reference: fastbert/ops/relative_attention.py (relative_bias_attention_padded,
 # disentangled_attention_padded); math: Dao, "FlashAttention-2" (2023); He et al., "DeBERTa" (2021).
 import torch
@@ -25,12 +30,12 @@ import triton
 import triton.language as tl
 
 from fastbert.kernels._autotune import TunedKernel, launch
-from fastbert.kernels.attention import (MAX_HEAD_DIM, _attention_bwd_preprocess_kernel, _configs, _head,
-                                        _program, _strides4, _tile, seq_bucket)
+from fastbert.kernels.attention import (MAX_HEAD_DIM, _attention_bwd_preprocess_kernel, _configs, _drop_bwd,
+                                        _head, _keep, _program, _strides4, _tile, seq_bucket)
 
 _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2)])
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2)])
-_KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS"]
+_KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS", "HAS_DROPOUT"]
 
 
 @triton.jit
@@ -58,6 +63,16 @@ def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr,
 
 
 @triton.jit
+def _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p,
+               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)), P from the saved lse."""
+    p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    p_drop, dp = _drop_bwd(p, dp, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p, HAS_DROPOUT)
+    return p_drop, p * (dp - delta[:, None])
+
+
+@triton.jit
 def _relative_attention_fwd_kernel(
     out_ptr,    # (tokens, heads, head_dim) output
     lse_ptr,    # (batch, heads, max_seqlen) fp32 natural-log logsumexp of each row's scores
@@ -68,14 +83,15 @@ def _relative_attention_fwd_kernel(
     p2c_ptr,    # (tokens, heads, K) fp32 contiguous k . pos_query^T (HAS_P2C)
     lut_ptr,    # (2 radius + 1,) int32 distance -> relative index (HAS_C2P or HAS_P2C)
     bias_ptr,   # (2 radius + 1, heads) fp32 contiguous per-distance bias (HAS_BIAS)
+    seed_ptr,   # (1,) int64 Philox seed (HAS_DROPOUT)
     stride_qs, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd,
     stride_os, stride_oh, stride_od,
     stride_cs, stride_ch,  # of c2p and p2c (same layout)
     stride_bd,             # of bias (row stride; heads contiguous)
-    n_heads, max_seqlen, radius, sm_scale,
+    n_heads, max_seqlen, radius, sm_scale, dropout_p,
     SEQ_BUCKET,  # autotune key only
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, True)
@@ -87,6 +103,7 @@ def _relative_attention_fwd_kernel(
     q = _tile(_head(q_ptr, b, start64, h, 0, stride_qs, stride_qh), rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
     k_base = _head(k_ptr, b, start64, h, 0, stride_ks, stride_kh)
     v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
+    rng_base = pid_bh.to(tl.int64) * max_seqlen * max_seqlen
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -102,6 +119,9 @@ def _relative_attention_fwd_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+            p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     row_ok = rows < n
@@ -126,15 +146,15 @@ def _relative_attention_bwd_kernel(
     do_ptr,     # (tokens, heads, head_dim) output gradient
     lse_ptr,    # (batch, heads, max_seqlen) fp32 from the forward
     delta_ptr,  # (batch, heads, max_seqlen) fp32 rowsum(dO * O)
-    cu_ptr, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+    cu_ptr, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr, seed_ptr,
     stride_qs, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd,
     stride_ds, stride_dh, stride_dd,   # dO
     stride_gs, stride_gh, stride_gd,   # dq, dk, dv
     stride_cs, stride_ch, stride_bd,
-    n_heads, max_seqlen, radius, sm_scale,
+    n_heads, max_seqlen, radius, sm_scale, dropout_p,
     SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     ROWS: tl.constexpr,  # True: this program owns a query block (dq, dc2p, dbias); False: a key block
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -148,6 +168,7 @@ def _relative_attention_bwd_kernel(
     v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
     do_base = _head(do_ptr, b, start64, h, 0, stride_ds, stride_dh)
     stat_base = pid_bh.to(tl.int64) * max_seqlen
+    rng_base = stat_base * max_seqlen
     if ROWS:
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
@@ -162,8 +183,8 @@ def _relative_attention_bwd_kernel(
             s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                                stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                                HAS_C2P, HAS_P2C, HAS_BIAS)
-            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-            ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])  # dL/ds
+            _, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p,
+                               DOT_PRECISION, HAS_DROPOUT)                     # dL/ds
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
             if HAS_C2P:
                 idx = tl.load(lut_ptr + d, mask=ok, other=0)
@@ -188,9 +209,9 @@ def _relative_attention_bwd_kernel(
             s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                                stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                                HAS_C2P, HAS_P2C, HAS_BIAS)
-            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-            ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+            p_drop, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, rng_base, rows, cols, max_seqlen,
+                                    dropout_p, DOT_PRECISION, HAS_DROPOUT)
+            dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
             if HAS_P2C:
                 idx = tl.load(lut_ptr + d, mask=ok, other=0)
@@ -214,7 +235,7 @@ _bwd = TunedKernel(_relative_attention_bwd_kernel, _BWD_CONFIGS, key=_KEY + ["RO
 class _Call:
     """What the forward and backward share: sizes, the optional position inputs and the launch key."""
 
-    def __init__(self, q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale):
+    def __init__(self, q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, dropout_p, seed):
         head_dim = q.shape[-1]
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} exceeds {MAX_HEAD_DIM}")
@@ -222,13 +243,16 @@ class _Call:
             raise ValueError(f"the Triton relative attention kernel takes float16, bfloat16 or float32, got {q.dtype}")
         if (c2p is not None or p2c is not None) and lut is None:
             raise ValueError("c2p / p2c need the relative index lut")
+        if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
+            raise ValueError("attention dropout needs a one-element int64 seed tensor")
         self.batch, self.heads, self.max_seqlen = cu_seqlens.numel() - 1, q.shape[1], int(max_seqlen)
         rel = c2p if c2p is not None else p2c
         self.cstrides = tuple(rel.stride()[:2]) if rel is not None else (0, 0)
         self.ptrs = (cu_seqlens, positions, q if c2p is None else c2p, q if p2c is None else p2c,
-                     q if lut is None else lut, q if bias is None else bias)
-        self.flags = dict(HAS_C2P=c2p is not None, HAS_P2C=p2c is not None, HAS_BIAS=bias is not None)
-        self.scalars = (self.heads, self.max_seqlen, int(radius), float(scale))
+                     q if lut is None else lut, q if bias is None else bias, seed if dropout_p > 0 else q)
+        self.flags = dict(HAS_C2P=c2p is not None, HAS_P2C=p2c is not None, HAS_BIAS=bias is not None,
+                          HAS_DROPOUT=dropout_p > 0)
+        self.scalars = (self.heads, self.max_seqlen, int(radius), float(scale), float(dropout_p))
         self.meta = dict(SEQ_BUCKET=seq_bucket(self.max_seqlen), HEAD_DIM=head_dim,
                          BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                          DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **self.flags)
@@ -240,10 +264,11 @@ class _Call:
 
 
 def relative_attention_fwd(q, k, v, cu_seqlens, max_seqlen, positions, *, c2p=None, p2c=None, lut=None,
-                           bias=None, radius=0, scale):
+                           bias=None, radius=0, scale, dropout_p=0.0, seed=None):
     """(out like q, contiguous; lse (batch, heads, max_seqlen) fp32). c2p / p2c (tokens, heads, K) and
-    bias (2 radius + 1, heads) fp32 contiguous; positions (tokens,) and lut int32."""
-    c = _Call(q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale)
+    bias (2 radius + 1, heads) fp32 contiguous; positions (tokens,) and lut int32; seed (1,) int64 on
+    q's device when dropout_p > 0."""
+    c = _Call(q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, dropout_p, seed)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((c.batch, c.heads, c.max_seqlen), float("inf"), dtype=torch.float32, device=q.device)
     if q.numel() == 0:
@@ -254,10 +279,10 @@ def relative_attention_fwd(q, k, v, cu_seqlens, max_seqlen, positions, *, c2p=No
 
 
 def relative_attention_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, *, c2p=None, p2c=None,
-                           lut=None, bias=None, radius=0, scale):
+                           lut=None, bias=None, radius=0, scale, dropout_p=0.0, seed=None):
     """(dq, dk, dv like q; dc2p, dp2c (tokens, heads, K) fp32 or None; dbias (2 radius + 1, heads) fp32
-    or None)."""
-    c = _Call(q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale)
+    or None); the same seed and dropout_p as the forward."""
+    c = _Call(q, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, dropout_p, seed)
     dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     dc2p = torch.zeros_like(c2p) if c2p is not None else None
     dp2c = torch.zeros_like(p2c) if p2c is not None else None

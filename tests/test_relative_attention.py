@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from fastbert.ops import relative_attention as R
+from fastbert.ops import varlen_attention
+from test_attention import _one_hot_v, _recover_keep, _repad
 from test_backend import kernel_launches, match_transformers, padded_batch  # noqa: F401  (a fixture: the kernels that ran)
 
 HEADS, HEAD_DIM, SPAN = 2, 16, 8
@@ -105,14 +107,78 @@ def test_banded_fast_path_equals_reference(variant, monkeypatch):
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
-def test_dropout_runs_the_torch_path_and_drops():
-    """The kernel has no dropout: dropout_p > 0 runs the blocked torch path (backend="triton" too)."""
-    t, cu, L, positions = _inputs()
-    args = (t["q"].float(), t["k"].float(), t["v"].float(), cu, L, positions)
-    keep = R.disentangled_attention(*args, t["pk"].float(), None, span=SPAN, backend="triton")
-    torch.manual_seed(0)
-    dropped = R.disentangled_attention(*args, t["pk"].float(), None, span=SPAN, dropout_p=0.5, backend="triton")
-    assert dropped.shape == keep.shape and not torch.allclose(dropped, keep)
+# ---- Attention dropout in the kernel (as fastbert.kernels.attention: a Philox mask from a seed tensor) ------
+P = 0.3
+DROP_LENGTHS = (13, 0, 1, 9)   # max length <= HEAD_DIM: a one-hot v reads the mask back; 13 > the spans
+
+
+def _dropout_inputs(device):
+    t, cu, L, positions = _inputs(DROP_LENGTHS)
+    return {n: x.to(device) for n, x in t.items()}, cu.to(device), L, positions.to(device)
+
+
+def _one_hot_run(fn, t, names, cu, L, positions, dropout_p, seed=11, **opts):
+    """fn with v[token at offset j] = e_j in fp32 after torch.manual_seed(seed): (out padded to
+    (batch, L, heads, d): row i holds the dropped probabilities of row i, key mask (batch, L))."""
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    mask = _repad(t["q"], lengths, L)[1].bool()
+    v = _one_hot_v(len(lengths), L, HEADS, HEAD_DIM).to(cu.device)[mask]
+    extra = [t[n].float() if n is not None else None for n in names]
+    torch.manual_seed(seed)
+    out = fn(t["q"].float(), t["k"].float(), v, cu, L, positions, *extra, dropout_p=dropout_p, **opts)
+    return _repad(out, lengths, L)[0], mask
+
+
+def test_dropout_keep_rate_scaling_and_empty_rows(device):
+    """Kept probabilities are scaled by exactly 1/(1-p), dropped ones are 0, the keep rate is 1-p over the real
+    (query, key) pairs; a one-token row keeps its one key (out = v/(1-p)) or drops it (0, XSoftmax's row
+    semantics); an empty sequence writes nothing and disturbs no other row."""
+    fn, oracle, opts, names = VARIANTS["deberta-log-buckets"]
+    t, cu, L, positions = _dropout_inputs(device)
+    out, mask = _one_hot_run(fn, t, names, cu, L, positions, P, backend="triton", **opts)
+    probs, _ = _one_hot_run(oracle, t, names, cu, L, positions, 0.0, **opts)    # undropped, fp32 reference
+    assert torch.isfinite(out).all()
+    keep = _recover_keep(out, L)                                           # (batch, heads, L, L)
+    real = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(keep)
+    rate, n = keep[real].float().mean().item(), int(real.sum())
+    assert abs(rate - (1 - P)) < 4 * (P * (1 - P) / n) ** 0.5, f"keep rate {rate:.3f} for p={P} over {n} pairs"
+    torch.testing.assert_close(out * (1 - P), probs * (out != 0), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out[2, 0, :, 0], keep[2, :, 0, 0].float() / (1 - P))   # one-token row, per head
+
+
+def test_dropout_zero_and_the_seed(device):
+    """dropout_p=0 is the no-dropout call; torch.manual_seed reproduces a mask, another seed changes it; with
+    no position term the mask is varlen_attention's for the same seed (one Philox scheme for both kernels)."""
+    fn, _, opts, names = VARIANTS["mpnet"]
+    t, cu, L, positions = _dropout_inputs(device)
+    q, k, v = (t[n].float() for n in ("q", "k", "v"))
+
+    def run(seed, p=P, table=t["table"].float()):
+        torch.manual_seed(seed)
+        return fn(q, k, v, cu, L, positions, table, dropout_p=p, backend="triton", **opts)
+    assert torch.equal(run(0, p=0.0), fn(q, k, v, cu, L, positions, t["table"].float(), backend="triton", **opts))
+    assert torch.equal(run(5), run(5))
+    assert not torch.equal(run(5), run(6))
+    zero_bias = run(5, table=torch.zeros_like(t["table"]).float())
+    torch.manual_seed(5)
+    plain = varlen_attention(q, k, v, cu, L, backend="triton", dropout_p=P)
+    torch.testing.assert_close(zero_bias, plain, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["deberta-log-buckets", "mpnet"])
+def test_dropout_backward_uses_the_forward_mask(variant, device):
+    """The kernel's mask for a seed, read back with a one-hot v, replayed in the fp64 reference: output and
+    the gradients of q, k, v and the position inputs (pos_key / pos_query, the table) agree."""
+    fn, oracle, opts, names = VARIANTS[variant]
+    t, cu, L, positions = _dropout_inputs(device)
+    keep = _recover_keep(_one_hot_run(fn, t, names, cu, L, positions, P, seed=11, backend="triton", **opts)[0], L)
+    torch.manual_seed(11)
+    got = _run(fn, t, names, cu, L, positions, torch.float32, backend="triton", dropout_p=P, **opts)
+    want = _run(oracle, t, names, cu, L, positions, torch.float64, dropout_p=P, _drop_keep=keep, **opts)
+    labels = ["out", "dq", "dk", "dv"] + [n for n in names if n is not None]
+    for label, g, w in zip(labels, got, want):
+        err, bound = (g - w).abs().max().item(), 1e-5 * max(1.0, w.abs().max().item())
+        assert err <= bound, f"{variant} {label}: error {err:.2e} > {bound:.2e}"
 
 
 def test_bad_input_is_a_clear_error():
@@ -126,7 +192,8 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_opcheck(device):
-    """Schema, fake kernels, autograd registration of fastbert::relative_attention and its backward."""
+    """Schema, fake kernels, autograd registration of fastbert::relative_attention and its backward (with
+    dropout: a fixed seed tensor, so every rerun draws the same mask)."""
     t, cu, L, positions = _inputs(lengths=(5, 0, 3))
     f32 = {n: x.float().to(device) for n, x in t.items()}
     q, k, v = (f32[n].requires_grad_() for n in ("q", "k", "v"))
@@ -135,15 +202,17 @@ def test_opcheck(device):
     p2c = torch.matmul(f32["k"].transpose(0, 1), f32["pq"].permute(1, 2, 0)).transpose(0, 1)
     bias = torch.randn(2 * radius + 1, HEADS, device=device, requires_grad=True)
     interpret = device.type == "cpu"
+    seed = torch.tensor([123], dtype=torch.int64, device=device)
     args = (q, k, v, cu.to(device), L, positions.to(device, torch.int32), c2p, p2c.detach(), lut, bias, radius,
-            0.3, interpret)
+            0.3, 0.2, seed, interpret)
     utils = ("test_schema", "test_autograd_registration", "test_faketensor") + (() if interpret else
                                                                                  ("test_aot_dispatch_dynamic",))
     torch.library.opcheck(torch.ops.fastbert.relative_attention.default, args, test_utils=utils)
     out, lse = torch.ops.fastbert.relative_attention(*args)
     torch.library.opcheck(torch.ops.fastbert.relative_attention_backward.default,
                           (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                           *args[3:6], c2p.detach(), None, lut, None, radius, 0.3, interpret), test_utils=utils)
+                           *args[3:6], c2p.detach(), None, lut, None, radius, 0.3, 0.2, seed, interpret),
+                          test_utils=utils)
 
 
 # ---- End to end: tiny MPNet and DeBERTa-v3-style models on backend="triton" against transformers -------
@@ -177,5 +246,44 @@ def test_model_on_the_kernel_matches_transformers(family, tmp_path, kernel_launc
     hf = getattr(T, cls).from_pretrained(tmp_path, attn_implementation="eager").eval()
     fast = fastbert.AutoModel.from_pretrained(tmp_path, backend="triton")
     match_transformers(hf, fast, *padded_batch(hf.config, seq=12), grads, family)
+    for name in ("_relative_attention_fwd_kernel", "_relative_attention_bwd_kernel"):
+        assert name in kernel_launches, f"{name} did not run: {sorted(kernel_launches)}"
+
+
+def test_deberta_attention_dropout_on_the_kernel(tmp_path, kernel_launches, monkeypatch):
+    """DeBERTa-v2 with attention dropout 0.3: eval mode equals transformers; train mode runs forward and backward
+    on the kernel (the torch path is disabled), its loss differs from eval's (no other dropout is on) and the
+    same torch seed reproduces it."""
+    import transformers as T
+
+    import fastbert
+    make_config, cls, grads = FAMILIES["deberta-v2"]
+    config = make_config(T)
+    config.attention_probs_dropout_prob = 0.3
+    torch.manual_seed(0)
+    T.DebertaV2Model(config).save_pretrained(tmp_path)
+    hf = T.DebertaV2Model.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    fast = fastbert.AutoModel.from_pretrained(tmp_path, backend="triton").eval()
+    ids, mask = padded_batch(hf.config, seq=12)
+    match_transformers(hf, fast, ids, mask, grads, "deberta-v2 eval")
+    monkeypatch.setattr(R, "_blocked", lambda *a, **k: pytest.fail("attention dropout ran the torch path"))
+    real = mask.bool()
+    weight = torch.randn(*ids.shape, config.hidden_size, generator=torch.Generator().manual_seed(2))[real]
+
+    def loss(seed):
+        torch.manual_seed(seed)
+        return (fast(input_ids=ids, attention_mask=mask).last_hidden_state[real] * weight).sum()
+    with torch.no_grad():
+        base = loss(0)
+    fast.train()
+    fast.zero_grad()
+    dropped = loss(1)
+    dropped.backward()
+    assert abs(dropped.item() - base.item()) > 1e-3 * abs(base.item()), "attention dropout changed nothing"
+    with torch.no_grad():
+        assert loss(1).item() == dropped.item()
+    for name in grads:
+        g = fast.get_parameter(name).grad
+        assert g is not None and torch.isfinite(g).all() and g.abs().max() > 0, name
     for name in ("_relative_attention_fwd_kernel", "_relative_attention_bwd_kernel"):
         assert name in kernel_launches, f"{name} did not run: {sorted(kernel_launches)}"

@@ -11,11 +11,14 @@ batch, which is what transformers measures, so a mask with holes gives its dista
             r the identity or DeBERTa's log buckets; pos_key / pos_query are (2 span, heads, head_dim)
             projections of the relative embeddings, gathered per (i, j) as transformers does.
 
-These are torch references only: they repad each sequence to max_seqlen and materialise the
-(batch, heads, L, L) scores and bias (plus (batch, heads, L, 2 span) c2p/p2c products), so memory
-grows with L^2 as in transformers' eager attention. No Triton kernel holds these terms yet (the
-DESIGN goal is to compute them tile by tile inside the flash kernel); backend="triton" raises.
-Autograd flows through plain torch ops (into q, k, v, the bias table and the projections).
+`relative_bias_attention` / `disentangled_attention` run the flash kernel of
+fastbert.kernels.relative_attention (CUDA, or backend="triton" under the interpreter), which adds the
+terms tile by tile, forward, backward and attention dropout (a seed tensor drawn from torch's generator
+for the device, so `torch.manual_seed` makes a call reproducible; the kernel and the torch path draw
+different masks); on CPU they run a blocked torch path (query blocks, no (batch, heads, L, L) tensor).
+The `*_ref` / `*_padded` functions are the plain references: they repad each sequence to max_seqlen and
+materialise the (batch, heads, L, L) scores and bias (plus (batch, heads, L, 2 span) c2p/p2c products),
+as transformers' eager attention does. Autograd flows through plain torch ops there.
 """
 import functools
 import math
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.library import triton_op
 
-from fastbert.ops._dispatch import run_kernel
+from fastbert.ops._dispatch import draw_seed, run_kernel
 from fastbert.ops.attention import _use_kernel
 
 
@@ -56,13 +59,17 @@ def _compute(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _softmax_attend(scores, vh, key_mask, dropout_p: float):
-    """softmax over real keys (rows without one are zeros), dropout, @ v. scores (b, h, L, L)."""
+def _softmax_attend(scores, vh, key_mask, dropout_p: float, drop_keep=None):
+    """softmax over real keys (rows without one are zeros), dropout, @ v. scores (b, h, L, L); drop_keep
+    (b, h, L, L) bool fixes the dropout mask (tests replay a kernel's mask), else F.dropout draws one."""
     keep = key_mask[:, None, None, :]
     any_key = keep.any(-1, keepdim=True)
     scores = scores.masked_fill(~keep, float("-inf")).masked_fill(~any_key, 0.0)
     probs = torch.softmax(scores, dim=-1) * any_key
-    dropped = F.dropout(probs, dropout_p, training=True) if dropout_p > 0 else probs
+    if drop_keep is not None:
+        dropped = probs * drop_keep / (1.0 - dropout_p)
+    else:
+        dropped = F.dropout(probs, dropout_p, training=True) if dropout_p > 0 else probs
     return torch.matmul(dropped, vh), probs
 
 
@@ -98,24 +105,27 @@ def mpnet_bucket(relative: torch.Tensor, num_buckets: int = 32, max_distance: in
 
 def relative_bias_attention_padded(q, k, v, key_mask, positions, table, *, num_buckets: int = 32,
                                    max_distance: int = 128, scale: Optional[float] = None,
-                                   dropout_p: float = 0.0):
+                                   dropout_p: float = 0.0, _drop_keep=None):
     """(batch, L, heads, d) q, k, v; key_mask (batch, L) bool; positions (batch, L); table (buckets, heads)
-    -> (out (batch, L, heads, d), probs (batch, heads, L, L)). Materialises the (batch, heads, L, L) bias."""
+    -> (out (batch, L, heads, d), probs (batch, heads, L, L)). Materialises the (batch, heads, L, L) bias.
+    _drop_keep (batch, heads, L, L) bool: a fixed dropout mask (tests)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     c = _compute(q)
     qh, kh, vh = (t.transpose(1, 2).to(c) for t in (q, k, v))       # (batch, heads, L, d)
     bucket = mpnet_bucket(positions[:, None, :] - positions[:, :, None], num_buckets, max_distance)
     bias = F.embedding(bucket, table).permute(0, 3, 1, 2)           # (batch, heads, L, L)
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale + bias.to(qh.dtype)
-    out, probs = _softmax_attend(scores, vh, key_mask, dropout_p)
+    out, probs = _softmax_attend(scores, vh, key_mask, dropout_p, _drop_keep)
     return out.transpose(1, 2).to(q.dtype), probs.to(q.dtype)
 
 
 def relative_bias_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
-                                max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0):
+                                max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0,
+                                _drop_keep=None):
     """The plain oracle of relative_bias_attention: repads and materialises (batch, heads, L, L)."""
     return _run_varlen(relative_bias_attention_padded, q, k, v, cu_seqlens, max_seqlen, positions, table=table,
-                       num_buckets=num_buckets, max_distance=max_distance, scale=scale, dropout_p=dropout_p)
+                       num_buckets=num_buckets, max_distance=max_distance, scale=scale, dropout_p=dropout_p,
+                       _drop_keep=_drop_keep)
 
 
 # ---- DeBERTa: disentangled attention ------------------------------------------------------------------
@@ -140,9 +150,10 @@ def deberta_relative(positions: torch.Tensor, position_buckets: int, max_relativ
 
 def disentangled_attention_padded(q, k, v, key_mask, positions, pos_key=None, pos_query=None, *, span: int,
                                   position_buckets: int = -1, max_relative_positions: int = -1,
-                                  scale_factor: int = 1, dropout_p: float = 0.0):
+                                  scale_factor: int = 1, dropout_p: float = 0.0, _drop_keep=None):
     """(batch, L, heads, d) q, k, v; key_mask (batch, L) bool; positions (batch, L); pos_key / pos_query
-    (2 span, heads, d) or None (no c2p / no p2c term) -> (out (batch, L, heads, d), probs (b, h, L, L))."""
+    (2 span, heads, d) or None (no c2p / no p2c term) -> (out (batch, L, heads, d), probs (b, h, L, L)).
+    _drop_keep (batch, heads, L, L) bool: a fixed dropout mask (tests)."""
     d, c = q.shape[-1], _compute(q)
     qh, kh, vh = (t.transpose(1, 2).to(c) for t in (q, k, v))       # (batch, heads, L, d)
     b, h, n, _ = qh.shape
@@ -157,18 +168,18 @@ def disentangled_attention_padded(q, k, v, key_mask, positions, pos_key=None, po
         p2c = torch.matmul(kh, pos_query.to(c).permute(1, 2, 0))           # (batch, heads, L (keys), 2 span)
         index = torch.clamp(-rel + span, 0, 2 * span - 1)[:, None].expand(b, h, n, n)
         scores = scores + torch.gather(p2c, -1, index).transpose(-1, -2) / scale
-    out, probs = _softmax_attend(scores, vh, key_mask, dropout_p)
+    out, probs = _softmax_attend(scores, vh, key_mask, dropout_p, _drop_keep)
     return out.transpose(1, 2).to(q.dtype), probs.to(q.dtype)
 
 
 def disentangled_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_key=None, pos_query=None, *,
                                span: int, position_buckets: int = -1, max_relative_positions: int = -1,
-                               scale_factor: int = 1, dropout_p: float = 0.0):
+                               scale_factor: int = 1, dropout_p: float = 0.0, _drop_keep=None):
     """The plain oracle of disentangled_attention: repads and materialises (batch, heads, L, L)."""
     return _run_varlen(disentangled_attention_padded, q, k, v, cu_seqlens, max_seqlen, positions,
                        pos_key=pos_key, pos_query=pos_query, span=span, position_buckets=position_buckets,
                        max_relative_positions=max_relative_positions, scale_factor=scale_factor,
-                       dropout_p=dropout_p)
+                       dropout_p=dropout_p, _drop_keep=_drop_keep)
 
 
 # ---- Distance tables shared by the kernel and the blocked torch path --------------------------------
@@ -351,13 +362,14 @@ def _none_if_empty(t):
 def _relative_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                  positions: torch.Tensor, c2p: Optional[torch.Tensor], p2c: Optional[torch.Tensor],
                  lut: Optional[torch.Tensor], bias: Optional[torch.Tensor], radius: int, scale: float,
-                 interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                 dropout_p: float, seed: Optional[torch.Tensor], interpret: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse (batch, heads, max_seqlen) fp32) of packed attention with the relative terms of
-    fastbert.kernels.relative_attention (c2p / p2c (tokens, heads, K) fp32, lut int32, bias fp32)."""
+    fastbert.kernels.relative_attention (c2p / p2c (tokens, heads, K) fp32, lut int32, bias fp32);
+    seed (1,) int64 when dropout_p > 0."""
     _need_kernel(q, interpret)
     from fastbert.kernels import relative_attention as kernel
     return kernel.relative_attention_fwd(q, k, v, cu_seqlens, max_seqlen, positions, c2p=c2p, p2c=p2c, lut=lut,
-                                         bias=bias, radius=radius, scale=scale)
+                                         bias=bias, radius=radius, scale=scale, dropout_p=dropout_p, seed=seed)
 
 
 @triton_op("fastbert::relative_attention_backward", mutates_args=())
@@ -365,13 +377,15 @@ def _relative_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                           out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                           positions: torch.Tensor, c2p: Optional[torch.Tensor], p2c: Optional[torch.Tensor],
                           lut: Optional[torch.Tensor], bias: Optional[torch.Tensor], radius: int, scale: float,
+                          dropout_p: float, seed: Optional[torch.Tensor],
                           interpret: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                     torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dc2p, dp2c, dbias); an absent c2p / p2c / bias gets an empty gradient."""
     _need_kernel(q, interpret)
     from fastbert.kernels import relative_attention as kernel
     grads = kernel.relative_attention_bwd(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p=c2p,
-                                          p2c=p2c, lut=lut, bias=bias, radius=radius, scale=scale)
+                                          p2c=p2c, lut=lut, bias=bias, radius=radius, scale=scale,
+                                          dropout_p=dropout_p, seed=seed)
     return tuple(g if g is not None else _empty(q) for g in grads)
 
 
@@ -380,33 +394,34 @@ def _empty(q):
 
 
 @_relative_op.register_fake
-def _(q, k, v, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, interpret):
+def _(q, k, v, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, dropout_p, seed, interpret):
     lse = torch.empty((cu_seqlens.shape[0] - 1, q.shape[1], max_seqlen), dtype=torch.float32, device=q.device)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device), lse
 
 
 @_relative_backward_op.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, interpret):
+def _(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, dropout_p,
+      seed, interpret):
     like = (torch.empty_like(t) if t is not None else _empty(q)
             for t in (c2p, p2c, bias))
     return (*(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)), *like)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, interpret = inputs
+    q, k, v, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius, scale, dropout_p, seed, interpret = inputs
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens, positions, c2p, p2c, lut, bias)
-    ctx.args = (max_seqlen, radius, scale, interpret)
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens, positions, c2p, p2c, lut, bias, seed)
+    ctx.args = (max_seqlen, radius, scale, dropout_p, interpret)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_seqlens, positions, c2p, p2c, lut, bias = ctx.saved_tensors
-    max_seqlen, radius, scale, interpret = ctx.args
+    q, k, v, out, lse, cu_seqlens, positions, c2p, p2c, lut, bias, seed = ctx.saved_tensors
+    max_seqlen, radius, scale, dropout_p, interpret = ctx.args
     dq, dk, dv, dc2p, dp2c, dbias = torch.ops.fastbert.relative_attention_backward(
         dout.contiguous(), q, k, v, out, lse, cu_seqlens, max_seqlen, positions, c2p, p2c, lut, bias, radius,
-        scale, interpret)
+        scale, dropout_p, seed, interpret)   # the forward's seed: the same dropout mask
     return (dq, dk, dv, None, None, None, _none_if_empty(dc2p), _none_if_empty(dp2c), None,
-            _none_if_empty(dbias), None, None, None)
+            _none_if_empty(dbias), None, None, None, None, None)
 
 
 _relative_op.register_autograd(_backward, setup_context=_setup_context)
@@ -421,9 +436,9 @@ def _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p):
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def _kernel_path(backend, q, k, v, dropout_p) -> bool:
-    """The kernel has no dropout: dropout_p > 0 (training with attention dropout) runs the torch path."""
-    return _use_kernel(backend, q, k, v) and dropout_p == 0.0
+def _seed(dropout_p, device) -> Optional[torch.Tensor]:
+    """The kernel's (1,) int64 dropout seed, drawn on `device` from torch's generator; None without dropout."""
+    return draw_seed(device) if dropout_p > 0 else None
 
 
 def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
@@ -431,18 +446,19 @@ def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, tab
                             backend: str = "auto"):
     """MPNet attention on packed tokens, bias table[bucket(p_j - p_i), head] added per (i, j).
 
-    Kernel (CUDA, or backend="triton" under the interpreter) when dropout_p == 0; otherwise the blocked
-    torch path (also with dropout_p > 0 on CUDA: the kernel has no dropout). Gradients reach the table."""
+    Kernel on CUDA (or backend="triton" under the interpreter), else the blocked torch path; dropout_p > 0
+    drops attention probabilities (nn.Dropout on the probabilities, as transformers' MPNet). Gradients
+    reach the table."""
     _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p)
     if table.dim() != 2 or table.shape[1] != q.shape[1] or table.shape[0] < num_buckets:
         raise ValueError(f"table must be (buckets >= {num_buckets}, heads={q.shape[1]}), got {tuple(table.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     index, radius = _mpnet_table_index(num_buckets, max_distance, q.device)
     bias = F.embedding(index, table)                                     # (2R + 1, heads)
-    if _kernel_path(backend, q, k, v, dropout_p):
+    if _use_kernel(backend, q, k, v):
         return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
                                                      None, None, None, bias.float().contiguous(), radius, scale,
-                                                     not q.is_cuda)[0]
+                                                     float(dropout_p), _seed(dropout_p, q.device), not q.is_cuda)[0]
     return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p, bias=bias,
                     radius=radius)
 
@@ -452,9 +468,10 @@ def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_
                            scale_factor: int = 1, dropout_p: float = 0.0, backend: str = "auto"):
     """DeBERTa(-v2) attention on packed tokens: c2p / p2c gathered per (i, j) from `positions`.
 
-    Kernel (CUDA, or backend="triton" under the interpreter) when dropout_p == 0: c2p = q . pos_key^T and
-    p2c = k . pos_query^T ((tokens, heads, 2 span) fp32, torch GEMMs) are gathered tile by tile. Otherwise
-    the blocked torch path (also with dropout_p > 0 on CUDA: the kernel has no dropout)."""
+    Kernel on CUDA (or backend="triton" under the interpreter): c2p = q . pos_key^T and p2c = k . pos_query^T
+    ((tokens, heads, 2 span) fp32, torch GEMMs) are gathered tile by tile; else the blocked torch path.
+    dropout_p > 0 drops attention probabilities after the softmax (transformers' XSoftmax + dropout: kept
+    ones scaled by 1/(1-p))."""
     _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p)
     for name, t in (("pos_key", pos_key), ("pos_query", pos_query)):
         if t is not None and tuple(t.shape) != (2 * span, *q.shape[1:]):
@@ -462,12 +479,13 @@ def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_
                              f"got {tuple(t.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1] * scale_factor)
     lut, radius = deberta_lut(span, position_buckets, max_relative_positions, q.device)
-    if _kernel_path(backend, q, k, v, dropout_p):
+    if _use_kernel(backend, q, k, v):
         def product(x, pos):                                             # (tokens, heads, 2 span) fp32
             return torch.matmul(x.transpose(0, 1).float(), pos.float().permute(1, 2, 0)).transpose(0, 1)
         c2p = product(q, pos_key) if pos_key is not None else None
         p2c = product(k, pos_query) if pos_query is not None else None
         return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
-                                                     c2p, p2c, lut, None, radius, scale, not q.is_cuda)[0]
+                                                     c2p, p2c, lut, None, radius, scale, float(dropout_p),
+                                                     _seed(dropout_p, q.device), not q.is_cuda)[0]
     return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p,
                     pos_key=pos_key, pos_query=pos_query, lut=lut, radius=radius)
