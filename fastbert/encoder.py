@@ -181,11 +181,12 @@ SORT_WINDOW = 4096
 
 
 class _Prefetch:
-    """Iterates fn(item) over items (any iterable) in order. With background=True, fn(item k + 1) runs
-    on one worker thread while the caller works on fn(item k) (tokenization and host-side batch
-    preparation then hide behind the model's work). An exception raised by fn, or by the items'
-    iterator, surfaces in the caller at that item; leaving the with-block, normally or by an
-    exception, cancels what is queued and joins the thread."""
+    """Iterates fn(item) over items (any iterable) in order. With background=True, one worker thread
+    takes item k + 1 from the iterable and runs fn on it while the caller works on fn(item k)
+    (tokenization and host-side batch preparation then hide behind the model's work; if taking the
+    item waits, on another _Prefetch, the worker waits, not the caller). An exception raised by fn,
+    or by the iterable, surfaces in the caller at that item; leaving the with-block, normally or by
+    an exception, cancels what is queued and joins the thread."""
 
     def __init__(self, fn, items, background: bool, name: str = "fastbert-prefetch"):
         self.fn, self.items = fn, items
@@ -202,14 +203,16 @@ class _Prefetch:
         if self.pool is None:
             yield from map(self.fn, self.items)
             return
-        pending = None
-        for item in self.items:              # item k + 1 is queued before result k is handed out
-            future = self.pool.submit(self.fn, item)
-            if pending is not None:
-                yield pending.result()
-            pending = future
-        if pending is not None:
-            yield pending.result()
+        items, done = iter(self.items), object()
+
+        def step():          # one worker: the iterable is only ever advanced by one thread
+            item = next(items, done)
+            return done if item is done else self.fn(item)
+
+        future = self.pool.submit(step)
+        while (result := future.result()) is not done:
+            future = self.pool.submit(step)
+            yield result
 
 
 class Encoder:
@@ -470,7 +473,8 @@ class Encoder:
         prepared = _Prefetch(lambda batch: (*batch, self._host_batch(batch[1], packed)),
                              itertools.chain.from_iterable(tokenized), background=self.overlap and n > batch_size)
         bar = tqdm(total=-(-n // batch_size), desc="Batches", disable=not show_progress_bar)
-        with tokenized, prepared, bar:       # on any exit: both workers joined, the bar closed
+        # on any exit: both workers joined (prepared's first: its worker may wait on tokenized's)
+        with tokenized, prepared, bar:
             for idx, rows, host in prepared:
                 if packed:      # real tokens only, pooled per sequence on the packed states
                     vectors = pool_packed(self._forward_packed(*host), [len(r) for r in rows], modes, skip)

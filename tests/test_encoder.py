@@ -380,8 +380,9 @@ def test_encode_runs_the_packed_forward(monkeypatch):
 
 
 def _prefetch_threads():
+    """encode's worker threads still alive (tokenizing windows, preparing batches)."""
     import threading
-    return [t for t in threading.enumerate() if t.name.startswith("fastbert-prefetch")]
+    return [t for t in threading.enumerate() if t.name.startswith(("fastbert-prefetch", "fastbert-tokenize"))]
 
 
 @pytest.mark.parametrize("output_value", ["sentence_embedding", "token_embeddings"])
@@ -440,3 +441,122 @@ def test_overlap_keeps_the_progress_bar(encoder, lines, capsys, monkeypatch):
         encoder.encode(lines[:10], batch_size=4, show_progress_bar=True)
         bars.append(capsys.readouterr().err.strip().splitlines()[-1].split("[")[0])
     assert bars[0] == bars[1] and "Batches" in bars[0] and "3/3" in bars[0]
+
+
+# ---- sort windows: window i + 1 tokenized while the model runs window i --------------------------
+
+@pytest.mark.parametrize("output_value", ["sentence_embedding", "token_embeddings"])
+def test_sort_windows_equal_the_whole_input_sort(encoder, lines, monkeypatch, output_value):
+    """Windows of one batch, of 20 texts (rounded up to 24; 42 = 24 + 18), larger than the input:
+    the vectors of the whole-input sort (float rounding of other batch mates), in input order."""
+    texts = lines[:40] + lines[-2:]                  # short lines, the empty one, the longest text
+    whole = encoder.encode(texts, batch_size=8, sort_window=None, output_value=output_value)
+    assert encoder.encode(texts, batch_size=8, sort_window=0, output_value=output_value) is not None
+    for window in (8, 20, 1000):
+        got = encoder.encode(texts, batch_size=8, sort_window=window, output_value=output_value)
+        if output_value == "sentence_embedding":
+            np.testing.assert_allclose(got, whole, atol=1e-6, rtol=0, err_msg=f"sort_window={window}")
+            if window == 1000:                      # one window: the very same batches
+                assert np.array_equal(got, whole)
+        else:
+            scale = max(float(ref.abs().max()) for ref in whole)   # hidden states up to ~6, not unit
+            assert len(got) == len(whole)
+            for mine, ref in zip(got, whole):
+                assert mine.shape == ref.shape and float((mine - ref).abs().max()) <= 1e-6 * scale
+    monkeypatch.setattr(encoder, "overlap", False)  # the serial path: bitwise the same
+    serial = encoder.encode(texts, batch_size=8, sort_window=20, output_value=output_value)
+    monkeypatch.setattr(encoder, "overlap", True)
+    overlapped = encoder.encode(texts, batch_size=8, sort_window=20, output_value=output_value)
+    if output_value == "sentence_embedding":
+        assert np.array_equal(serial, overlapped)
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(serial, overlapped, strict=True))
+
+
+class _RecordingTokenizer:
+    """The encoder's tokenizer, recording each call's start and end (and thread) in `events`; before
+    tokenizing call number `hold`, it waits (at most 30 s) until `release` is set."""
+
+    def __init__(self, inner, events, hold=None, release=None, fail=None):
+        self.inner, self.events, self.hold, self.release, self.fail = inner, events, hold, release, fail
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, texts, **kwargs):
+        import threading
+
+        k, self.calls = self.calls, self.calls + 1
+        self.events.append(("tokenize start", k, threading.current_thread().name))
+        if k == self.hold:
+            self.events.append(("released", k, self.release.wait(timeout=30)))
+        if k == self.fail:
+            raise KeyError(f"window {k} failed")
+        out = self.inner(texts, **kwargs)
+        self.events.append(("tokenize end", k, threading.current_thread().name))
+        return out
+
+
+def _record_forwards(encoder, monkeypatch, events, started=None):
+    import threading
+
+    original = encoder.model.forward_packed
+
+    def forward_packed(*args, **kwargs):
+        k = sum(e[0] == "forward start" for e in events)
+        events.append(("forward start", k, threading.current_thread().name))
+        if started is not None and k in started:
+            started[k].set()
+        out = original(*args, **kwargs)
+        events.append(("forward end", k, threading.current_thread().name))
+        return out
+
+    monkeypatch.setattr(encoder.model, "forward_packed", forward_packed)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_next_window_is_tokenized_while_the_model_runs(encoder, lines, monkeypatch, overlap):
+    """24 texts, batches of 4, windows of 8: 3 windows of 2 batches. With overlap, window 1's
+    tokenization (on the worker) is held until window 0's last forward (batch 1) has started, and
+    it is: the two run at the same time. Without, it begins after that forward has ended."""
+    import threading
+
+    events, batch1 = [], threading.Event()
+    hold = 1 if overlap else None               # serially, holding would only wait out the timeout
+    monkeypatch.setattr(encoder, "tokenizer", _RecordingTokenizer(encoder.tokenizer, events, hold, batch1))
+    _record_forwards(encoder, monkeypatch, events, started={1: batch1})
+    monkeypatch.setattr(encoder, "overlap", overlap)
+    got = encoder.encode(lines[:24], batch_size=4, sort_window=8)
+    np.testing.assert_allclose(got, encoder.encode(lines[:24], batch_size=4, sort_window=None), atol=1e-6)
+    events = events[:events.index(("forward end", 5, threading.current_thread().name)) + 1]  # first encode
+    at = {e[:2]: i for i, e in enumerate(events)}
+    assert [e[1] for e in events if e[0] == "tokenize start"] == [0, 1, 2]
+    tokenizing = {e[2] for e in events if e[0] == "tokenize start"}
+    if overlap:
+        assert ("released", 1, True) in events, "window 1 was not being tokenized during batch 1's forward"
+        assert at["tokenize start", 1] < at["forward end", 1] and at["tokenize start", 2] < at["forward end", 3]
+        assert all(name.startswith("fastbert-tokenize") for name in tokenizing)
+    else:
+        assert at["forward end", 1] < at["tokenize start", 1] and at["forward end", 3] < at["tokenize start", 2]
+        assert tokenizing == {threading.current_thread().name}
+    assert not _prefetch_threads()
+
+
+def test_later_window_tokenizer_error_surfaces(encoder, lines, monkeypatch):
+    """The tokenizer fails on window 2: its own exception type reaches the caller, after window 0's
+    batches ran, and both workers are gone."""
+    events = []
+    monkeypatch.setattr(encoder, "tokenizer", _RecordingTokenizer(encoder.tokenizer, events, fail=2))
+    _record_forwards(encoder, monkeypatch, events)
+    monkeypatch.setattr(encoder, "overlap", True)
+    with pytest.raises(KeyError, match="window 2 failed"):
+        encoder.encode(lines[:24], batch_size=4, sort_window=8)
+    assert any(e[0] == "forward end" for e in events)
+    assert not _prefetch_threads()
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "all", True, [8]])
+def test_bad_sort_window(encoder, bad):
+    with pytest.raises(ValueError, match="sort_window"):
+        encoder.encode(["ok", "fine"], sort_window=bad)
