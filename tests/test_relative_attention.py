@@ -191,6 +191,54 @@ def test_bad_input_is_a_clear_error():
         R.disentangled_attention(t["q"], t["k"], t["v"], cu, L, positions[:3], span=SPAN)
 
 
+@pytest.mark.parametrize("family", ["mpnet", "deberta-v2"])
+def test_models_hold_their_distance_tables(family, monkeypatch):
+    """The distance table is built once, with the model (also on the meta device, as from_pretrained builds),
+    and held by it: forwards build none and pass the model's table to the op; the ops module keeps none, so
+    a call without a table builds its own. A table for another device is refused by name."""
+    import transformers as T
+
+    import fastbert
+    make_config, cls, _ = FAMILIES[family]
+    builder = "mpnet_distances" if family == "mpnet" else "deberta_lut"
+    built, passed = [], []
+    real_build = getattr(R, builder)
+    monkeypatch.setattr(R, builder, lambda *a, **k: built.append(a) or real_build(*a, **k))
+    with torch.device("meta"):
+        meta = getattr(fastbert, cls).from_hf_config(make_config(T))
+    model = getattr(fastbert, cls).from_hf_config(make_config(T), backend="torch").eval()
+    assert len(built) == 2
+    held = meta.encoder.distances if family == "mpnet" else meta.encoder.spec.distances
+    assert not held.on(torch.device("cpu")).index.is_meta                # a meta build still gets a real table
+    op = "relative_bias_attention" if family == "mpnet" else "disentangled_attention"
+    real_op = getattr(R, op)
+    monkeypatch.setattr(R, op, lambda *a, distances=None, **k: passed.append(distances) or real_op(
+        *a, distances=distances, **k))
+    ids, mask = padded_batch(model.config, seq=12)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        model(input_ids=ids, attention_mask=mask)
+    assert len(built) == 2 and len(passed) == 2 and passed[0] is passed[1] and passed[0].index.device.type == "cpu"
+    t, cu, L, positions = _inputs()
+    other = R.DistanceTable(passed[0].index.to("meta"), passed[0].radius)
+    args = (t["q"], t["k"], t["v"], cu, L, positions, t["table"] if family == "mpnet" else t["pk"])
+    opts = VARIANTS["mpnet" if family == "mpnet" else "deberta-plain"][2]
+    real_op(*args, **opts)
+    assert len(built) == 3                                               # no module-level memo
+    with pytest.raises(ValueError, match="distances must be"):
+        real_op(*args, distances=other, **opts)
+
+
+def test_distance_cache_follows_the_device():
+    """One copy per device, made when a call on that device first asks; the CPU original stays."""
+    cache = R.DistanceCache(R.mpnet_distances(32, 10))
+    cpu = cache.on(torch.device("cpu"))
+    assert cache.on(torch.device("cpu")) is cpu
+    meta = cache.on(torch.device("meta"))
+    assert meta.index.is_meta and meta.radius == cpu.radius and cache.on(torch.device("meta")) is meta
+    torch.testing.assert_close(cache.on(torch.device("cpu")).index, cpu.index, rtol=0, atol=0)
+
+
 def test_opcheck(device):
     """Schema, fake kernels, autograd registration of fastbert::relative_attention and its backward (with
     dropout: a fixed seed tensor, so every rerun draws the same mask)."""

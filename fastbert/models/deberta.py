@@ -92,6 +92,9 @@ class RelativeSpec:
             self.max_relative_positions = config.max_position_embeddings
         self.span = self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
         self.scale_factor = 1 + len([t for t in POS_ATT_TYPES if t in self.types])
+        # the distance -> relative index table, built once per model (the layers share this spec)
+        self.distances = rel_ops.DistanceCache(rel_ops.deberta_lut(
+            self.span, self.position_buckets, self.max_relative_positions)) if self.relative else None
 
 
 # ---- modules under transformers' names -------------------------------------------------------------------
@@ -203,7 +206,8 @@ class DebertaV2Layer(RelativeLayer):
             out, probs = rel_ops.disentangled_attention_padded(qp, kp, vp, mask, positions, pos_key, pos_query, **opts)
             return pack(out, packing), probs
         return rel_ops.disentangled_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, packing.positions,
-                                              pos_key, pos_query, backend=backend, **opts), None
+                                              pos_key, pos_query, backend=backend, distances=s.distances.on(q.device),
+                                              **opts), None
 
 
 class DebertaV2Encoder(nn.Module):

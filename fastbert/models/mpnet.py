@@ -143,7 +143,8 @@ class MPNetLayer(RelativeLayer):
             out, probs = rel_ops.relative_bias_attention_padded(qp, kp, vp, mask, positions, table, **opts)
             return pack(out, packing), probs
         return rel_ops.relative_bias_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, packing.positions,
-                                               table, backend=backend, **opts), None
+                                               table, backend=backend, distances=packing.context["distances"],
+                                               **opts), None
 
 
 class MPNetEncoder(nn.Module):
@@ -151,6 +152,7 @@ class MPNetEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(MPNetLayer(d) for _ in range(d.num_layers))
         self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, d.num_heads)
+        self.distances = rel_ops.DistanceCache(rel_ops.mpnet_distances(NUM_BUCKETS, MAX_DISTANCE))  # built once
 
 
 class MPNetModel(EncoderModel):
@@ -174,7 +176,8 @@ class MPNetModel(EncoderModel):
         return None if self.pooler is None else self.pooler(sequence_output)
 
     def _run_layers(self, x, packing, output_attentions, hidden_states):
-        packing = relative_packing(packing, x.shape[0], x.device, table=self.encoder.relative_attention_bias.weight)
+        packing = relative_packing(packing, x.shape[0], x.device, table=self.encoder.relative_attention_bias.weight,
+                                   distances=self.encoder.distances.on(x.device))
         return super()._run_layers(x, packing, output_attentions, hidden_states)
 
 

@@ -20,9 +20,8 @@ The `*_ref` / `*_padded` functions are the plain references: they repad each seq
 materialise the (batch, heads, L, L) scores and bias (plus (batch, heads, L, 2 span) c2p/p2c products),
 as transformers' eager attention does. Autograd flows through plain torch ops there.
 """
-import functools
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -133,9 +132,10 @@ def deberta_log_bucket(relative: torch.Tensor, bucket_size: int, max_position: i
     """DeBERTa's log-bucketed relative position (transformers' make_log_bucket_position), as long."""
     sign = torch.sign(relative)
     mid = bucket_size // 2
-    abs_pos = torch.where((relative < mid) & (relative > -mid), torch.tensor(mid - 1).type_as(relative),
-                          torch.abs(relative))
-    log_pos = torch.ceil(torch.log(abs_pos / mid) / torch.log(torch.tensor((max_position - 1) / mid))
+    abs_pos = torch.where((relative < mid) & (relative > -mid),
+                          torch.tensor(mid - 1, device=relative.device).type_as(relative), torch.abs(relative))
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / torch.log(torch.tensor((max_position - 1) / mid,
+                                                                           device=relative.device))
                          * (mid - 1)) + mid
     return torch.where(abs_pos <= mid, relative.type_as(log_pos), log_pos * sign).to(torch.long)
 
@@ -184,16 +184,33 @@ def disentangled_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, positions, 
 
 # ---- Distance tables shared by the kernel and the blocked torch path --------------------------------
 # Both index by d = clamp(p_i - p_j, -R, R) + R, with R where the relative index stops changing, so the
-# clamp is exact for any positions.
-@functools.lru_cache(maxsize=None)
-def _mpnet_table_index(num_buckets: int, max_distance: int, device: torch.device) -> Tuple[torch.Tensor, int]:
-    """((2R + 1,) long bucket of each clamped distance, R): the bias of pair (i, j) is table[index[d]]."""
+# clamp is exact for any positions. Models build theirs once and hold it (DistanceCache); this module
+# keeps none: an op call without one builds it for that call.
+class DistanceTable(NamedTuple):
+    """index (2R + 1,): the relative index of each clamped distance d; radius: R."""
+    index: torch.Tensor
+    radius: int
+
+
+class DistanceCache:
+    """A model's distance table: built on the CPU once, when the model is built (a meta-device build too),
+    and copied to the device of a call the first time that device is seen. Only the latest device's copy
+    is kept, so moving the model (`.to()`) drops the old one at its next call."""
+
+    def __init__(self, table: DistanceTable):
+        self._cpu = self._here = DistanceTable(table.index.cpu(), table.radius)
+
+    def on(self, device: torch.device) -> DistanceTable:
+        if self._here.index.device != device:
+            self._here = DistanceTable(self._cpu.index.to(device), self._cpu.radius)
+        return self._here
+
+
+def mpnet_distances(num_buckets: int = 32, max_distance: int = 128, device=None) -> DistanceTable:
+    """index (2R + 1,) long bucket of each clamped distance: the bias of pair (i, j) is table[index[d]]."""
     radius = max(int(max_distance), 1)                      # buckets saturate at |p_j - p_i| >= max_distance
-    d = torch.arange(-radius, radius + 1)
-    return mpnet_bucket(-d, num_buckets, max_distance).to(device), radius
-
-
-_LUTS = {}   # (span, position_buckets, max_relative_positions, device) -> (lut, R), built eagerly once
+    d = torch.arange(-radius, radius + 1, device="cpu")     # built on the CPU, also in a meta-device context
+    return DistanceTable(mpnet_bucket(-d, num_buckets, max_distance).to(device or "cpu"), radius)
 
 
 def _saturation_guess(span: int, position_buckets: int, max_relative_positions: int) -> int:
@@ -208,18 +225,14 @@ def _saturation_guess(span: int, position_buckets: int, max_relative_positions: 
     return int(mid * ((max_relative_positions - 1) / mid) ** power * 1.05) + max(span, mid) + 2
 
 
-def deberta_lut(span: int, position_buckets: int, max_relative_positions: int,
-                device: torch.device) -> Tuple[torch.Tensor, int]:
-    """((2R + 1,) int32 c2p index clamp(r(d) + span, 0, 2 span - 1) of each clamped distance, R); the
+def deberta_lut(span: int, position_buckets: int, max_relative_positions: int, device=None) -> DistanceTable:
+    """index (2R + 1,) int32 c2p index clamp(r(d) + span, 0, 2 span - 1) of each clamped distance, R; the
     p2c index of pair (i, j) is the same lut[d] (transformers gathers p2c at -r(p_j - p_i) = r(p_i - p_j)).
-    Built and checked eagerly once per configuration; a torch.compile trace reads the cached table (no
-    data-dependent branch in the graph)."""
-    key = (span, position_buckets, max_relative_positions, str(device))
-    if key in _LUTS:
-        return _LUTS[key]
+    Built on the CPU (also in a meta-device context) and checked eagerly; a model builds it once, so a
+    torch.compile trace reads the model's table (no data-dependent branch in the graph)."""
     radius = _saturation_guess(span, position_buckets, max_relative_positions)
     for _ in range(8):
-        d = torch.arange(-2 * radius, 2 * radius + 1)
+        d = torch.arange(-2 * radius, 2 * radius + 1, device="cpu")
         r = (deberta_log_bucket(d, position_buckets, max_relative_positions)
              if position_buckets > 0 and max_relative_positions > 0 else d)
         wide = torch.clamp(r + span, 0, 2 * span - 1)
@@ -231,10 +244,7 @@ def deberta_lut(span: int, position_buckets: int, max_relative_positions: int,
     else:
         raise ValueError(f"DeBERTa relative positions (position_buckets={position_buckets}, max_relative_positions="
                          f"{max_relative_positions}, span={span}) do not saturate within {radius} tokens")
-    out = (lut.to(torch.int32).to(device), radius)
-    if not torch.compiler.is_compiling():
-        _LUTS[key] = out
-    return out
+    return DistanceTable(lut.to(torch.int32).to(device or "cpu"), radius)
 
 
 # ---- Blocked torch path (CPU): scores for one block of query rows at a time ---------------------------
@@ -436,6 +446,17 @@ def _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p):
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
+def _held(distances: Optional[DistanceTable], q) -> Optional[DistanceTable]:
+    """A caller's (model's) DistanceTable, checked against q; None when the call builds its own."""
+    if distances is None:
+        return None
+    index, radius = distances
+    if index.device != q.device or index.shape != (2 * radius + 1,) or index.is_floating_point():
+        raise ValueError(f"distances must be an integer (2 radius + 1,) = ({2 * radius + 1},) index on {q.device}, "
+                         f"got {index.dtype} shape {tuple(index.shape)} on {index.device}")
+    return distances
+
+
 def _seed(dropout_p, device) -> Optional[torch.Tensor]:
     """The kernel's (1,) int64 dropout seed, drawn on `device` from torch's generator; None without dropout."""
     return draw_seed(device) if dropout_p > 0 else None
@@ -443,17 +464,18 @@ def _seed(dropout_p, device) -> Optional[torch.Tensor]:
 
 def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
                             max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0,
-                            backend: str = "auto"):
+                            backend: str = "auto", distances: Optional[DistanceTable] = None):
     """MPNet attention on packed tokens, bias table[bucket(p_j - p_i), head] added per (i, j).
 
     Kernel on CUDA (or backend="triton" under the interpreter), else the blocked torch path; dropout_p > 0
     drops attention probabilities (nn.Dropout on the probabilities, as transformers' MPNet). Gradients
-    reach the table."""
+    reach the table. distances: mpnet_distances(num_buckets, max_distance) on q's device, held by the
+    caller (a model builds it once); None builds it for this call."""
     _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p)
     if table.dim() != 2 or table.shape[1] != q.shape[1] or table.shape[0] < num_buckets:
         raise ValueError(f"table must be (buckets >= {num_buckets}, heads={q.shape[1]}), got {tuple(table.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    index, radius = _mpnet_table_index(num_buckets, max_distance, q.device)
+    index, radius = _held(distances, q) or mpnet_distances(num_buckets, max_distance, q.device)
     bias = F.embedding(index, table)                                     # (2R + 1, heads)
     if _use_kernel(backend, q, k, v):
         return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
@@ -465,20 +487,22 @@ def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, tab
 
 def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_key=None, pos_query=None, *,
                            span: int, position_buckets: int = -1, max_relative_positions: int = -1,
-                           scale_factor: int = 1, dropout_p: float = 0.0, backend: str = "auto"):
+                           scale_factor: int = 1, dropout_p: float = 0.0, backend: str = "auto",
+                           distances: Optional[DistanceTable] = None):
     """DeBERTa(-v2) attention on packed tokens: c2p / p2c gathered per (i, j) from `positions`.
 
     Kernel on CUDA (or backend="triton" under the interpreter): c2p = q . pos_key^T and p2c = k . pos_query^T
     ((tokens, heads, 2 span) fp32, torch GEMMs) are gathered tile by tile; else the blocked torch path.
     dropout_p > 0 drops attention probabilities after the softmax (transformers' XSoftmax + dropout: kept
-    ones scaled by 1/(1-p))."""
+    ones scaled by 1/(1-p)). distances: deberta_lut(span, position_buckets, max_relative_positions) on q's
+    device, held by the caller (a model builds it once); None builds it for this call."""
     _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p)
     for name, t in (("pos_key", pos_key), ("pos_query", pos_query)):
         if t is not None and tuple(t.shape) != (2 * span, *q.shape[1:]):
             raise ValueError(f"{name} must be (2 span, heads, head_dim) = {(2 * span, *q.shape[1:])}, "
                              f"got {tuple(t.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1] * scale_factor)
-    lut, radius = deberta_lut(span, position_buckets, max_relative_positions, q.device)
+    lut, radius = _held(distances, q) or deberta_lut(span, position_buckets, max_relative_positions, q.device)
     if _use_kernel(backend, q, k, v):
         def product(x, pos):                                             # (tokens, heads, 2 span) fp32
             return torch.matmul(x.transpose(0, 1).float(), pos.float().permute(1, 2, 0)).transpose(0, 1)
