@@ -6,6 +6,8 @@ instead of hanging pytest.
 """
 import os
 import random
+import string
+import threading
 import subprocess
 import sys
 import textwrap
@@ -53,6 +55,47 @@ def test_16_threads_overlapping_batches_equal_serial(model_dir, texts):
         got = list(ex.map(lambda job: _plain(tok(job[0], job[1], **job[2])), jobs))
     for j, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"job {j}: threaded result differs from serial ({jobs[j][2]})"
+
+
+def test_shared_word_table_replaced_while_batches_run(model_dir):
+    """The short-word table a tokenizer's threads share is written once per slot and replaced when
+    half full (2**15 words) or by clear_cache(). With more distinct words than that, four callers at
+    once and clear_cache() from a fifth thread meanwhile, every batch still equals transformers."""
+    from transformers import BertTokenizerFast
+
+    rng = random.Random(3)
+    letters = string.ascii_lowercase + "éßü"
+    words = sorted({"".join(rng.choices(letters, k=rng.randint(2, 13))) for _ in range(80_000)})
+    rng.shuffle(words)
+    texts = [" ".join(words[i:i + 25]) + "." for i in range(0, len(words), 25)]
+    batches = [texts[i:i + 200] for i in range(0, len(texts), 200)]
+    hf = BertTokenizerFast.from_pretrained(model_dir)
+    want = [hf(b)["input_ids"] for b in batches]
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
+    assert len(words) > 2 ** 16
+
+    def run_all():  # each batch twice: the second time its words are in the table
+        with ThreadPoolExecutor(4) as ex:
+            return list(ex.map(lambda b: (tok(b)["input_ids"], tok(b)["input_ids"]), batches))
+
+    got = run_all()  # fills the table twice over: replaced at a batch's start
+    running = threading.Event()
+    running.set()
+
+    def clear_now_and_then():
+        while running.is_set():
+            tok.clear_cache()
+            running.wait(0.002)
+
+    clearer = threading.Thread(target=clear_now_and_then)
+    clearer.start()
+    try:
+        got += run_all()
+    finally:
+        running.clear()
+        clearer.join()
+    for j, (first, again) in enumerate(got):
+        assert first == want[j % len(want)] and again == want[j % len(want)], f"batch {j} differs from transformers"
 
 
 def _run_child(code: str, timeout=CHILD_TIMEOUT_S):
