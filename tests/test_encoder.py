@@ -38,8 +38,24 @@ def st_tokens(st_model, lines):
     return st_model.encode(lines, output_value="token_embeddings", convert_to_numpy=False)
 
 
+@pytest.fixture(scope="module")
+def our_floats(encoder, lines):
+    """encoder.encode(lines), computed once for the tests that compare against it (read-only)."""
+    out = encoder.encode(lines)
+    out.flags.writeable = False
+    return out
+
+
+@pytest.fixture(scope="module")
+def st_floats(st_model, lines):
+    """st_model.encode(lines), computed once (read-only)."""
+    out = st_model.encode(lines)
+    out.flags.writeable = False
+    return out
+
+
 def _cosines(a, b):
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    a, b = torch.tensor(np.asarray(a), dtype=torch.float64), torch.tensor(np.asarray(b), dtype=torch.float64)
     return torch.nn.functional.cosine_similarity(a, b, dim=1)
 
 
@@ -48,9 +64,8 @@ def test_checkpoint_defaults(encoder):
     assert encoder.max_seq_length == 256   # sentence_bert_config.json
 
 
-def test_matches_sentence_transformers(encoder, st_model, lines):
-    ours = encoder.encode(lines)
-    ref = st_model.encode(lines)
+def test_matches_sentence_transformers(our_floats, st_floats, lines):
+    ours, ref = our_floats, st_floats
     assert isinstance(ours, np.ndarray) and ours.shape == (len(lines), DIM) and ours.dtype == np.float32
     assert float(_cosines(ours, ref).min()) >= 0.99999
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
@@ -249,10 +264,10 @@ def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines
     assert enc.encode(short_lines, truncate_dim=16).shape == (len(short_lines), 16)   # call overrides
 
 
-def test_quantize_embeddings_byte_for_byte_with_sentence_transformers(encoder, lines):
+def test_quantize_embeddings_byte_for_byte_with_sentence_transformers(our_floats):
     from sentence_transformers.util.quantization import quantize_embeddings as st_quantize
 
-    floats = encoder.encode(lines)
+    floats = our_floats.copy()
     floats[:, 7] = 0.25                                    # a constant dimension: zero-width buckets
     calib = floats[::3]
     ranges = np.vstack([floats.min(0) - 0.01, floats.max(0) * 0.5])   # values outside the ranges clip
@@ -285,14 +300,14 @@ def _bucket_edges_close(floats, ref_floats, precision):
 
 
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
-def test_encode_precision(encoder, st_model, lines, precision):
-    floats = encoder.encode(lines)
+def test_encode_precision(encoder, st_model, lines, precision, our_floats, st_floats):
+    floats = our_floats
     ours = encoder.encode(lines, precision=precision)
     # exactly our quantization of our own float32 embeddings, calibrated on the whole result
     assert ours.tobytes() == quantize_embeddings(floats, precision).tobytes()
     ref = st_model.encode(lines, precision=precision)
     assert ours.dtype == ref.dtype and ours.shape == ref.shape
-    ref_floats = st_model.encode(lines)
+    ref_floats = st_floats
     if precision.endswith("binary"):
         bits = np.unpackbits(ours.view(np.uint8), axis=1) != np.unpackbits(ref.view(np.uint8), axis=1)
     else:
