@@ -494,7 +494,7 @@ class _RecordingTokenizer:
 
     def __init__(self, inner, events, hold=None, release=None, fail=None):
         self.inner, self.events, self.hold, self.release, self.fail = inner, events, hold, release, fail
-        self.calls = 0
+        self.calls, self.sizes = 0, []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -503,6 +503,7 @@ class _RecordingTokenizer:
         import threading
 
         k, self.calls = self.calls, self.calls + 1
+        self.sizes.append(len(texts))
         self.events.append(("tokenize start", k, threading.current_thread().name))
         if k == self.hold:
             self.events.append(("released", k, self.release.wait(timeout=30)))
@@ -539,11 +540,13 @@ def test_next_window_is_tokenized_while_the_model_runs(encoder, lines, monkeypat
 
     events, batch1 = [], threading.Event()
     hold = 1 if overlap else None               # serially, holding would only wait out the timeout
-    monkeypatch.setattr(encoder, "tokenizer", _RecordingTokenizer(encoder.tokenizer, events, hold, batch1))
+    tokenizer = _RecordingTokenizer(encoder.tokenizer, events, hold, batch1)
+    monkeypatch.setattr(encoder, "tokenizer", tokenizer)
     _record_forwards(encoder, monkeypatch, events, started={1: batch1})
     monkeypatch.setattr(encoder, "overlap", overlap)
     got = encoder.encode(lines[:24], batch_size=4, sort_window=8)
     np.testing.assert_allclose(got, encoder.encode(lines[:24], batch_size=4, sort_window=None), atol=1e-6)
+    assert tokenizer.sizes == [8, 8, 8, 24]        # never more than a window at once (then sort_window=None)
     events = events[:events.index(("forward end", 5, threading.current_thread().name)) + 1]  # first encode
     at = {e[:2]: i for i, e in enumerate(events)}
     assert [e[1] for e in events if e[0] == "tokenize start"] == [0, 1, 2]
