@@ -10,7 +10,8 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   batches, so tokenization hides behind the model and a large corpus never holds all its ids at once;
 - inside a window, batches are formed after sorting by token count (not by characters), so a batch
   carries almost no padding, and the fastbert model does no work on what little padding there is
-  (the packed path has none at all, so a window-local sort costs next to nothing);
+  (the packed path's GEMMs see none at all, so a window-local sort costs little: on a 2-core CPU,
+  8,716 lines took the same time, within noise, with 4,096-text windows as with one global sort);
 - a second worker prepares batch k + 1's host tensors while the model runs batch k;
 - the encoder is fastbert.AutoModel (fused QKV, fused bias+GELU and add+LayerNorm, varlen attention).
 Results come back in input order. `Encoder.overlap = False` runs all of it serially on the caller's
@@ -175,8 +176,9 @@ _DEFAULT_PROMPTS = {"query": "", "document": ""}
 
 
 # texts tokenized and length-sorted together by encode(): large enough that a local sort forms
-# batches as even as a global one and the tokenizer's per-call cost vanishes, small enough that the
-# first batch starts after a few milliseconds of tokenization and a window's ids take little memory
+# batches nearly as even as a global one (pydoc lines, batch 32: 2.6% padding against 1.0%) and the
+# tokenizer's per-call cost vanishes, small enough that the first batch starts early (100,000 lines,
+# 2-core CPU: 34 ms against 311 ms when all are tokenized first) and a window's ids take little memory
 SORT_WINDOW = 4096
 
 
