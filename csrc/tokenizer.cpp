@@ -153,10 +153,7 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
                 while (x.n < len - i && !is_separator(c[x.n])) ++x.n;
                 x.key = x.n <= ShortChunk::kMax ? ShortChunk::of(c, x.n) : ShortChunk{};
             }
-            if (x.n <= ShortChunk::kMax) {
-                if (s.shared) s.shared->prefetch(x.key);
-                cache.prefetch(x.key);
-            }
+            if (x.n <= ShortChunk::kMax) cache.prefetch(x.key);
             i += x.n;
         }
         for (size_t k = 0; k < m && out.ids.size() <= limit; ++k) {
@@ -165,15 +162,11 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
             size_t count = 0;
             const size_t first = out.ids.size();
             if (n <= ShortChunk::kMax) {
-                if (s.shared && s.shared->find(next[k].key, out.ids)) {
-                    // found in the table the batch's threads share: the ids are in out already
-                } else if (const int32_t* ids = cache.find(next[k].key, &count)) {
+                if (const int32_t* ids = cache.find(next[k].key, &count)) {
                     for (size_t t = 0; t < count; ++t) out.ids.push_back(ids[t]);
                 } else {
                     tokenize_chunk(c, n, true);
-                    const int32_t* made = out.ids.data() + first;
-                    if (!s.shared || !s.shared->put(next[k].key, made, out.ids.size() - first))
-                        cache.put(next[k].key, made, out.ids.size() - first);
+                    cache.put(next[k].key, out.ids.data() + first, out.ids.size() - first);
                 }
             } else if (n > ChunkCache::kMaxKey) {
                 tokenize_chunk(c, n, false);
@@ -345,15 +338,9 @@ std::string Tokenizer::normalize(std::string_view text) const {
     return std::string(n.data(), n.size());
 }
 
-std::shared_ptr<SharedChunks> Tokenizer::shared_chunks() {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (!shared_ || shared_->full()) shared_ = std::make_shared<SharedChunks>();
-    return shared_;
-}
 void Tokenizer::clear_cache() {
     // emptied in place: their memory stays mapped, so the next batch does not pay to map it again
     std::lock_guard<std::mutex> lock(cache_mu_);
-    shared_ = std::make_shared<SharedChunks>();  // made (and its pages touched) now, not by the next batch
     for (auto& c : caches_) {
         std::fill(c->words.slots.begin(), c->words.slots.end(), WordCache::Entry{});
         c->chunks.clear();
@@ -372,7 +359,6 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
     if (num_threads > 1 && n > 1) chunks = std::min(n, static_cast<size_t>(num_threads) * 8);
     out.resize(chunks);
     for (Rows& r : out) r.clear();
-    const std::shared_ptr<SharedChunks> shared = shared_chunks();
     parallel(chunks, num_threads, [&](size_t c) {
         const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
         ThreadCache* tc = take_cache();
@@ -382,13 +368,11 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
         s.split_words = in.split_words;
         s.cache = &tc->words;
         s.chunks = &tc->chunks;
-        s.shared = shared.get();
         s.texts = &tc->texts;
         struct Give {
             Tokenizer* t;
             ThreadCache* c;
             ~Give() {
-                c->scratch.shared = nullptr;  // the table may not outlive the batch
                 c->scratch.trim();
                 t->give_cache(c);
             }

@@ -14,7 +14,6 @@
 #include "normalizer.h"
 #include "post_processor.h"
 #include "pre_tokenizer.h"
-#include "shared_chunks.h"
 #include "text_cache.h"
 #include "thread_pool.h"
 #include "vocab.h"
@@ -56,7 +55,6 @@ class Tokenizer {
         Encoded a, b;
         WordCache* cache = nullptr;
         ChunkCache* chunks = nullptr;
-        SharedChunks* shared = nullptr;  // short chunks, shared by the batch's threads
         TextCache* texts = nullptr;
         // word tracking (offset paths only): each word's tokens get split_words ? its segment
         // index : a running count of pre-tokens and added tokens in the sequence
@@ -135,9 +133,6 @@ class Tokenizer {
     };
     ThreadCache* take_cache();
     void give_cache(ThreadCache* c);
-    // The shared chunk table for a new batch: a fresh one when there is none yet or it is full (a
-    // batch still running keeps the old one alive through its own reference).
-    std::shared_ptr<SharedChunks> shared_chunks();
     // encode_piece without offsets: through the text cache, then chunk by chunk through the chunk cache.
     void encode_cached(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
     // How far encode_chunks got: text bytes (up to a chunk end) and out.ids' size for them.
@@ -149,7 +144,6 @@ class Tokenizer {
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;
     std::vector<std::unique_ptr<ThreadCache>> caches_;  // idle word caches, one taken per running chunk
-    std::shared_ptr<SharedChunks> shared_;              // guarded by cache_mu_
     long pool_pid_ = 0;
     std::mutex pool_mu_;
 };

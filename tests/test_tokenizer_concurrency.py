@@ -57,10 +57,9 @@ def test_16_threads_overlapping_batches_equal_serial(model_dir, texts):
         assert g == w, f"job {j}: threaded result differs from serial ({jobs[j][2]})"
 
 
-def test_shared_word_table_replaced_while_batches_run(model_dir):
-    """The short-word table a tokenizer's threads share is written once per slot and replaced when
-    half full (2**15 words) or by clear_cache(). With more distinct words than that, four callers at
-    once and clear_cache() from a fifth thread meanwhile, every batch still equals transformers."""
+def test_clear_cache_while_batches_run(model_dir):
+    """More distinct words than the word caches hold (so they drop and refill during a batch), four
+    callers at once, and clear_cache() from a fifth thread meanwhile: every batch equals transformers."""
     from transformers import BertTokenizerFast
 
     rng = random.Random(3)
@@ -78,7 +77,7 @@ def test_shared_word_table_replaced_while_batches_run(model_dir):
         with ThreadPoolExecutor(4) as ex:
             return list(ex.map(lambda b: (tok(b)["input_ids"], tok(b)["input_ids"]), batches))
 
-    got = run_all()  # fills the table twice over: replaced at a batch's start
+    got = run_all()
     running = threading.Event()
     running.set()
 
