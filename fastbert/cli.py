@@ -36,6 +36,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastbert", description="fastbert: fast BERT-family encoders for PyTorch.")
@@ -76,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--pooling", choices=POOLINGS, default=None,
                         help="default: the checkpoint's sentence-transformers pooling")
     encode.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    encode.add_argument("--sort-window", type=_count, default=None, metavar="N",
+                        help="tokenize and sort by length N lines at a time, the next N while the model runs "
+                             "(default: fastbert.encoder.SORT_WINDOW; 0: the whole file first)")
     encode.add_argument("--truncate-dim", type=_positive_int, default=None, metavar="N",
                         help="keep the first N dimensions (Matryoshka), as sentence-transformers' truncate_dim")
     encode.add_argument("--precision", choices=PRECISIONS, default="float32",
@@ -214,7 +227,8 @@ def cmd_encode(parser, args) -> int:
     if args.precision in ("int8", "uint8") and len(lines) < 2:
         parser.error(f"--precision {args.precision}: needs at least 2 lines to compute the ranges")
     empty = sum(1 for line in lines if not line.strip())
-    vectors = encoder.encode(lines, batch_size=args.batch_size, pooling=args.pooling,
+    window = {} if args.sort_window is None else {"sort_window": args.sort_window}
+    vectors = encoder.encode(lines, batch_size=args.batch_size, pooling=args.pooling, **window,
                              show_progress_bar=True, convert_to_numpy=True, truncate_dim=args.truncate_dim,
                              precision=args.precision, prompt=args.prompt, prompt_name=args.prompt_name)
     vectors = np.asarray(vectors)

@@ -103,6 +103,19 @@ def test_encode_matches_encoder_line_for_line(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+def test_encode_sort_window_keeps_the_vectors_and_their_order(tmp_path):
+    import fastbert
+
+    lines = [f"line {i}: " + "word " * (i * 7 % 23) for i in range(11)]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    want = fastbert.Encoder.from_pretrained(MODEL_DIR).encode(lines, batch_size=2, sort_window=None)
+    for window in ("0", "3", "100"):  # whole file, windows that do not divide 11, one window
+        out = tmp_path / f"w{window}.npy"
+        assert main(["encode", str(src), "-o", str(out), "--batch-size", "2", "--sort-window", window]) == 0
+        np.testing.assert_allclose(np.load(out), want, atol=1e-5, rtol=0, err_msg=f"--sort-window {window}")
+
+
 def test_encode_pooling_option_changes_the_vectors(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("first line\nsecond line, a bit longer\n", encoding="utf-8")
@@ -190,6 +203,7 @@ def test_encode_option_errors_exit_2(tmp_path, capsys):
     out = str(tmp_path / "o.npy")
     for args, needle in ((["--prompt-name", "nope"], "nope"), (["--truncate-dim", "999"], "999"),
                          (["--precision", "int8"], "at least 2 lines"), (["--precision", "int4"], "int4"),
-                         (["--prompt", "a", "--prompt-name", "query"], "not allowed with")):
+                         (["--prompt", "a", "--prompt-name", "query"], "not allowed with"),
+                         (["--sort-window", "-1"], "non-negative"), (["--sort-window", "x"], "'x'")):
         code, err = _exit_code_and_stderr(capsys, ["encode", str(src), "-o", out, *args])
         assert code == 2 and needle in err, (args, err)
