@@ -21,6 +21,8 @@ Rows:
    medians (the subprocess rows run one after the other, so load from other processes can tilt them).
 4. batch: a padded batch (`--batch` B x L, random lengths in [L/8, L], seed 0), fastbert vs transformers
    in one process, interleaved, median of `--repeats` (x3) forwards each.
+5. train_batch: one training step on that batch (sequence classification: forward, backward, AdamW),
+   transformers vs fastbert.optimize() of the same model, interleaved, median of `--repeats` (x3) steps.
 Outputs are compared (max abs diff on real tokens) so the figures are for equal work.
 GPU rows (fp16 on CUDA: the Triton kernel in the model vs transformers, the attention vs compiled
 FlexAttention, flashdeberta if installed) run only where CUDA is present; elsewhere they are written as
@@ -192,14 +194,19 @@ def interleaved_rows(args) -> list:
     return rows
 
 
-def batch_row(args) -> dict:
-    """Padded batch, both peers in this process, interleaved; medians."""
-    b, n = (int(x) for x in args.batch.split("x"))
-    hf, fast = build(args.layers)
+def padded_batch(spec: str):
+    """(lengths, input_ids, attention_mask) of a B x L batch, random lengths in [L/8, L], seed 0."""
+    b, n = (int(x) for x in spec.split("x"))
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(n // 8, n + 1, (b,), generator=g)
     ids = torch.randint(5, 128000, (b, n), generator=g)
-    mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    return lengths, ids, (torch.arange(n)[None] < lengths[:, None]).long()
+
+
+def batch_row(args) -> dict:
+    """Padded batch, both peers in this process, interleaved; medians."""
+    hf, fast = build(args.layers)
+    lengths, ids, mask = padded_batch(args.batch)
     real = mask.bool()
     with torch.inference_mode():
         outs = [m(input_ids=ids, attention_mask=mask).last_hidden_state for m in (hf, fast)]   # warm-up
@@ -213,6 +220,42 @@ def batch_row(args) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"row": "batch", "batch": args.batch, "lengths": lengths.tolist(), "layers": args.layers,
             "max_abs_diff": diff, "median_seconds": med,
+            "speedup_vs_transformers": med["transformers_eager"] / med["fastbert"]}
+
+
+def train_row(args) -> dict:
+    """One training step on the padded batch (sequence classification, 2 labels: forward, backward,
+    AdamW), transformers' DeBERTa-v2 vs fastbert.optimize() of an identical copy, interleaved; medians.
+    The first step's logits are compared (same weights, dropout 0)."""
+    import transformers
+
+    import fastbert
+    torch.manual_seed(0)
+    config = hf_config(args.layers)
+    config.num_labels = 2
+    hf = transformers.DebertaV2ForSequenceClassification(config)
+    fast = fastbert.optimize(transformers.DebertaV2ForSequenceClassification(config))
+    fast.load_state_dict(hf.state_dict(), strict=True)
+    lengths, ids, mask = padded_batch(args.batch)
+    labels = torch.arange(len(lengths)) % 2
+    peers = {"transformers_eager": hf.train(), "fastbert": fast.train()}
+    optims = {name: torch.optim.AdamW(m.parameters(), lr=1e-5) for name, m in peers.items()}
+    times, first_logits = {name: [] for name in peers}, {}
+    for step in range(3 * args.repeats + 1):                    # step 0: the warm-up, not timed
+        for name, m in peers.items():
+            t0 = time.perf_counter()
+            out = m(input_ids=ids, attention_mask=mask, labels=labels)
+            out.loss.backward()
+            optims[name].step()
+            optims[name].zero_grad()
+            if step:
+                times[name].append(time.perf_counter() - t0)
+            else:
+                first_logits[name] = out.logits.detach()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"row": "train_batch", "batch": args.batch, "lengths": lengths.tolist(), "layers": args.layers,
+            "logits_max_abs_diff": (first_logits["fastbert"] - first_logits["transformers_eager"]).abs().max().item(),
+            "median_seconds": med,
             "speedup_vs_transformers": med["transformers_eager"] / med["fastbert"]}
 
 
@@ -288,6 +331,8 @@ def main():
     print(rows[-2], rows[-1], sep="\n", flush=True)
     rows.append(batch_row(args))
     print(rows[-1], flush=True)
+    rows.append(train_row(args))
+    print(rows[-1], flush=True)
     skipped = []
     if torch.cuda.is_available():
         rows.extend(gpu_rows(args))
@@ -320,6 +365,11 @@ def main():
     if b:
         print(f"padded batch {b['batch']}: speedup vs transformers {b['speedup_vs_transformers']:.2f}x "
               f"(medians {b['median_seconds']})")
+    t = next((r for r in rows if r["row"] == "train_batch"), None)
+    if t:
+        print(f"training step, padded batch {t['batch']}: speedup vs transformers "
+              f"{t['speedup_vs_transformers']:.2f}x (medians {t['median_seconds']}; first-step logits max abs diff "
+              f"{t['logits_max_abs_diff']:.1e})")
     out = args.out or os.path.join(HERE, "results", f"relative-attention-cpu-"
                                                     f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}.json")
     with open(out, "w") as fh:
