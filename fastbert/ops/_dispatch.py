@@ -64,3 +64,8 @@ def draw_seed(device, generator=None) -> torch.Tensor:
     gen_device = generator.device if generator is not None else device
     seed = torch.randint(0, 2**31 - 1, (1,), generator=generator, device=gen_device, dtype=torch.int64)
     return seed.to(device)
+
+
+def dropout_seed(dropout_p: float, device, generator=None):
+    """draw_seed when the kernel drops attention probabilities (dropout_p > 0), else None."""
+    return draw_seed(device, generator) if dropout_p > 0 else None

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.library import triton_op
 
-from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, use_triton
+from fastbert.ops._dispatch import dropout_seed, records_grad, run_kernel, use_triton
 
 MAX_HEAD_DIM = 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -407,11 +407,6 @@ _varlen_attention_op.register_autograd(_backward(torch.ops.fastbert.varlen_atten
                                        setup_context=_setup_context(2))
 
 
-def _seed(dropout_p, generator, device) -> Optional[torch.Tensor]:
-    """The kernel's (1,) int64 seed tensor on `device`; None without dropout."""
-    return draw_seed(device, generator) if dropout_p > 0 else None
-
-
 def _use_kernel(backend, q, k, v) -> bool:
     triton_path = use_triton(backend, q, k, v)
     if triton_path and q.dtype == torch.float64:
@@ -433,7 +428,7 @@ def attention(q, k, v, attention_mask=None, *, scale: Optional[float] = None, ba
     if _use_kernel(backend, q, k, v):
         key_mask = None if attention_mask is None else (attention_mask != 0).to(torch.int8)
         return torch.ops.fastbert.attention(q, k, v, key_mask, scale, float(dropout_p),
-                                            _seed(dropout_p, generator, q.device), records_grad(q, k, v),
+                                            dropout_seed(dropout_p, q.device, generator), records_grad(q, k, v),
                                             not q.is_cuda)[0]
     return attention_ref(q, k, v, attention_mask, scale, dropout_p=dropout_p, generator=generator)
 
@@ -478,7 +473,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
     if _use_kernel(backend, q, k, v):
         window_args = () if window is None else (window, None if positions is None else positions.contiguous())
         return torch.ops.fastbert.varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), scale, float(dropout_p),
-                                                   _seed(dropout_p, generator, q.device),
+                                                   dropout_seed(dropout_p, q.device, generator),
                                                    records_grad(q, k, v), not q.is_cuda, *window_args)[0]
     if window is not None:
         from fastbert.ops.sliding_window import sliding_window_attention_ref   # it imports this module

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.library import triton_op
 
-from fastbert.ops._dispatch import draw_seed, run_kernel
+from fastbert.ops._dispatch import dropout_seed, run_kernel
 from fastbert.ops.attention import _use_kernel
 
 
@@ -457,11 +457,6 @@ def _held(distances: Optional[DistanceTable], q) -> Optional[DistanceTable]:
     return distances
 
 
-def _seed(dropout_p, device) -> Optional[torch.Tensor]:
-    """The kernel's (1,) int64 dropout seed, drawn on `device` from torch's generator; None without dropout."""
-    return draw_seed(device) if dropout_p > 0 else None
-
-
 def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, table, *, num_buckets: int = 32,
                             max_distance: int = 128, scale: Optional[float] = None, dropout_p: float = 0.0,
                             backend: str = "auto", distances: Optional[DistanceTable] = None):
@@ -480,7 +475,7 @@ def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, tab
     if _use_kernel(backend, q, k, v):
         return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
                                                      None, None, None, bias.float().contiguous(), radius, scale,
-                                                     float(dropout_p), _seed(dropout_p, q.device), not q.is_cuda)[0]
+                                                     float(dropout_p), dropout_seed(dropout_p, q.device), not q.is_cuda)[0]
     return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p, bias=bias,
                     radius=radius)
 
@@ -510,6 +505,6 @@ def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_
         p2c = product(k, pos_query) if pos_query is not None else None
         return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, int(max_seqlen), positions.to(torch.int32),
                                                      c2p, p2c, lut, None, radius, scale, float(dropout_p),
-                                                     _seed(dropout_p, q.device), not q.is_cuda)[0]
+                                                     dropout_seed(dropout_p, q.device), not q.is_cuda)[0]
     return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p,
                     pos_key=pos_key, pos_query=pos_query, lut=lut, radius=radius)
