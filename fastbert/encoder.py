@@ -30,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
