@@ -1,6 +1,33 @@
 #include "thread_pool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace fastbert {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#else
+    std::this_thread::yield();
+#endif
+}
+
+// Spins until done() or the time is up; true when done().
+template <class Done>
+bool spin_until(Done done, std::chrono::microseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    for (unsigned i = 1;; ++i) {
+        if (done()) return true;
+        if (i % 64 == 0 && std::chrono::steady_clock::now() > end) return false;
+        cpu_relax();
+    }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
     try {
@@ -48,6 +75,7 @@ void ThreadPool::drain() {
 void ThreadPool::worker_loop() {
     size_t seen = 0;
     for (;;) {
+        spin_until([&] { return stop_.load() || generation_.load() != seen; }, kIdleSpin);
         {
             std::unique_lock<std::mutex> lock(mu_);
             wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -79,10 +107,12 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn) {
     }
     wake_.notify_all();
     drain();
+    auto all_done = [&] { return finished_.load() == n_tasks && active_.load() == 0; };
+    spin_until(all_done, kJoinSpin);
     std::exception_ptr err;
     {
         std::unique_lock<std::mutex> lock(mu_);
-        done_.wait(lock, [&] { return finished_ == n_tasks_ && active_ == 0; });
+        done_.wait(lock, all_done);
         err = error_;
         fn_ = nullptr;
     }

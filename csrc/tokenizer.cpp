@@ -349,18 +349,44 @@ void Tokenizer::clear_cache() {
 }
 
 
+std::vector<size_t> Tokenizer::chunk_bounds(const BatchInput& in, int num_threads) {
+    const size_t n = in.size();
+    if (num_threads <= 1 || n <= 1) return {0, n};
+    // Guided chunks: each takes a 1/(2 * threads) share of the text still left, by bytes, so the
+    // first ones are large (few hand-offs) and the last ones small (threads finish together).
+    auto bytes = [&](size_t i) {
+        size_t b = 0;
+        for (uint32_t k = in.a[i]; k < in.a[i + 1]; ++k) b += in.segs[k].size();
+        if (in.has_pair(i))
+            for (uint32_t k = in.b[i]; k < in.b[i + 1]; ++k) b += in.segs[k].size();
+        return b + 16;  // an item costs something even when empty
+    };
+    size_t left = 0;
+    for (size_t i = 0; i < n; ++i) left += bytes(i);
+    const size_t share = 2 * static_cast<size_t>(num_threads);
+    std::vector<size_t> bounds{0};
+    size_t i = 0;
+    while (i < n) {
+        const size_t target = std::max(left / share, kMinChunkBytes);
+        size_t taken = 0;
+        while (i < n && taken < target) taken += bytes(i++);
+        left -= taken;
+        bounds.push_back(i);
+    }
+    return bounds;
+}
+
 void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out) {
     opts.validate();
     const PostConfig cfg = opts.post(template_);
     const int num_threads = opts.num_threads;
-    const size_t n = in.size();
     const bool pair = !in.b.empty();
-    size_t chunks = 1;
-    if (num_threads > 1 && n > 1) chunks = std::min(n, static_cast<size_t>(num_threads) * 8);
+    const std::vector<size_t> bounds = chunk_bounds(in, num_threads);
+    const size_t chunks = bounds.size() - 1;
     out.resize(chunks);
     for (Rows& r : out) r.clear();
     parallel(chunks, num_threads, [&](size_t c) {
-        const size_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+        const size_t begin = bounds[c], end = bounds[c + 1];
         ThreadCache* tc = take_cache();
         // kept with the caches: its buffers are reused, not allocated again, by the next batch
         Scratch& s = tc->scratch;

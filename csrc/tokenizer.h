@@ -140,6 +140,9 @@ class Tokenizer {
         size_t bytes, ids;
     };
     Progress encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
+    // encode_batch's tasks: item ranges [bounds[c], bounds[c + 1]), one Rows each.
+    static constexpr size_t kMinChunkBytes = 4096;  // about 10 us of new text
+    static std::vector<size_t> chunk_bounds(const BatchInput& in, int num_threads);
 
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;

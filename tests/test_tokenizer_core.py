@@ -212,6 +212,24 @@ def test_threads_agree_with_serial(model_dir):
     assert not errors and all(r == ref for r in results)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_uneven_batches_agree_with_serial(model_dir, threads):
+    # the batch is cut into chunks by bytes, large first: one long text among short and empty ones,
+    # pairs and overflow rows must come back in input order, as on one thread
+    long_text = " ".join(TEXTS) * 60
+    texts = ["", long_text] + [t * (i % 7) for i, t in enumerate(TEXTS * 30)] + [long_text, ""]
+    pairs = [TEXTS[i % len(TEXTS)] for i in range(len(texts))]
+    serial = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1)
+    par = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
+    for kwargs in ({}, {"text_pair": pairs, "truncation": True, "max_length": 48, "stride": 8,
+                        "return_overflowing_tokens": True}):
+        ref = serial(texts, return_offsets_mapping=True, **kwargs)
+        assert len(ref["input_ids"]) >= len(texts)
+        assert par(texts, return_offsets_mapping=True, **kwargs) == ref
+        assert par(texts, padding=True, return_tensors="np", **kwargs)["input_ids"].tolist() == \
+            serial(texts, padding=True, return_tensors="np", **kwargs)["input_ids"].tolist()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_pool_survives_fork(model_dir):
     tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
