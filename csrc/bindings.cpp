@@ -11,6 +11,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -160,11 +161,28 @@ struct PendingText {
 
 // The UTF-8 form of a str's characters (PyUnicode kind 1, 2 or 4), into out;
 // false at a surrogate code point, which UTF-8 cannot hold (Python's encoder raises there).
-bool encode_utf8(int kind, const void* data, size_t n, std::string& out) {
-    out.resize(n * (kind == PyUnicode_1BYTE_KIND ? 2 : kind == PyUnicode_2BYTE_KIND ? 3 : 4));
+// One loop per kind (no kind switch per character), ASCII copied a word at a time.
+template <class Unit>
+bool encode_utf8_units(const Unit* s, size_t n, std::string& out) {
+    out.resize(n * (sizeof(Unit) == 1 ? 2 : sizeof(Unit) == 2 ? 3 : 4));
     char* w = &out[0];
-    for (size_t i = 0; i < n; ++i) {
-        const uint32_t c = PyUnicode_READ(kind, data, i);
+    constexpr size_t kPerWord = 8 / sizeof(Unit);
+    constexpr uint64_t kNotAscii = sizeof(Unit) == 1   ? 0x8080808080808080ull
+                                   : sizeof(Unit) == 2 ? 0xFF80FF80FF80FF80ull
+                                                       : 0xFFFFFF80FFFFFF80ull;
+    size_t i = 0;
+    while (i < n) {
+        if (i + kPerWord <= n) {
+            uint64_t word;
+            std::memcpy(&word, s + i, 8);
+            if (!(word & kNotAscii)) {
+                for (size_t k = 0; k < kPerWord; ++k) w[k] = static_cast<char>(s[i + k]);
+                w += kPerWord;
+                i += kPerWord;
+                continue;
+            }
+        }
+        const uint32_t c = s[i++];
         if (c < 0x80) {
             *w++ = static_cast<char>(c);
         } else if (c < 0x800) {
@@ -184,6 +202,14 @@ bool encode_utf8(int kind, const void* data, size_t n, std::string& out) {
     }
     out.resize(static_cast<size_t>(w - out.data()));
     return true;
+}
+
+bool encode_utf8(int kind, const void* data, size_t n, std::string& out) {
+    switch (kind) {
+        case PyUnicode_1BYTE_KIND: return encode_utf8_units(static_cast<const Py_UCS1*>(data), n, out);
+        case PyUnicode_2BYTE_KIND: return encode_utf8_units(static_cast<const Py_UCS2*>(data), n, out);
+        default: return encode_utf8_units(static_cast<const Py_UCS4*>(data), n, out);
+    }
 }
 
 // A Python-owned tokenizer: the C++ tokenizer plus cached Python ints for building lists.

@@ -140,3 +140,17 @@ def test_text_target(tok, hf):
         tok(LINES[:3], text_pair_target=LINES[:3])
     with pytest.raises(ValueError, match="text_target"):
         tok()
+
+
+@pytest.mark.parametrize("wide", ["é", "ü", "\u2019", "\u4e2d", "\U0001f600"], ids=["latin1", "latin1b", "bmp", "cjk", "astral"])
+def test_utf8_conversion_around_ascii_runs(tok, hf, wide):
+    # str objects of each kind without a cached UTF-8 form are converted in C++, ASCII a machine word
+    # at a time: non-ASCII characters at every offset around a word, between runs of every length
+    texts = ["".join(("abcdefghijklmnopq"[:k] + wide) * r) + " end" for k in range(18) for r in (1, 2, 3)]
+    texts += [wide * k + "x" * (17 - k) for k in range(18)]
+    want = hf(texts, return_offsets_mapping=True)
+    got = tok(texts, return_offsets_mapping=True)
+    assert got["input_ids"] == want["input_ids"]
+    assert [list(map(tuple, r)) for r in got["offset_mapping"]] == [list(map(tuple, r)) for r in want["offset_mapping"]]
+    with pytest.raises(ValueError, match="character 10;"):
+        tok(["ok", "abcdefghi" + wide + "\ud800 tail"])
