@@ -7,8 +7,8 @@ namespace fastbert {
 
 namespace {
 
-// Below this many list cells a batch is filled on the calling thread with one Py_INCREF per
-// cell; above it, on the pool without the GIL, counting references per distinct int instead.
+// Below this many list cells a batch is filled on the calling thread, the table lending a
+// reference per cell; above it, on the pool without the GIL, counting references per distinct int.
 constexpr size_t kThreadedCells = size_t{1} << 14;
 
 PyObject* new_list(size_t n) {
@@ -27,15 +27,20 @@ void add_refs(PyObject* o, uint64_t n) {
 #endif
 }
 
-// References taken now (the serial path).
-struct Incref {
-    PyObject* zero;
-    PyObject* one;
+// References lent by the table (the serial path, with the GIL).
+struct Lend {
+    IntTable& ints;
     PyObject* pad;
-    PyObject* id(PyObject* o, int32_t) { return Py_INCREF(o), o; }
-    PyObject* take_zero() { return Py_INCREF(zero), zero; }
-    PyObject* take_one() { return Py_INCREF(one), one; }
-    PyObject* take_pad() { return Py_INCREF(pad), pad; }
+    bool pad_in_table;
+    size_t pad_id;
+    PyObject* id(PyObject*, int32_t i) { return ints.lend(static_cast<size_t>(i)); }
+    PyObject* take_zero() { return ints.lend(0); }
+    PyObject* take_one() { return ints.lend(1); }
+    PyObject* take_pad() {
+        if (pad_in_table) return ints.lend(pad_id);
+        Py_INCREF(pad);
+        return pad;
+    }
 };
 
 // References counted, added later under the GIL (the threaded path): no write to a shared int object.
@@ -90,30 +95,47 @@ void fill_chunk(const Rows& rs, size_t k0, size_t width, const EncodeOptions& o,
 
 }  // namespace
 
+void IntTable::settle(Entry& e) {
+    add_refs(e.obj, e.lent);
+    e.lent = 0;
+}
+
+void IntTable::add_lent(size_t v, uint64_t n) {
+    Entry& e = table_[v];
+    e.lent += n;
+    if (e.lent >= kSettleAt) settle(e);
+}
+
 IntTable::IntTable(size_t n) {
-    ints_.reserve(n);
+    table_.reserve(n);
     for (size_t i = 0; i < n; ++i) {
         PyObject* v = PyLong_FromSize_t(i);
         if (!v) break;
-        ints_.push_back(v);
+        table_.push_back(Entry{v, 0});
     }
-    if (ints_.size() == n && n) zero_pair_ = PyTuple_Pack(2, ints_[0], ints_[0]);
+    if (table_.size() == n && n) zero_pair_ = PyTuple_Pack(2, table_[0].obj, table_[0].obj);
     if (!zero_pair_) {  // a constructor that throws runs no destructor: drop what was made
-        for (PyObject* v : ints_) Py_DECREF(v);
-        ints_.clear();
+        for (Entry& e : table_) Py_DECREF(e.obj);
+        table_.clear();
         throw PythonError();
     }
+    // 3.12+: Py_SET_REFCNT leaves immortal objects (the small ints) alone, here and in ~IntTable
+    for (Entry& e : table_) Py_SET_REFCNT(e.obj, Py_REFCNT(e.obj) + kBias);
 }
 
 IntTable::~IntTable() {
     Py_XDECREF(zero_pair_);
-    for (PyObject* v : ints_) Py_DECREF(v);
+    for (Entry& e : table_) {
+        settle(e);  // every lent reference counted: the count is exact once the bias is gone
+        Py_SET_REFCNT(e.obj, Py_REFCNT(e.obj) - kBias);
+        Py_DECREF(e.obj);
+    }
 }
 
 PyObject* IntTable::new_ref(size_t v) const {
-    if (v < ints_.size()) {
-        Py_INCREF(ints_[v]);
-        return ints_[v];
+    if (v < table_.size()) {
+        Py_INCREF(table_[v].obj);
+        return table_[v].obj;
     }
     PyObject* o = PyLong_FromSize_t(v);
     if (!o) throw PythonError();
@@ -129,7 +151,7 @@ RowLists::~RowLists() {
     Py_XDECREF(words);
 }
 
-void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const IntTable& ints,
+void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, IntTable& ints,
                  const ParallelFor& run, const std::function<void(const std::function<void()>&)>& without_gil,
                  RowLists& out) {
     const size_t total = layout.rows;
@@ -149,6 +171,8 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
     };
     PyObject* pad = ints.new_ref(static_cast<size_t>(o.pad_id));
     Drop drop_pad{pad};
+    const size_t pad_id = static_cast<size_t>(o.pad_id);
+    const bool pad_in_table = pad_id < ints.size();
 
     // 1. Every row list, with the GIL: ints rows empty (filled in 2.), offsets and words complete.
     // Row lists hold only ints (or tuples of ints): they can never be part of a reference cycle,
@@ -206,7 +230,7 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
     // hold borrowed pointers to IntTable's ints (alive as long as the tokenizer) until step 3.
     const std::vector<size_t> first = first_rows(rows);
     if (cells < kThreadedCells || o.num_threads <= 1 || rows.size() < 2 || layout.tokens >= UINT32_MAX) {
-        Incref refs{zero, one, pad};
+        Lend refs{ints, pad, pad_in_table, pad_id};
         for (size_t c = 0; c < rows.size(); ++c) fill_chunk(rows[c], first[c], width, o, ints, out, refs);
         return;
     }
@@ -220,12 +244,13 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
                 fill_chunk(rows[c], first[c], width, o, ints, out, refs);
         });
     });
-    // 3. The references, once per distinct int and task (with the GIL again).
+    // 3. The references, lent once per distinct int and task (with the GIL again).
     for (const Count& c : counts) {
-        for (int32_t i : c.touched) add_refs(ints.borrowed(static_cast<size_t>(i)), c.ids[static_cast<size_t>(i)]);
-        add_refs(zero, c.zeros);
-        add_refs(one, c.ones);
-        add_refs(pad, c.pads);
+        for (int32_t i : c.touched) ints.add_lent(static_cast<size_t>(i), c.ids[static_cast<size_t>(i)]);
+        ints.add_lent(0, c.zeros);
+        ints.add_lent(1, c.ones);
+        if (pad_in_table) ints.add_lent(pad_id, c.pads);
+        else add_refs(pad, c.pads);
     }
 }
 

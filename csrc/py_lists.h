@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "encode_options.h"
@@ -16,21 +17,48 @@ namespace fastbert {
 // A Python error is set; the caller raises it (py::error_already_set).
 struct PythonError {};
 
-// PyLong objects for 0..n-1, made once per tokenizer: a list item is then a pointer store and a
-// reference count, never a new int object (CPython caches only -5..256).
+// PyLong objects for 0..n-1, made once per tokenizer: a list item is then a pointer store, never
+// a new int object (CPython caches only -5..256).
+//
+// A reference per list item would also write to that int's reference count: one write, in memory
+// scattered over the whole table, for every id in a batch's lists. Instead each int's count holds
+// a fixed bias (kBias, as CPython's immortal objects do), and the table counts the references it
+// lends beside the pointer to the int. A lent count is added to the int's own count when it
+// reaches kSettleAt and when the table dies, so an int's count never drops below kBias - kSettleAt
+// while the table lives, and is exact again once it is gone. All of it with the GIL held.
 class IntTable {
  public:
     explicit IntTable(size_t n);
     ~IntTable();
     IntTable(const IntTable&) = delete;
     IntTable& operator=(const IntTable&) = delete;
-    size_t size() const { return ints_.size(); }
-    PyObject* borrowed(size_t v) const { return ints_[v]; }  // v < size()
-    PyObject* new_ref(size_t v) const;                        // any v
-    PyObject* zero_pair() const { return zero_pair_; }        // (0, 0): the offsets of special tokens
+    size_t size() const { return table_.size(); }
+    PyObject* borrowed(size_t v) const { return table_[v].obj; }  // v < size()
+    // A reference for a list item, v < size().
+    PyObject* lend(size_t v) {
+        Entry& e = table_[v];
+        if (++e.lent >= kSettleAt) settle(e);
+        return e.obj;
+    }
+    void add_lent(size_t v, uint64_t n);  // n references made without the GIL (v < size())
+    PyObject* new_ref(size_t v) const;    // any v, a reference counted in the int itself
+    PyObject* zero_pair() const { return zero_pair_; }  // (0, 0): the offsets of special tokens
 
  private:
-    std::vector<PyObject*> ints_;
+#if defined(Py_GIL_DISABLED)
+    // split reference counts, no field to bias: every reference is counted at once
+    static constexpr Py_ssize_t kBias = 0;
+    static constexpr uint64_t kSettleAt = 1;
+#else
+    static constexpr Py_ssize_t kBias = Py_ssize_t{1} << 30;  // below 2**31: mortal for 3.12+ too
+    static constexpr uint64_t kSettleAt = uint64_t{1} << 24;
+#endif
+    struct Entry {
+        PyObject* obj;
+        uint64_t lent;  // references lent and not yet added to obj's count
+    };
+    static void settle(Entry& e);
+    std::vector<Entry> table_;
     PyObject* zero_pair_ = nullptr;
 };
 
@@ -47,7 +75,7 @@ struct RowLists {
 
 // Builds the rows as lists, padded to layout.width when the options pad. Throws PythonError.
 // without_gil runs a function with the GIL released (bindings.cpp's helper).
-void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const IntTable& ints,
+void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, IntTable& ints,
                  const ParallelFor& run, const std::function<void(const std::function<void()>&)>& without_gil,
                  RowLists& out);
 

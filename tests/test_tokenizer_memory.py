@@ -146,3 +146,33 @@ def test_vocabulary_table_is_on_huge_pages(model_dir):
             if "[never]" in f.read():
                 pytest.skip("transparent huge pages: defrag is 'never', so none may be available")
     assert added_kb >= 4096, f"only {added_kb} kB of huge pages after loading a tokenizer"
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["serial", "threaded"])
+def test_list_references_are_exact_once_the_tokenizer_is_gone(model_dir, threads):
+    # List items are ints the tokenizer made once, lent with a bias on their reference count
+    # instead of a reference each (py_lists.h): the lists must own a real reference when they
+    # outlive the tokenizer, and every count must be exact once the tokenizer is gone.
+    import sys
+
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
+    texts = [f"the hippopotamus number {i} went to the river again" for i in range(3000)]  # > 16k cells
+    ids = tok(texts)["input_ids"]
+    word = tok.convert_tokens_to_ids("river")
+    assert word > 256  # not one of CPython's small ints, whose counts are shared
+    item = next(v for v in ids[0] if v == word)
+    occurrences = sum(row.count(word) for row in ids)
+    assert occurrences == len(texts)
+    before = sys.getrefcount(item)
+    half = ids[: len(ids) // 2]
+    del ids  # half of the rows die with their references
+    gc.collect()
+    assert before - sys.getrefcount(item) == occurrences - len(half)
+    del tok
+    gc.collect()
+    # the tokenizer's own reference and its bias are gone: what is left is exactly `item`, the rows
+    # in `half` and getrefcount's argument
+    assert sys.getrefcount(item) == 2 + len(half)
+    del half
+    gc.collect()
+    assert sys.getrefcount(item) == 2
