@@ -372,7 +372,7 @@ class PyTokenizer {
             without_gil([&] { fill_padded(rows, layout, o, po, run); });
             clock.mark(stage_ns_, kOutputThreads);
         } else {
-            lists(rows, layout, o, run, out, clock);
+            lists(rows, layout, o, out);
         }
         clock.mark(stage_ns_, kOutputGil);
         if (o.length) {
@@ -488,20 +488,13 @@ class PyTokenizer {
         out[keys_.max_seqlen] = int_obj(layout.widest);
     }
 
-    void lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const ParallelFor& run,
-               py::dict& out, StageClock& clock) {
+    void lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, py::dict& out) {
         // Thousands of new lists would trigger the cyclic GC again and again while we build
         // them; none of them can be part of a cycle, so pause it for the duration.
         GcPause pause;
         RowLists l;
         try {
-            build_lists(rows, layout, o, *ints_, run,
-                        [&](const std::function<void()>& f) {
-                            clock.mark(stage_ns_, kOutputGil);
-                            without_gil(f);
-                            clock.mark(stage_ns_, kOutputThreads);
-                        },
-                        l);
+            build_lists(rows, layout, o, *ints_, l);
         } catch (const PythonError&) {
             throw py::error_already_set();
         }

@@ -7,10 +7,6 @@ namespace fastbert {
 
 namespace {
 
-// Below this many list cells a batch is filled on the calling thread, the table lending a
-// reference per cell; above it, on the pool without the GIL, counting references per distinct int.
-constexpr size_t kThreadedCells = size_t{1} << 14;
-
 PyObject* new_list(size_t n) {
     PyObject* l = PyList_New(static_cast<Py_ssize_t>(n));
     if (!l) throw PythonError();
@@ -43,24 +39,6 @@ struct Lend {
     }
 };
 
-// References counted, added later under the GIL (the threaded path): no write to a shared int object.
-struct Count {
-    PyObject* zero;
-    PyObject* one;
-    PyObject* pad;
-    std::vector<uint32_t> ids;      // per id
-    std::vector<int32_t> touched;   // the ids counted at least once: step 3 visits only these, not
-                                    // every int of the table (65,536 refcounts in cold memory)
-    uint64_t zeros = 0, ones = 0, pads = 0;
-    PyObject* id(PyObject* o, int32_t i) {
-        if (!ids[static_cast<size_t>(i)]++) touched.push_back(i);
-        return o;
-    }
-    PyObject* take_zero() { return ++zeros, zero; }
-    PyObject* take_one() { return ++ones, one; }
-    PyObject* take_pad() { return ++pads, pad; }
-};
-
 struct Geometry {
     size_t len, s0, w, lo;
 };
@@ -70,27 +48,24 @@ inline Geometry geometry(const Rows& rs, size_t r, size_t width, bool pad_left) 
     return Geometry{len, rs.start[r], w, pad_left ? w - len : 0};
 }
 
-// Writes the int rows of chunk c (their lists exist, items unset).
+// Writes the int lists of row r of rs, output row k (the lists exist, their items unset).
 template <class Refs>
-void fill_chunk(const Rows& rs, size_t k0, size_t width, const EncodeOptions& o, const IntTable& ints,
-                const RowLists& out, Refs& refs) {
-    for (size_t r = 0; r < rs.rows(); ++r) {
-        const Geometry g = geometry(rs, r, width, o.pad_left);
-        const Py_ssize_t k = static_cast<Py_ssize_t>(k0 + r);
-        auto fill = [&](PyObject* outer, auto pad, auto value) {
-            PyObject* l = PyList_GET_ITEM(outer, k);
-            for (size_t t = 0; t < g.w; ++t)
-                PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t),
-                                (t >= g.lo && t < g.lo + g.len) ? value(g.s0 + t - g.lo) : pad());
-        };
-        auto pad_v = [&] { return refs.take_pad(); };
-        auto zero_v = [&] { return refs.take_zero(); };
-        auto one_v = [&] { return refs.take_one(); };
-        fill(out.ids, pad_v, [&](size_t i) { return refs.id(ints.borrowed(static_cast<size_t>(rs.ids[i])), rs.ids[i]); });
-        if (out.type_ids) fill(out.type_ids, zero_v, [&](size_t i) { return rs.type_ids[i] ? one_v() : zero_v(); });
-        if (out.attention) fill(out.attention, zero_v, [&](size_t) { return one_v(); });
-        if (out.special) fill(out.special, one_v, [&](size_t i) { return rs.special[i] ? one_v() : zero_v(); });
-    }
+void fill_row(const Rows& rs, size_t r, size_t k, size_t width, const EncodeOptions& o, const IntTable& ints,
+              const RowLists& out, Refs& refs) {
+    const Geometry g = geometry(rs, r, width, o.pad_left);
+    auto fill = [&](PyObject* outer, auto pad, auto value) {
+        PyObject* l = PyList_GET_ITEM(outer, static_cast<Py_ssize_t>(k));
+        for (size_t t = 0; t < g.w; ++t)
+            PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t),
+                            (t >= g.lo && t < g.lo + g.len) ? value(g.s0 + t - g.lo) : pad());
+    };
+    auto pad_v = [&] { return refs.take_pad(); };
+    auto zero_v = [&] { return refs.take_zero(); };
+    auto one_v = [&] { return refs.take_one(); };
+    fill(out.ids, pad_v, [&](size_t i) { return refs.id(ints.borrowed(static_cast<size_t>(rs.ids[i])), rs.ids[i]); });
+    if (out.type_ids) fill(out.type_ids, zero_v, [&](size_t i) { return rs.type_ids[i] ? one_v() : zero_v(); });
+    if (out.attention) fill(out.attention, zero_v, [&](size_t) { return one_v(); });
+    if (out.special) fill(out.special, one_v, [&](size_t i) { return rs.special[i] ? one_v() : zero_v(); });
 }
 
 }  // namespace
@@ -98,12 +73,6 @@ void fill_chunk(const Rows& rs, size_t k0, size_t width, const EncodeOptions& o,
 void IntTable::settle(Entry& e) {
     add_refs(e.obj, e.lent);
     e.lent = 0;
-}
-
-void IntTable::add_lent(size_t v, uint64_t n) {
-    Entry& e = table_[v];
-    e.lent += n;
-    if (e.lent >= kSettleAt) settle(e);
 }
 
 IntTable::IntTable(size_t n) {
@@ -152,7 +121,6 @@ RowLists::~RowLists() {
 }
 
 void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, IntTable& ints,
-                 const ParallelFor& run, const std::function<void(const std::function<void()>&)>& without_gil,
                  RowLists& out) {
     const size_t total = layout.rows;
     const size_t width = o.padding != Padding::kNone ? layout.width : 0;
@@ -162,8 +130,6 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
     if (o.special_tokens_mask) out.special = new_list(total);
     if (o.offsets) out.offsets = new_list(total);
     if (o.words) out.words = new_list(total);
-    PyObject* zero = ints.borrowed(0);
-    PyObject* one = ints.borrowed(1);
     PyObject* zero_pair = ints.zero_pair();
     struct Drop {
         PyObject* o;
@@ -174,20 +140,24 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
     const size_t pad_id = static_cast<size_t>(o.pad_id);
     const bool pad_in_table = pad_id < ints.size();
 
-    // 1. Every row list, with the GIL: ints rows empty (filled in 2.), offsets and words complete.
+    Lend lend{ints, pad, pad_in_table, pad_id};
+
+    // Every row list, each filled as soon as it exists (still in this core's cache). Filling them on
+    // the pool without the GIL was slower on 2 cores (the lists are allocated here, so the other
+    // core pulls every cache line of them across; and it had to count references per task).
     // Row lists hold only ints (or tuples of ints): they can never be part of a reference cycle,
     // so they are untracked (as CPython does for such tuples), and the cyclic GC never walks them.
-    size_t cells = 0, k = 0;
+    size_t k = 0;
     for (const Rows& rs : rows)
         for (size_t r = 0; r < rs.rows(); ++r, ++k) {
             const Geometry g = geometry(rs, r, width, o.pad_left);
-            cells += g.w;
             for (PyObject* outer : {out.ids, out.type_ids, out.attention, out.special}) {
                 if (!outer) continue;
                 PyObject* l = new_list(g.w);
                 PyObject_GC_UnTrack(l);
                 PyList_SET_ITEM(outer, static_cast<Py_ssize_t>(k), l);
             }
+            fill_row(rs, r, k, width, o, ints, out, lend);
             if (out.offsets) {
                 PyObject* l = new_list(g.w);
                 PyList_SET_ITEM(out.offsets, static_cast<Py_ssize_t>(k), l);
@@ -224,34 +194,6 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
                 PyObject_GC_UnTrack(l);
             }
         }
-
-    // 2. The int rows. Small batches: here, a reference at a time. Large ones: on the pool without
-    // the GIL; the row lists are reachable from nothing but `out` until this returns, and they
-    // hold borrowed pointers to IntTable's ints (alive as long as the tokenizer) until step 3.
-    const std::vector<size_t> first = first_rows(rows);
-    if (cells < kThreadedCells || o.num_threads <= 1 || rows.size() < 2 || layout.tokens >= UINT32_MAX) {
-        Lend refs{ints, pad, pad_in_table, pad_id};
-        for (size_t c = 0; c < rows.size(); ++c) fill_chunk(rows[c], first[c], width, o, ints, out, refs);
-        return;
-    }
-    const size_t tasks = std::min(rows.size(), static_cast<size_t>(o.num_threads));
-    std::vector<Count> counts(tasks, Count{zero, one, pad, {}});
-    without_gil([&] {
-        run(tasks, [&](size_t t) {
-            Count& refs = counts[t];
-            refs.ids.assign(ints.size(), 0);
-            for (size_t c = rows.size() * t / tasks; c < rows.size() * (t + 1) / tasks; ++c)
-                fill_chunk(rows[c], first[c], width, o, ints, out, refs);
-        });
-    });
-    // 3. The references, lent once per distinct int and task (with the GIL again).
-    for (const Count& c : counts) {
-        for (int32_t i : c.touched) ints.add_lent(static_cast<size_t>(i), c.ids[static_cast<size_t>(i)]);
-        ints.add_lent(0, c.zeros);
-        ints.add_lent(1, c.ones);
-        if (pad_in_table) ints.add_lent(pad_id, c.pads);
-        else add_refs(pad, c.pads);
-    }
 }
 
 }  // namespace fastbert

@@ -1,6 +1,5 @@
 // The list outputs of encode_batch (rows as Python lists of ints), with the Python C API only
-// (pybind11 stays in bindings.cpp). Call with the GIL held; large batches are filled on the
-// tokenizer's threads with the GIL released.
+// (pybind11 stays in bindings.cpp). Call with the GIL held.
 #pragma once
 #include <Python.h>
 
@@ -40,7 +39,6 @@ class IntTable {
         if (++e.lent >= kSettleAt) settle(e);
         return e.obj;
     }
-    void add_lent(size_t v, uint64_t n);  // n references made without the GIL (v < size())
     PyObject* new_ref(size_t v) const;    // any v, a reference counted in the int itself
     PyObject* zero_pair() const { return zero_pair_; }  // (0, 0): the offsets of special tokens
 
@@ -74,9 +72,7 @@ struct RowLists {
 };
 
 // Builds the rows as lists, padded to layout.width when the options pad. Throws PythonError.
-// without_gil runs a function with the GIL released (bindings.cpp's helper).
 void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, IntTable& ints,
-                 const ParallelFor& run, const std::function<void(const std::function<void()>&)>& without_gil,
                  RowLists& out);
 
 }  // namespace fastbert
