@@ -230,6 +230,28 @@ def test_uneven_batches_agree_with_serial(model_dir, threads):
             serial(texts, padding=True, return_tensors="np", **kwargs)["input_ids"].tolist()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_max_length_padding_written_by_the_encoding_threads(model_dir, threads):
+    # padded to max_length, each chunk's rows go into the arrays on the thread that encoded them
+    hf = transformers.BertTokenizerFast.from_pretrained(model_dir)
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
+    texts = [t * (i % 9 + 1) for i, t in enumerate(TEXTS * 40)]  # rows longer and shorter than 48
+    pairs = [TEXTS[(i + 1) % len(TEXTS)] for i in range(len(texts))]
+    for kwargs in ({}, {"text_pair": pairs}, {"padding_side": "left"}, {"pad_to_multiple_of": 16},
+                   {"return_offsets_mapping": True, "return_special_tokens_mask": True}):
+        args = dict(padding="max_length", truncation=True, max_length=48, return_tensors="np", **kwargs)
+        want, got = hf(texts, **args), tok(texts, **args)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{key} with {kwargs}")
+    # rows longer than max_length (no truncation): the general path, as BertTokenizerFast
+    args = dict(padding="max_length", max_length=8)
+    assert tok(texts, **args)["input_ids"] == hf(texts, **args)["input_ids"]
+    want, got = hf(texts, return_tensors="np", **args), tok(texts, return_tensors="np", **args)
+    assert got["input_ids"].shape == want["input_ids"].shape == (len(texts),)  # ragged: one object per row
+    assert [list(r) for r in got["input_ids"]] == [list(r) for r in want["input_ids"]]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_pool_survives_fork(model_dir):
     tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
