@@ -23,19 +23,19 @@ void add_refs(PyObject* o, uint64_t n) {
 #endif
 }
 
-// References lent by the table (the serial path, with the GIL).
+// The items of the int lists: references lent by the table (pad_id may lie beyond it).
 struct Lend {
     IntTable& ints;
-    PyObject* pad;
+    PyObject* pad_obj;
     bool pad_in_table;
     size_t pad_id;
-    PyObject* id(PyObject*, int32_t i) { return ints.lend(static_cast<size_t>(i)); }
-    PyObject* take_zero() { return ints.lend(0); }
-    PyObject* take_one() { return ints.lend(1); }
-    PyObject* take_pad() {
+    PyObject* id(int32_t i) { return ints.lend(static_cast<size_t>(i)); }
+    PyObject* zero() { return ints.lend(0); }
+    PyObject* one() { return ints.lend(1); }
+    PyObject* pad() {
         if (pad_in_table) return ints.lend(pad_id);
-        Py_INCREF(pad);
-        return pad;
+        Py_INCREF(pad_obj);
+        return pad_obj;
     }
 };
 
@@ -49,9 +49,8 @@ inline Geometry geometry(const Rows& rs, size_t r, size_t width, bool pad_left) 
 }
 
 // Writes the int lists of row r of rs, output row k (the lists exist, their items unset).
-template <class Refs>
-void fill_row(const Rows& rs, size_t r, size_t k, size_t width, const EncodeOptions& o, const IntTable& ints,
-              const RowLists& out, Refs& refs) {
+void fill_row(const Rows& rs, size_t r, size_t k, size_t width, const EncodeOptions& o, const RowLists& out,
+              Lend& items) {
     const Geometry g = geometry(rs, r, width, o.pad_left);
     auto fill = [&](PyObject* outer, auto pad, auto value) {
         PyObject* l = PyList_GET_ITEM(outer, static_cast<Py_ssize_t>(k));
@@ -59,10 +58,10 @@ void fill_row(const Rows& rs, size_t r, size_t k, size_t width, const EncodeOpti
             PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t),
                             (t >= g.lo && t < g.lo + g.len) ? value(g.s0 + t - g.lo) : pad());
     };
-    auto pad_v = [&] { return refs.take_pad(); };
-    auto zero_v = [&] { return refs.take_zero(); };
-    auto one_v = [&] { return refs.take_one(); };
-    fill(out.ids, pad_v, [&](size_t i) { return refs.id(ints.borrowed(static_cast<size_t>(rs.ids[i])), rs.ids[i]); });
+    auto pad_v = [&] { return items.pad(); };
+    auto zero_v = [&] { return items.zero(); };
+    auto one_v = [&] { return items.one(); };
+    fill(out.ids, pad_v, [&](size_t i) { return items.id(rs.ids[i]); });
     if (out.type_ids) fill(out.type_ids, zero_v, [&](size_t i) { return rs.type_ids[i] ? one_v() : zero_v(); });
     if (out.attention) fill(out.attention, zero_v, [&](size_t) { return one_v(); });
     if (out.special) fill(out.special, one_v, [&](size_t i) { return rs.special[i] ? one_v() : zero_v(); });
@@ -89,14 +88,15 @@ IntTable::IntTable(size_t n) {
         throw PythonError();
     }
     // 3.12+: Py_SET_REFCNT leaves immortal objects (the small ints) alone, here and in ~IntTable
-    for (Entry& e : table_) Py_SET_REFCNT(e.obj, Py_REFCNT(e.obj) + kBias);
+    if constexpr (kBias != 0)
+        for (Entry& e : table_) Py_SET_REFCNT(e.obj, Py_REFCNT(e.obj) + kBias);
 }
 
 IntTable::~IntTable() {
     Py_XDECREF(zero_pair_);
     for (Entry& e : table_) {
         settle(e);  // every lent reference counted: the count is exact once the bias is gone
-        Py_SET_REFCNT(e.obj, Py_REFCNT(e.obj) - kBias);
+        if constexpr (kBias != 0) Py_SET_REFCNT(e.obj, Py_REFCNT(e.obj) - kBias);
         Py_DECREF(e.obj);
     }
 }
@@ -138,9 +138,7 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
     PyObject* pad = ints.new_ref(static_cast<size_t>(o.pad_id));
     Drop drop_pad{pad};
     const size_t pad_id = static_cast<size_t>(o.pad_id);
-    const bool pad_in_table = pad_id < ints.size();
-
-    Lend lend{ints, pad, pad_in_table, pad_id};
+    Lend items{ints, pad, pad_id < ints.size(), pad_id};
 
     // Every row list, each filled as soon as it exists (still in this core's cache). Filling them on
     // the pool without the GIL was slower on 2 cores (the lists are allocated here, so the other
@@ -157,7 +155,7 @@ void build_lists(const std::vector<Rows>& rows, const Layout& layout, const Enco
                 PyObject_GC_UnTrack(l);
                 PyList_SET_ITEM(outer, static_cast<Py_ssize_t>(k), l);
             }
-            fill_row(rs, r, k, width, o, ints, out, lend);
+            fill_row(rs, r, k, width, o, out, items);
             if (out.offsets) {
                 PyObject* l = new_list(g.w);
                 PyList_SET_ITEM(out.offsets, static_cast<Py_ssize_t>(k), l);
