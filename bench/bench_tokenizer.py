@@ -10,7 +10,7 @@
 extension was built with the stage timers: in a copy of the tree,
 `python setup.py build_ext --inplace --define FASTBERT_STAGE_TIMES`, then run this from that copy.
 CPU time does not depend on other load on the machine, so the serial share holds on a busy machine
-where the wall-clock ratios do not. The pool's idle workers spin for up to 300 us after each
+where the wall-clock ratios do not. The pool's idle workers spin for up to 100 us after each
 parallel step before they sleep (csrc/thread_pool.h), and the process CPU of a parallel stage
 counts that spin too (also a spin left over from another tokenizer's call): read those stages, and
 the Amdahl bound built on them, as upper bounds.

@@ -16,13 +16,18 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spins until done() or the time is up; true when done().
+// Spins until done() or the time is up; true when done(). It yields the core now and then, so
+// that on a machine with more busy threads than cores (torch's own, another pool) the thread it
+// waits for, or any other, can run.
 template <class Done>
 bool spin_until(Done done, std::chrono::microseconds limit) {
     const auto end = std::chrono::steady_clock::now() + limit;
     for (unsigned i = 1;; ++i) {
         if (done()) return true;
-        if (i % 64 == 0 && std::chrono::steady_clock::now() > end) return false;
+        if (i % 64 == 0) {
+            if (std::chrono::steady_clock::now() > end) return false;
+            std::this_thread::yield();
+        }
         cpu_relax();
     }
 }

@@ -20,7 +20,7 @@ namespace fastbert {
 
 class ThreadPool {
  public:
-    static constexpr std::chrono::microseconds kIdleSpin{300}, kJoinSpin{2000};
+    static constexpr std::chrono::microseconds kIdleSpin{100}, kJoinSpin{500};
 
     explicit ThreadPool(int num_threads);  // num_threads - 1 workers; the caller is the last one
     ~ThreadPool();
