@@ -141,7 +141,7 @@ class Tokenizer {
     };
     Progress encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
     // encode_batch's tasks: item ranges [bounds[c], bounds[c + 1]), one Rows each.
-    static constexpr size_t kMinChunkBytes = 4096;  // about 10 us of new text
+    static constexpr size_t kMinChunkBytes = 4096;  // some tens of microseconds of new text
     static std::vector<size_t> chunk_bounds(const BatchInput& in, int num_threads);
 
     std::unique_ptr<ThreadPool> pool_;

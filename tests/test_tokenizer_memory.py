@@ -12,6 +12,7 @@ pool filling, then stayed flat to the end).
 import gc
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -127,7 +128,6 @@ def test_vocabulary_table_is_on_huge_pages(model_dir):
     if mode not in ("always", "madvise"):
         pytest.skip(f"transparent huge pages are {mode or 'not available'} on this kernel")
     import subprocess
-    import sys
     code = (
         "import fastbert, sys\n"
         "def huge():\n"
@@ -148,15 +148,13 @@ def test_vocabulary_table_is_on_huge_pages(model_dir):
     assert added_kb >= 4096, f"only {added_kb} kB of huge pages after loading a tokenizer"
 
 
-@pytest.mark.parametrize("threads", [1, 2], ids=["serial", "threaded"])
+@pytest.mark.parametrize("threads", [1, 2], ids=["1thread", "2threads"])
 def test_list_references_are_exact_once_the_tokenizer_is_gone(model_dir, threads):
     # List items are ints the tokenizer made once, lent with a bias on their reference count
     # instead of a reference each (py_lists.h): the lists must own a real reference when they
     # outlive the tokenizer, and every count must be exact once the tokenizer is gone.
-    import sys
-
     tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
-    texts = [f"the hippopotamus number {i} went to the river again" for i in range(3000)]  # > 16k cells
+    texts = [f"the hippopotamus number {i} went to the river again" for i in range(3000)]
     ids = tok(texts)["input_ids"]
     word = tok.convert_tokens_to_ids("river")
     assert word > 256  # not one of CPython's small ints, whose counts are shared
