@@ -13,7 +13,8 @@ CPU time does not depend on other load on the machine, so the serial share holds
 where the wall-clock ratios do not. The pool's idle workers spin for up to 100 us after each
 parallel step before they sleep (csrc/thread_pool.h), and the process CPU of a parallel stage
 counts that spin too (also a spin left over from another tokenizer's call): read those stages, and
-the Amdahl bound built on them, as upper bounds.
+the Amdahl bound built on them, as upper bounds. Lists of ids are built on the calling thread while
+the pool encodes the later chunks, so their building counts in "encode" there, not in "output".
 
 Every round encodes text new to every tokenizer (fastbert.benchmarks.tokenizer: a fresh tag before
 each document, caches cleared); --repeated adds the same text encoded again, the cache-lookup figure.

@@ -7,6 +7,10 @@
 
 #include <time.h>
 
+#ifdef __GLIBCXX__
+#include <cxxabi.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -38,6 +42,10 @@ void without_gil(F&& f) {
     std::exception_ptr error;
     try {
         f();
+#ifdef __GLIBCXX__
+    } catch (abi::__forced_unwind&) {
+        throw;  // f took the GIL back at interpreter exit (list chunks do): the thread is ending
+#endif
     } catch (...) {
         error = std::current_exception();
     }
@@ -49,7 +57,7 @@ void without_gil(F&& f) {
 // -DFASTBERT_STAGE_TIMES (bench/bench_tokenizer.py --scaling reads them); otherwise no-ops.
 // CPU time, not wall time, so that a loaded machine does not change the figures: a GIL stage
 // counts the calling thread's CPU time, a stage without the GIL the whole process's (every thread
-// of the pool).
+// of the pool). Lists built chunk by chunk while the pool encodes count in "encode".
 #ifdef FASTBERT_STAGE_TIMES
 constexpr bool kStageTimes = true;
 #else
@@ -315,21 +323,55 @@ class PyTokenizer {
         size_t bytes = 0;
         for (const std::string_view& seg : in.segs) bytes += seg.size();
         for (const PendingText& p : ws.pending) bytes += p.chars;
+        // a short input is encoded in about the time that releasing and taking back the GIL takes
+        const bool gil_released = bytes >= kReleaseGilBytes;
+        // Lists whose shape is known before encoding (one row per item, a fixed width) are built
+        // chunk by chunk on this thread, with the GIL taken back for each chunk, while the pool
+        // encodes the chunks after it: building them was the largest serial step of a batch.
+        std::unique_ptr<ListBuilder> builder;
+        std::function<void(size_t)> consume;
+        if (!o.packed && !o.numpy && !o.overflow && o.padding != Padding::kLongest) {
+            const size_t width = o.padding == Padding::kMaxLength ? padded_width(o, 0) : 0;
+            try {
+                check_cells(n, width);
+                builder.reset(new ListBuilder(n, width, o, *ints_));
+            } catch (const LayoutTooLarge& e) {
+                PyErr_SetString(PyExc_MemoryError, e.what());
+                throw py::error_already_set();
+            } catch (const PythonError&) {
+                throw py::error_already_set();
+            }
+            PyThreadState* const state = PyThreadState_Get();
+            consume = [&builder, &rows, gil_released, state](size_t c) {
+                // at interpreter exit this may not return (see without_gil): nothing to undo yet
+                if (gil_released) PyEval_RestoreThread(state);
+                try {
+                    GcPause pause;
+                    builder->add(rows[c]);
+                } catch (...) {
+                    if (gil_released) PyEval_SaveThread();
+                    throw;
+                }
+                if (gil_released) PyEval_SaveThread();
+            };
+        }
+        const std::function<void(size_t)>* each_chunk = builder ? &consume : nullptr;
         try {
-            // a short input is encoded in about the time that releasing and taking back the GIL takes
-            if (bytes < kReleaseGilBytes) {
+            if (!gil_released) {
                 to_utf8(ws, o.num_threads);
-                if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows);
+                if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows, each_chunk);
             } else {
                 without_gil([&] {
                     to_utf8(ws, o.num_threads);
-                    if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows);
+                    if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows, each_chunk);
                 });
             }
         } catch (const TruncationError& e) {
             throw py::value_error(e.what());
         } catch (const std::invalid_argument& e) {
             throw py::value_error(e.what());
+        } catch (const PythonError&) {
+            throw py::error_already_set();
         }
         if (ws.bad_text != SIZE_MAX) {  // a lone surrogate: Python's encoder raises, with the same message as ever
             const PendingText& p = ws.pending[ws.bad_text];
@@ -371,6 +413,11 @@ class PyTokenizer {
             clock.mark(stage_ns_, kOutputGil);
             without_gil([&] { fill_padded(rows, layout, o, po, run); });
             clock.mark(stage_ns_, kOutputThreads);
+        } else if (builder) {
+            if (builder->filled() != layout.rows)
+                throw std::logic_error("fastbert: " + std::to_string(layout.rows) + " rows, " +
+                                       std::to_string(builder->filled()) + " of them as lists");
+            put_lists(builder->lists(), out);
         } else {
             lists(rows, layout, o, out);
         }
@@ -492,12 +539,16 @@ class PyTokenizer {
         // Thousands of new lists would trigger the cyclic GC again and again while we build
         // them; none of them can be part of a cycle, so pause it for the duration.
         GcPause pause;
-        RowLists l;
         try {
-            build_lists(rows, layout, o, *ints_, l);
+            ListBuilder b(layout.rows, layout.width, o, *ints_);
+            for (const Rows& rs : rows) b.add(rs);
+            put_lists(b.lists(), out);
         } catch (const PythonError&) {
             throw py::error_already_set();
         }
+    }
+
+    void put_lists(const RowLists& l, py::dict& out) {
         auto put = [&](const py::str& key, PyObject* v) {
             if (v) out[key] = py::reinterpret_borrow<py::object>(v);
         };

@@ -45,15 +45,24 @@ Layout plan_layout(const std::vector<Rows>& rows, const EncodeOptions& o) {
         l.width = l.widest;
         l.rect = l.rows == 0 || l.widest == shortest;
     } else {
-        l.width = o.padding == Padding::kLongest ? longest : o.max_length;
-        if (o.pad_to_multiple_of && l.width % o.pad_to_multiple_of)
-            l.width += o.pad_to_multiple_of - l.width % o.pad_to_multiple_of;
+        l.width = padded_width(o, longest);
         l.rect = l.widest <= l.width;
     }
-    if (l.rows && l.width > kMaxCells / l.rows)
-        throw LayoutTooLarge("cannot pad " + std::to_string(l.rows) + " rows to " + std::to_string(l.width) +
-                             " tokens: the outputs would not fit in memory (check max_length / pad_to_multiple_of)");
+    check_cells(l.rows, l.width);
     return l;
+}
+
+size_t padded_width(const EncodeOptions& o, size_t longest) {
+    size_t width = o.padding == Padding::kLongest ? longest : o.max_length;
+    if (o.pad_to_multiple_of && width % o.pad_to_multiple_of)
+        width += o.pad_to_multiple_of - width % o.pad_to_multiple_of;
+    return width;
+}
+
+void check_cells(size_t rows, size_t width) {
+    if (rows && width > kMaxCells / rows)
+        throw LayoutTooLarge("cannot pad " + std::to_string(rows) + " rows to " + std::to_string(width) +
+                             " tokens: the outputs would not fit in memory (check max_length / pad_to_multiple_of)");
 }
 
 void fill_padded(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const PadOut& out,

@@ -32,6 +32,11 @@ struct LayoutTooLarge : std::length_error {
 // row, "max_length" to max_length, then up to a multiple of pad_to_multiple_of). Throws LayoutTooLarge.
 Layout plan_layout(const std::vector<Rows>& rows, const EncodeOptions& o);
 
+// The padded width with padding "longest" (the longest main row given) or "max_length".
+size_t padded_width(const EncodeOptions& o, size_t longest);
+// Throws LayoutTooLarge when rows x width cells could never be allocated.
+void check_cells(size_t rows, size_t width);
+
 // Padded outputs, row-major rows x width (offsets rows x width x 2); any may be null. The layout
 // must be rect.
 struct PadOut {

@@ -120,78 +120,79 @@ RowLists::~RowLists() {
     Py_XDECREF(words);
 }
 
-void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, IntTable& ints,
-                 RowLists& out) {
-    const size_t total = layout.rows;
-    const size_t width = o.padding != Padding::kNone ? layout.width : 0;
-    out.ids = new_list(total);
-    if (o.type_ids) out.type_ids = new_list(total);
-    if (o.attention_mask) out.attention = new_list(total);
-    if (o.special_tokens_mask) out.special = new_list(total);
-    if (o.offsets) out.offsets = new_list(total);
-    if (o.words) out.words = new_list(total);
+ListBuilder::ListBuilder(size_t rows, size_t width, const EncodeOptions& o, IntTable& ints)
+    : o_(o), ints_(ints), rows_(rows), width_(o.padding != Padding::kNone ? width : 0) {
+    pad_.obj = ints.new_ref(static_cast<size_t>(o.pad_id));
+    out_.ids = new_list(rows);
+    if (o.type_ids) out_.type_ids = new_list(rows);
+    if (o.attention_mask) out_.attention = new_list(rows);
+    if (o.special_tokens_mask) out_.special = new_list(rows);
+    if (o.offsets) out_.offsets = new_list(rows);
+    if (o.words) out_.words = new_list(rows);
+}
+
+void ListBuilder::add(const Rows& rs) {
+    if (rs.rows() > rows_ - next_) {
+        PyErr_SetString(PyExc_RuntimeError, "fastbert: a batch made more rows than its lists were made for");
+        throw PythonError();
+    }
+    const EncodeOptions& o = o_;
+    IntTable& ints = ints_;
     PyObject* zero_pair = ints.zero_pair();
-    struct Drop {
-        PyObject* o;
-        ~Drop() { Py_DECREF(o); }
-    };
-    PyObject* pad = ints.new_ref(static_cast<size_t>(o.pad_id));
-    Drop drop_pad{pad};
     const size_t pad_id = static_cast<size_t>(o.pad_id);
-    Lend items{ints, pad, pad_id < ints.size(), pad_id};
+    Lend items{ints, pad_.obj, pad_id < ints.size(), pad_id};
 
     // Every row list, each filled as soon as it exists (still in this core's cache). Filling them on
     // the pool without the GIL was slower on 2 cores (the lists are allocated here, so the other
     // core pulls every cache line of them across; and it had to count references per task).
     // Row lists hold only ints (or tuples of ints): they can never be part of a reference cycle,
     // so they are untracked (as CPython does for such tuples), and the cyclic GC never walks them.
-    size_t k = 0;
-    for (const Rows& rs : rows)
-        for (size_t r = 0; r < rs.rows(); ++r, ++k) {
-            const Geometry g = geometry(rs, r, width, o.pad_left);
-            for (PyObject* outer : {out.ids, out.type_ids, out.attention, out.special}) {
-                if (!outer) continue;
-                PyObject* l = new_list(g.w);
-                PyObject_GC_UnTrack(l);
-                PyList_SET_ITEM(outer, static_cast<Py_ssize_t>(k), l);
-            }
-            fill_row(rs, r, k, width, o, out, items);
-            if (out.offsets) {
-                PyObject* l = new_list(g.w);
-                PyList_SET_ITEM(out.offsets, static_cast<Py_ssize_t>(k), l);
-                for (size_t t = 0; t < g.w; ++t) {
-                    PyObject* v = zero_pair;
-                    if (t >= g.lo && t < g.lo + g.len) {
-                        const size_t i = g.s0 + t - g.lo;
-                        const uint32_t a = rs.offsets[2 * i], b = rs.offsets[2 * i + 1];
-                        if (a || b) {
-                            PyObject* pa = ints.new_ref(a);
-                            PyObject* pb = ints.new_ref(b);
-                            v = PyTuple_Pack(2, pa, pb);
-                            Py_DECREF(pa);
-                            Py_DECREF(pb);
-                            if (!v) throw PythonError();
-                            PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t), v);
-                            continue;
-                        }
+    for (size_t r = 0; r < rs.rows(); ++r) {
+        const size_t k = next_++;
+        const Geometry g = geometry(rs, r, width_, o.pad_left);
+        for (PyObject* outer : {out_.ids, out_.type_ids, out_.attention, out_.special}) {
+            if (!outer) continue;
+            PyObject* l = new_list(g.w);
+            PyObject_GC_UnTrack(l);
+            PyList_SET_ITEM(outer, static_cast<Py_ssize_t>(k), l);
+        }
+        fill_row(rs, r, k, width_, o, out_, items);
+        if (out_.offsets) {
+            PyObject* l = new_list(g.w);
+            PyList_SET_ITEM(out_.offsets, static_cast<Py_ssize_t>(k), l);
+            for (size_t t = 0; t < g.w; ++t) {
+                PyObject* v = zero_pair;
+                if (t >= g.lo && t < g.lo + g.len) {
+                    const size_t i = g.s0 + t - g.lo;
+                    const uint32_t a = rs.offsets[2 * i], b = rs.offsets[2 * i + 1];
+                    if (a || b) {
+                        PyObject* pa = ints.new_ref(a);
+                        PyObject* pb = ints.new_ref(b);
+                        v = PyTuple_Pack(2, pa, pb);
+                        Py_DECREF(pa);
+                        Py_DECREF(pb);
+                        if (!v) throw PythonError();
+                        PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t), v);
+                        continue;
                     }
-                    Py_INCREF(v);
-                    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t), v);
                 }
-            }
-            if (out.words) {
-                PyObject* l = new_list(g.w);
-                PyList_SET_ITEM(out.words, static_cast<Py_ssize_t>(k), l);
-                for (size_t t = 0; t < g.w; ++t) {
-                    const int32_t word = (t >= g.lo && t < g.lo + g.len) ? rs.words[g.s0 + t - g.lo] : -1;
-                    PyObject* v = Py_None;
-                    if (word >= 0) v = ints.new_ref(static_cast<size_t>(word));
-                    else Py_INCREF(v);
-                    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t), v);
-                }
-                PyObject_GC_UnTrack(l);
+                Py_INCREF(v);
+                PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t), v);
             }
         }
+        if (out_.words) {
+            PyObject* l = new_list(g.w);
+            PyList_SET_ITEM(out_.words, static_cast<Py_ssize_t>(k), l);
+            for (size_t t = 0; t < g.w; ++t) {
+                const int32_t word = (t >= g.lo && t < g.lo + g.len) ? rs.words[g.s0 + t - g.lo] : -1;
+                PyObject* v = Py_None;
+                if (word >= 0) v = ints.new_ref(static_cast<size_t>(word));
+                else Py_INCREF(v);
+                PyList_SET_ITEM(l, static_cast<Py_ssize_t>(t), v);
+            }
+            PyObject_GC_UnTrack(l);
+        }
+    }
 }
 
 }  // namespace fastbert

@@ -68,11 +68,32 @@ struct RowLists {
     PyObject* special = nullptr;
     PyObject* offsets = nullptr;  // rows of (start, end) tuples
     PyObject* words = nullptr;    // rows of word indices (None for special tokens and padding)
+    RowLists() = default;
+    RowLists(const RowLists&) = delete;
+    RowLists& operator=(const RowLists&) = delete;
     ~RowLists();
 };
 
-// Builds the rows as lists, padded to layout.width when the options pad. Throws PythonError.
-void build_lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, IntTable& ints,
-                 RowLists& out);
+// Builds the outer lists of `rows` rows, then each chunk's row lists as its rows come (add, in
+// order), each row padded to `width` when the options pad (0: no padding). Throws PythonError.
+class ListBuilder {
+ public:
+    ListBuilder(size_t rows, size_t width, const EncodeOptions& o, IntTable& ints);
+    ListBuilder(const ListBuilder&) = delete;
+    ListBuilder& operator=(const ListBuilder&) = delete;
+    void add(const Rows& rs);  // the next chunk's rows
+    size_t filled() const { return next_; }
+    RowLists& lists() { return out_; }
+
+ private:
+    const EncodeOptions& o_;
+    IntTable& ints_;
+    size_t rows_, width_, next_ = 0;
+    struct Owned {
+        PyObject* obj = nullptr;
+        ~Owned() { Py_XDECREF(obj); }
+    } pad_;  // pad_id's int (pad_id may lie beyond the table)
+    RowLists out_;
+};
 
 }  // namespace fastbert

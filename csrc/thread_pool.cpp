@@ -56,24 +56,45 @@ void ThreadPool::stop() {
     workers_.clear();
 }
 
-void ThreadPool::drain() {
-    // Takes tasks until none is left; counts the ones this thread finished.
-    size_t mine = 0;
-    for (;;) {
-        const size_t i = next_.fetch_add(1);
-        if (i >= n_tasks_) break;
+void ThreadPool::run_task(size_t i) {
+    // after a failure the batch is lost anyway: the remaining tasks are only counted
+    if (!failed_.load(std::memory_order_relaxed)) {
         try {
             (*fn_)(i);
         } catch (...) {
             std::lock_guard<std::mutex> lock(mu_);
             if (!error_) error_ = std::current_exception();
+            failed_ = true;
         }
-        ++mine;
     }
-    if (mine) {
-        std::lock_guard<std::mutex> lock(mu_);
-        finished_ += mine;
-        if (finished_ == n_tasks_) done_.notify_all();
+    task_done_[i].store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++finished_ == n_tasks_) done_.notify_all();
+}
+
+void ThreadPool::drain() {
+    for (;;) {
+        const size_t i = next_.fetch_add(1);
+        if (i >= n_tasks_) return;
+        run_task(i);
+    }
+}
+
+void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
+    for (size_t next = 0; next < n_tasks_ && !failed_.load();) {
+        if (task_done_[next].load(std::memory_order_acquire)) {
+            consume(next++);
+            continue;
+        }
+        const size_t i = next_.fetch_add(1);
+        if (i < n_tasks_) {
+            run_task(i);
+            continue;
+        }
+        // every task is taken and task `next` runs on a worker: wait for it, then for a while
+        // in short sleeps (a task takes up to a few milliseconds)
+        const auto ready = [&] { return task_done_[next].load(std::memory_order_acquire) || failed_.load(); };
+        while (!spin_until(ready, kJoinSpin)) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 }
 
@@ -96,7 +117,8 @@ void ThreadPool::worker_loop() {
     }
 }
 
-void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn) {
+void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn,
+                     const std::function<void(size_t)>* consume) {
     if (n_tasks == 0) return;
     {
         // No worker may still be inside drain() of the previous batch while the counters reset,
@@ -105,22 +127,35 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn) {
         done_.wait(lock, [&] { return active_ == 0; });
         fn_ = &fn;
         n_tasks_ = n_tasks;
+        task_done_.reset(new std::atomic<bool>[n_tasks]);
+        for (size_t i = 0; i < n_tasks; ++i) task_done_[i].store(false, std::memory_order_relaxed);
         next_.store(0);
         finished_ = 0;
+        failed_ = false;
         error_ = nullptr;
         ++generation_;
     }
     wake_.notify_all();
-    drain();
     auto all_done = [&] { return finished_.load() == n_tasks && active_.load() == 0; };
-    spin_until(all_done, kJoinSpin);
-    std::exception_ptr err;
-    {
+    auto join = [&] {
+        drain();  // what no one has taken yet (nothing, unless the consumer stopped early)
+        spin_until(all_done, kJoinSpin);
         std::unique_lock<std::mutex> lock(mu_);
         done_.wait(lock, all_done);
-        err = error_;
         fn_ = nullptr;
+        return error_;
+    };
+    if (consume) {
+        try {
+            consume_in_order(*consume);
+        } catch (...) {
+            // the workers still use this batch's tasks: they must end before the caller's frame
+            // goes (also when the interpreter ends the thread by unwinding it)
+            join();
+            throw;
+        }
     }
+    const std::exception_ptr err = join();
     if (err) std::rethrow_exception(err);
 }
 

@@ -1,5 +1,8 @@
 // A small fork-aware thread pool for batch encoding: run(n, fn) calls fn(0..n-1) on the workers
-// and the calling thread, and returns when all are done (rethrowing the first exception).
+// and the calling thread, and returns when all are done (rethrowing the first exception). With a
+// consumer, the calling thread also calls consume(i) for each i in order, as soon as fn(0..i) are
+// done, and runs tasks itself only while the next one to consume is still running: the serial
+// step that follows each task (building Python lists under the GIL) overlaps the later tasks.
 //
 // A batch of new text takes a few milliseconds, in two or three parallel steps back to back, and
 // waking a sleeping thread costs tens of microseconds on a virtual machine. So the caller, once
@@ -12,6 +15,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -27,12 +31,15 @@ class ThreadPool {
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
 
-    void run(size_t n_tasks, const std::function<void(size_t)>& fn);
+    void run(size_t n_tasks, const std::function<void(size_t)>& fn,
+             const std::function<void(size_t)>* consume = nullptr);
     int size() const { return static_cast<int>(workers_.size()) + 1; }
 
  private:
     void worker_loop();
+    void run_task(size_t i);
     void drain();
+    void consume_in_order(const std::function<void(size_t)>& consume);
     void stop();  // ends and joins the workers
 
     std::vector<std::thread> workers_;
@@ -44,6 +51,8 @@ class ThreadPool {
     // Written under mu_ (so that the condition variables miss no change), read by the spins without it.
     std::atomic<size_t> finished_{0};
     std::atomic<int> active_{0};  // workers inside drain(); a batch is set up only when none is
+    std::unique_ptr<std::atomic<bool>[]> task_done_;  // per task of this batch (consumers wait on it)
+    std::atomic<bool> failed_{false};                 // a task threw: the rest are skipped
     std::atomic<size_t> generation_{0};
     std::atomic<bool> stop_{false};
     std::exception_ptr error_;

@@ -272,14 +272,21 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
     }
 }
 
-void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn) {
+void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn,
+                         const std::function<void(size_t)>* consume) {
+    auto here = [&] {
+        for (size_t i = 0; i < n; ++i) {
+            fn(i);
+            if (consume) (*consume)(i);
+        }
+    };
     if (num_threads <= 1 || n <= 1) {
-        for (size_t i = 0; i < n; ++i) fn(i);
+        here();
         return;
     }
     std::unique_lock<std::mutex> lock(pool_mu_, std::try_to_lock);
     if (!lock.owns_lock()) {  // another thread is using the pool: same results, on this thread
-        for (size_t i = 0; i < n; ++i) fn(i);
+        here();
         return;
     }
     const long pid = static_cast<long>(getpid());
@@ -291,7 +298,7 @@ void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(siz
         pool_.reset(new ThreadPool(num_threads));
         pool_pid_ = pid;
     }
-    pool_->run(n, fn);
+    pool_->run(n, fn, consume);
 }
 
 Tokenizer::ThreadCache* Tokenizer::take_cache() {
@@ -376,7 +383,8 @@ std::vector<size_t> Tokenizer::chunk_bounds(const BatchInput& in, int num_thread
     return bounds;
 }
 
-void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out) {
+void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out,
+                             const std::function<void(size_t)>* consume) {
     opts.validate();
     const PostConfig cfg = opts.post(template_);
     const int num_threads = opts.num_threads;
@@ -420,7 +428,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
             }
             post_process(s.a, has_pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
         }
-    });
+    }, consume);
 }
 
 }  // namespace fastbert

@@ -81,8 +81,11 @@ class Tokenizer {
 
     // Encodes and post-processes a batch; one Rows per chunk, in input order. The layout options
     // (padding, packed, numpy) play no part here: output_layout.h reads them.
-    // opts.num_threads <= 1 runs on the calling thread.
-    void encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out);
+    // opts.num_threads <= 1 runs on the calling thread. With consume, the calling thread also calls
+    // consume(c) for each chunk c in order as soon as out[0..c] are final, while the pool still
+    // encodes the later chunks (ThreadPool::run).
+    void encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out,
+                      const std::function<void(size_t)>* consume = nullptr);
     // The post-processor's template (BERT's with ids 0 until set); validated here. Not while a
     // batch runs: the Python object sets it once, when it is made.
     void set_template(Template t) {
@@ -92,8 +95,10 @@ class Tokenizer {
     // BERT's template with these [CLS] and [SEP] ids.
     void set_specials(int32_t cls_id, int32_t sep_id) { set_template(Template::bert(cls_id, sep_id)); }
     const Template& post_template() const { return template_; }
-    // Runs fn(0..n-1) on the pool (num_threads <= 1, or the pool busy: on the calling thread).
-    void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn);
+    // Runs fn(0..n-1) on the pool (num_threads <= 1, or the pool busy: on the calling thread), and
+    // consume(i) in order on the calling thread when given (see ThreadPool::run).
+    void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn,
+                  const std::function<void(size_t)>* consume = nullptr);
 
     // Forgets every cached word (the caches of running batches are left alone).
     void clear_cache();

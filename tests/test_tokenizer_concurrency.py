@@ -177,8 +177,11 @@ tok(lines[:256], padding=True)  # the pool is running
     pytest.param("def loop():\n    while True:\n        tok(lines, padding=True, truncation=True, max_length=128, "
                  "return_tensors='np')\n"
                  "threading.Thread(target=loop, daemon=True).start(); import time; time.sleep(0.5)"),
+    # the same with lists, whose chunks take the GIL back while the pool still encodes
+    pytest.param("def loop():\n    while True:\n        tok(lines)\n"
+                 "threading.Thread(target=loop, daemon=True).start(); import time; time.sleep(0.5)"),
     # a non-daemon thread finishes its work first; interpreter waits for it, then exits
     "threading.Thread(target=lambda: tok(lines[:1000], return_offsets_mapping=True)).start()",
-], ids=["alive", "deleted", "daemon_busy", "thread_joined"])
+], ids=["alive", "deleted", "daemon_busy", "daemon_busy_lists", "thread_joined"])
 def test_pool_shuts_down_at_exit(model_dir, tail):
     _run_child(EXIT_CHILD.format(path=str(model_dir), tail=tail), timeout=60)

@@ -231,8 +231,7 @@ def test_uneven_batches_agree_with_serial(model_dir, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_max_length_padding_written_by_the_encoding_threads(model_dir, threads):
-    # padded to max_length, each chunk's rows go into the arrays on the thread that encoded them
+def test_max_length_padding_with_threads_matches_hf(model_dir, threads):
     hf = transformers.BertTokenizerFast.from_pretrained(model_dir)
     tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
     texts = [t * (i % 9 + 1) for i, t in enumerate(TEXTS * 40)]  # rows longer and shorter than 48
@@ -250,6 +249,43 @@ def test_max_length_padding_written_by_the_encoding_threads(model_dir, threads):
     want, got = hf(texts, return_tensors="np", **args), tok(texts, return_tensors="np", **args)
     assert got["input_ids"].shape == want["input_ids"].shape == (len(texts),)  # ragged: one object per row
     assert [list(r) for r in got["input_ids"]] == [list(r) for r in want["input_ids"]]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_lists_built_while_the_pool_encodes_match_hf(model_dir, threads):
+    # Lists of a shape known in advance (no overflow rows, no padding="longest") are built chunk by
+    # chunk on the calling thread, which takes the GIL back for each chunk while the pool encodes the
+    # later ones; a Python thread competing for the GIL meanwhile changes nothing.
+    from corpora import english_lines
+
+    hf = transformers.BertTokenizerFast.from_pretrained(model_dir)
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
+    texts = [t[:300] for t in english_lines()[:600]] + ["", " "] + TEXTS  # over 100 KB: many chunks
+    pairs = texts[1:] + texts[:1]
+    cases = [{}, {"padding": "max_length", "truncation": True, "max_length": 40},
+             {"padding": "max_length", "max_length": 30, "pad_to_multiple_of": 16,
+              "padding_side": "left", "return_special_tokens_mask": True},
+             {"text_pair": pairs, "truncation": True, "max_length": 64, "return_offsets_mapping": True,
+              "return_length": True},
+             {"padding": "max_length", "max_length": 8}]  # rows longer than max_length stay whole
+    busy = threading.Event()
+
+    def hold_the_gil_now_and_then():
+        while not busy.is_set():
+            sum(range(20_000))
+
+    rival = threading.Thread(target=hold_the_gil_now_and_then)
+    rival.start()
+    try:
+        got = [tok(texts, **kwargs) for kwargs in cases]
+    finally:
+        busy.set()
+        rival.join()
+    for kwargs, g in zip(cases, got):
+        want = hf(texts, **kwargs)
+        assert sorted(g) == sorted(want), kwargs
+        for key in want:
+            assert g[key] == want[key], f"{key} with {kwargs}"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
