@@ -158,11 +158,12 @@ py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const
 }
 
 // A str of a batch whose UTF-8 bytes are made without the GIL: segment seg of the batch, and what
-// names it in an error.
+// names it in an error (pair: a text_pair's). A batch's pending strs are in input order, texts first.
 struct PendingText {
     PyObject* text;
     size_t seg, chars;
     const char* what;
+    bool pair;
     size_t index;
     long word;
 };
@@ -322,14 +323,18 @@ class PyTokenizer {
         clock.mark(stage_ns_, kInputs);
         size_t bytes = 0;
         for (const std::string_view& seg : in.segs) bytes += seg.size();
-        for (const PendingText& p : ws.pending) bytes += p.chars;
         // a short input is encoded in about the time that releasing and taking back the GIL takes
         const bool gil_released = bytes >= kReleaseGilBytes;
+        Tokenizer::ChunkHooks hooks;
+        // the non-ASCII strs' UTF-8, made by the thread that encodes them, just before it does
+        std::atomic<size_t> bad_text{SIZE_MAX};
+        ws.utf8.resize(ws.pending.size());
+        if (!ws.pending.empty())
+            hooks.prepare = [&ws, &bad_text](size_t begin, size_t end) { return to_utf8(ws, begin, end, bad_text); };
         // Lists whose shape is known before encoding (one row per item, a fixed width) are built
         // chunk by chunk on this thread, with the GIL taken back for each chunk, while the pool
         // encodes the chunks after it: building them was the largest serial step of a batch.
         std::unique_ptr<ListBuilder> builder;
-        std::function<void(size_t)> consume;
         if (!o.packed && !o.numpy && !o.overflow && o.padding != Padding::kLongest) {
             const size_t width = o.padding == Padding::kMaxLength ? padded_width(o, 0) : 0;
             try {
@@ -342,7 +347,7 @@ class PyTokenizer {
                 throw py::error_already_set();
             }
             PyThreadState* const state = PyThreadState_Get();
-            consume = [&builder, &rows, gil_released, state](size_t c) {
+            hooks.consume = [&builder, &rows, gil_released, state](size_t c) {
                 // at interpreter exit this may not return (see without_gil): nothing to undo yet
                 if (gil_released) PyEval_RestoreThread(state);
                 try {
@@ -355,28 +360,31 @@ class PyTokenizer {
                 if (gil_released) PyEval_SaveThread();
             };
         }
-        const std::function<void(size_t)>* each_chunk = builder ? &consume : nullptr;
+        // A lone surrogate: Python's encoder raises, with the same message as ever. It names the
+        // first such str, also when another item failed too (a task's error skips later chunks,
+        // so every pending str is checked then).
+        auto raise_bad_text = [&](bool check_all) {
+            if (check_all && bad_text.load() == SIZE_MAX) to_utf8(ws, 0, n, bad_text);
+            if (bad_text.load() == SIZE_MAX) return;
+            const PendingText& p = ws.pending[bad_text.load()];
+            utf8_or_raise(p.text, p.what, p.index, p.word);
+        };
         try {
             if (!gil_released) {
-                to_utf8(ws, o.num_threads);
-                if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows, each_chunk);
+                tok_->encode_batch(in, o, rows, hooks);
             } else {
-                without_gil([&] {
-                    to_utf8(ws, o.num_threads);
-                    if (ws.bad_text == SIZE_MAX) tok_->encode_batch(in, o, rows, each_chunk);
-                });
+                without_gil([&] { tok_->encode_batch(in, o, rows, hooks); });
             }
         } catch (const TruncationError& e) {
+            raise_bad_text(true);
             throw py::value_error(e.what());
         } catch (const std::invalid_argument& e) {
+            raise_bad_text(true);
             throw py::value_error(e.what());
         } catch (const PythonError&) {
             throw py::error_already_set();
         }
-        if (ws.bad_text != SIZE_MAX) {  // a lone surrogate: Python's encoder raises, with the same message as ever
-            const PendingText& p = ws.pending[ws.bad_text];
-            utf8_or_raise(p.text, p.what, p.index, p.word);
-        }
+        raise_bad_text(false);
         clock.mark(stage_ns_, kEncode);
         Layout layout;
         try {
@@ -590,8 +598,9 @@ class PyTokenizer {
     }
 
     // Adds str h as the next segment. A non-ASCII str without a UTF-8 form yet is encoded later,
-    // on the pool without the GIL (to_utf8): encoding it here was the largest serial part of a
-    // batch of new non-ASCII text.
+    // without the GIL by the thread that encodes it (to_utf8): encoding it here was the largest
+    // serial part of a batch of new non-ASCII text. Until then its segment is the str's own
+    // characters, as long as chunk_bounds needs (about its UTF-8 size).
     void add_text(py::handle h, const char* what, size_t index, long word, Workspace& ws) {
         PyObject* o = h.ptr();
         if (!PyUnicode_Check(o))
@@ -606,35 +615,39 @@ class PyTokenizer {
             reinterpret_cast<PyCompactUnicodeObject*>(o)->utf8 != nullptr) {
             in.segs.push_back(utf8_or_raise(o, what, index, word));
         } else {
-            ws.pending.push_back(PendingText{o, in.segs.size(), static_cast<size_t>(PyUnicode_GET_LENGTH(o)),
-                                             what, index, word});
-            in.segs.emplace_back();
+            const size_t chars = static_cast<size_t>(PyUnicode_GET_LENGTH(o));
+            ws.pending.push_back(
+                PendingText{o, in.segs.size(), chars, what, std::strcmp(what, "text_pair") == 0, index, word});
+            in.segs.emplace_back(static_cast<const char*>(PyUnicode_DATA(o)), chars * PyUnicode_KIND(o));
         }
         Py_INCREF(o);
         ws.refs.push_back(o);
     }
 
-    // The UTF-8 form of every pending str (read without the GIL: a str is immutable and the batch
-    // holds a reference), on the pool; the first str with a lone surrogate stops it (bad_text).
-    void to_utf8(Workspace& ws, int num_threads) {
-        ws.bad_text = SIZE_MAX;
-        const size_t n = ws.pending.size();
-        if (!n) return;
-        ws.utf8.resize(n);
-        const size_t tasks = std::min(n, static_cast<size_t>(std::max(num_threads, 1)) * 8);
-        std::atomic<size_t> bad{SIZE_MAX};
-        tok_->parallel(tasks, num_threads, [&](size_t t) {
-            for (size_t k = n * t / tasks; k < n * (t + 1) / tasks; ++k) {
-                const PendingText& p = ws.pending[k];
-                if (!encode_utf8(PyUnicode_KIND(p.text), PyUnicode_DATA(p.text), p.chars, ws.utf8[k])) {
+    // The UTF-8 form of the pending strs of items [begin, end) (read without the GIL: a str is
+    // immutable and the batch holds a reference), into their segments; false when one has a lone
+    // surrogate (the first such str in the batch ends in bad).
+    static bool to_utf8(Workspace& ws, size_t begin, size_t end, std::atomic<size_t>& bad) {
+        const std::vector<PendingText>& pending = ws.pending;
+        bool ok = true;
+        for (const bool pair : {false, true}) {
+            auto it = std::lower_bound(pending.begin(), pending.end(), std::make_pair(pair, begin),
+                                       [](const PendingText& p, const std::pair<bool, size_t>& key) {
+                                           return std::make_pair(p.pair, p.index) < key;
+                                       });
+            for (; it != pending.end() && it->pair == pair && it->index < end; ++it) {
+                const size_t k = static_cast<size_t>(it - pending.begin());
+                if (!encode_utf8(PyUnicode_KIND(it->text), PyUnicode_DATA(it->text), it->chars, ws.utf8[k])) {
                     size_t seen = bad.load();
                     while (k < seen && !bad.compare_exchange_weak(seen, k)) {
                     }
+                    ok = false;
+                    break;  // the rest of this group cannot come first
                 }
+                ws.in.segs[it->seg] = ws.utf8[k];
             }
-        });
-        ws.bad_text = bad.load();
-        for (size_t k = 0; k < n; ++k) ws.in.segs[ws.pending[k].seg] = ws.utf8[k];
+        }
+        return ok;
     }
 
     void add_item(py::handle h, const char* what, size_t index, bool split_words, Workspace& ws) {
@@ -659,7 +672,6 @@ class PyTokenizer {
         std::vector<Rows> rows;
         std::vector<PendingText> pending;  // strs to encode as UTF-8 without the GIL, and their bytes
         std::vector<std::string> utf8;
-        size_t bad_text = SIZE_MAX;        // the first pending str that has no UTF-8 form
         bool busy = false;
         // Drops the input references, empties the buffers and keeps their memory, unless a large
         // batch grew them: an idle thread should not hold its largest batch's rows.

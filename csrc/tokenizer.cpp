@@ -384,7 +384,7 @@ std::vector<size_t> Tokenizer::chunk_bounds(const BatchInput& in, int num_thread
 }
 
 void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out,
-                             const std::function<void(size_t)>* consume) {
+                             const ChunkHooks& hooks) {
     opts.validate();
     const PostConfig cfg = opts.post(template_);
     const int num_threads = opts.num_threads;
@@ -395,6 +395,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
     for (Rows& r : out) r.clear();
     parallel(chunks, num_threads, [&](size_t c) {
         const size_t begin = bounds[c], end = bounds[c + 1];
+        if (hooks.prepare && !hooks.prepare(begin, end)) return;
         ThreadCache* tc = take_cache();
         // kept with the caches: its buffers are reused, not allocated again, by the next batch
         Scratch& s = tc->scratch;
@@ -428,7 +429,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
             }
             post_process(s.a, has_pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
         }
-    }, consume);
+    }, hooks.consume ? &hooks.consume : nullptr);
 }
 
 }  // namespace fastbert

@@ -79,13 +79,20 @@ class Tokenizer {
     void encode(const std::string_view* segs, size_t nseg, bool offsets, Scratch& s, Encoded& out,
                 size_t limit = SIZE_MAX) const;
 
+    // What the caller of encode_batch does around each chunk; both optional.
+    struct ChunkHooks {
+        // On the thread that encodes items [begin, end), before it reads their segments (it may
+        // fill them in); false leaves the chunk without rows (the caller then fails the batch).
+        std::function<bool(size_t begin, size_t end)> prepare;
+        // On the calling thread, for each chunk c in order as soon as out[0..c] are final, while the
+        // pool still encodes the later chunks (ThreadPool::run).
+        std::function<void(size_t c)> consume;
+    };
     // Encodes and post-processes a batch; one Rows per chunk, in input order. The layout options
     // (padding, packed, numpy) play no part here: output_layout.h reads them.
-    // opts.num_threads <= 1 runs on the calling thread. With consume, the calling thread also calls
-    // consume(c) for each chunk c in order as soon as out[0..c] are final, while the pool still
-    // encodes the later chunks (ThreadPool::run).
+    // opts.num_threads <= 1 runs on the calling thread.
     void encode_batch(const BatchInput& in, const EncodeOptions& opts, std::vector<Rows>& out,
-                      const std::function<void(size_t)>* consume = nullptr);
+                      const ChunkHooks& hooks = {});
     // The post-processor's template (BERT's with ids 0 until set); validated here. Not while a
     // batch runs: the Python object sets it once, when it is made.
     void set_template(Template t) {

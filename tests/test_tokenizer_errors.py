@@ -80,6 +80,37 @@ def test_lone_surrogate_names_its_index(tok, padded):
         tok("ab\udfffc")
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_first_lone_surrogate_is_named_in_a_threaded_batch(model_dir, threads):
+    # Non-ASCII strs are made UTF-8 by the thread that encodes their chunk: with bad strs in several
+    # chunks (texts and pairs), and an item that fails truncation besides, the error still names the
+    # first bad str, every time.
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=threads)
+    texts = [f"línea {i} " + "pálabra " * 40 for i in range(400)]  # over 100 KB: many chunks
+    pairs = list(texts)
+    texts[150] = "x\ud800y"
+    texts[390] = "\udfff"
+    pairs[20] = "p\ud801"
+    for _ in range(3):
+        with pytest.raises(ValueError, match=r"batch item 150 has a lone surrogate U\+D800"):
+            tok(texts, return_tensors="np", padding=True)
+        with pytest.raises(ValueError, match=r"batch item 150 "):
+            tok(texts, pairs)
+        with pytest.raises(ValueError, match=r"text_pair item 20 has a lone surrogate U\+D801"):
+            tok([t.replace("\ud800", "").replace("\udfff", "") for t in texts], pairs)
+    # item 0 cannot be cut to max_length (only_second, a long first text): the surrogate still wins
+    short = ["b"] * len(texts)
+    with pytest.raises(ValueError, match=r"batch item 150 has a lone surrogate"):
+        tok(texts, short, truncation="only_second", max_length=10)
+    clean = [t.replace("\ud800", "").replace("\udfff", "") for t in texts]
+    with pytest.raises(ValueError, match="Truncation error"):
+        tok(clean, short, truncation="only_second", max_length=10)
+    # and the strs converted before the error give the same ids as ever afterwards
+    serial = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1)
+    assert tok(clean, pairs[:20] + ["p"] + pairs[21:])["input_ids"] == \
+        serial(clean, pairs[:20] + ["p"] + pairs[21:])["input_ids"]
+
+
 def test_mismatched_pair_batch(tok):
     with pytest.raises(ValueError, match=r"\b3\b.*\b2\b|\b2\b.*\b3\b"):
         tok(["a", "b", "c"], ["x", "y"])
