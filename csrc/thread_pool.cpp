@@ -83,6 +83,8 @@ void ThreadPool::drain() {
 void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
     for (size_t next = 0; next < n_tasks_ && !failed_.load();) {
         if (task_done_[next].load(std::memory_order_acquire)) {
+            // a task that threw set failed_ before its done flag: its output is never consumed
+            if (failed_.load()) break;
             consume(next++);
             continue;
         }
