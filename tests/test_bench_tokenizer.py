@@ -61,3 +61,9 @@ def test_thread_scaling_rows(model_dir):
     assert [r["vs 1 thread"] for r in rows if r["threads"] == 1] == [1.0, 1.0]
     assert all("stages" not in r for r in rows)  # the default build compiles the timers out
     assert "vs 1 thread" in tb.format_scaling(rows)
+    # the machine's own ceiling for 2 threads, measured in the same run: more than none, at most 2x
+    # (with timing noise)
+    assert all(0.3 < r["machine ceiling"] <= 2.6 for r in rows)
+    low, high = rows[0]["machine ceiling range"]
+    assert low <= rows[0]["machine ceiling"] <= high
+    assert "machine ceiling: 2 threads" in tb.format_scaling(rows)

@@ -40,3 +40,26 @@ def version(dist: str) -> str | None:
 def versions(dists) -> dict:
     """{"python": ..., dist: version or None} for the packages a result row depends on."""
     return {"python": platform.python_version(), **{dist: version(dist) for dist in dists}}
+
+
+def parallel_ceiling(workers: int, nbytes: int = 32 << 20) -> float:
+    """How much faster ``workers`` threads do ``workers`` times the work of one, on plain CPU-bound C
+    work that releases the GIL (SHA-256 of ``nbytes`` each): the most any thread pool can gain here
+    at this moment. Below ``workers`` when virtual cores share a physical one or the host is busy."""
+    import hashlib
+    import threading
+    import time
+
+    data = b"\x01" * nbytes  # written, so its pages are mapped before anything is timed
+
+    def timed(n: int) -> float:
+        threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+
+    timed(1)  # the first pass pays for the threads' and the buffer's first touches
+    return workers * timed(1) / timed(workers)

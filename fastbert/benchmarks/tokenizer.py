@@ -467,7 +467,10 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     count, with "vs 1 thread" (median MB/s over the first count's). When the extension was built with
     -DFASTBERT_STAGE_TIMES, each row also carries "stages": CPU ms per call of each stage of the C++ call
     (GIL-held stages: the calling thread's CPU; "encode" and "output_threads": every thread's), and
-    "serial": the GIL-held share of that CPU time, which bounds the speedup as Amdahl's law says."""
+    "serial": the GIL-held share of that CPU time, which bounds the speedup as Amdahl's law says.
+    Every row carries "machine ceiling": the median of env.parallel_ceiling samples for the largest
+    count, taken after each text and path (what independent threads of plain C work gained meanwhile),
+    and "machine ceiling range"."""
     say = progress or (lambda message: None)
     texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
     reps = _reps(quick, smoke)
@@ -476,6 +479,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     rows = []
+    ceiling = []  # env.parallel_ceiling samples, after each case
     peers = {n: FastbertPeer(model_dir, n) for n in threads}
     for text_name, docs in texts.items():
         for path, method in PATHS.items():
@@ -485,6 +489,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                 p.tok._core.stage_times()  # drop what loading and earlier calls summed
             rounds = Rounds(docs, tags)
             results = time_interleaved(calls, rounds, **reps)
+            if max(threads) > 1:
+                ceiling += [env.parallel_ceiling(max(threads), 4 << 20 if smoke else 32 << 20)
+                            for _ in range(1 if smoke else 3)]
             nbytes = corpus.total_bytes(rounds(1))
             for n, result in results.items():
                 row = {"name": "fastbert", "text": text_name, "path": path, "threads": n, **common}
@@ -501,6 +508,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                     row.update({"stages": ms, "serial": held / sum(ms.values())})
                 rows.append(row)
     for r in rows:
+        if ceiling:
+            r["machine ceiling"] = statistics.median(ceiling)
+            r["machine ceiling range"] = [min(ceiling), max(ceiling)]
         first = next((o for o in rows if (o["text"], o["path"], o["threads"]) == (r["text"], r["path"], threads[0])),
                      None)
         r["vs 1 thread"] = r["MB/s"] / first["MB/s"] if r.get("MB/s") and first and first.get("MB/s") else None
@@ -525,4 +535,10 @@ def format_scaling(rows: list[dict]) -> str:
         stages = " ".join(f"{k} {v:.3f}" for k, v in r.get("stages", {}).items()) or r.get("error", "")
         mbs = f"{r['MB/s']:.2f}" if r.get("MB/s") else "-"
         lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}{mbs:>9}{vs:>13}{serial:>12}{bound:>14}  {stages}")
+    top = max((r for r in rows if "machine ceiling" in r), key=lambda r: r["threads"], default=None)
+    if top:
+        low, high = top["machine ceiling range"]
+        lines.append(f"machine ceiling: {top['threads']} threads of plain C work (SHA-256, GIL released) did "
+                     f"{top['machine ceiling']:.2f}x the work of one in the same time (median; {low:.2f}-{high:.2f}x), "
+                     "the most any thread pool could gain here meanwhile")
     return "\n".join(lines)
