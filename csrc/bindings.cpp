@@ -158,11 +158,11 @@ py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const
 }
 
 // A str of a batch whose UTF-8 bytes are made without the GIL: segment seg of the batch, and what
-// names it in an error (pair: a text_pair's). A batch's pending strs are in input order, texts first.
+// names it in an error (a text or a text_pair, its item and word). A batch's pending strs are in
+// input order, texts first.
 struct PendingText {
     PyObject* text;
     size_t seg, chars;
-    const char* what;
     bool pair;
     size_t index;
     long word;
@@ -297,7 +297,7 @@ class PyTokenizer {
         in.a.reserve(n + 1);
         in.segs.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            add_item(items[i], "batch", i, o.split_words, ws);
+            add_item(items[i], false, i, o.split_words, ws);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
         }
         if (!pairs.is_none()) {
@@ -314,7 +314,7 @@ class PyTokenizer {
                     in.single.resize(n, 0);
                     in.single[i] = 1;
                 } else {
-                    add_item(pitems[i], "text_pair", i, o.split_words, ws);
+                    add_item(pitems[i], true, i, o.split_words, ws);
                 }
                 in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             }
@@ -367,7 +367,7 @@ class PyTokenizer {
             if (check_all && bad_text.load() == SIZE_MAX) to_utf8(ws, 0, n, bad_text);
             if (bad_text.load() == SIZE_MAX) return;
             const PendingText& p = ws.pending[bad_text.load()];
-            utf8_or_raise(p.text, p.what, p.index, p.word);
+            utf8_or_raise(p.text, p.pair, p.index, p.word);
         };
         try {
             if (!gil_released) {
@@ -570,14 +570,14 @@ class PyTokenizer {
 
     // "batch item 3" / "text_pair item 3" or, for a pre-split word (word >= 0), "word 2 of batch item 3";
     // made only on error
-    static std::string where(const char* what, size_t index, long word) {
-        const std::string item = std::string(what) + " item " + std::to_string(index);
+    static std::string where(bool pair, size_t index, long word) {
+        const std::string item = std::string(pair ? "text_pair" : "batch") + " item " + std::to_string(index);
         return word < 0 ? item : "word " + std::to_string(word) + " of " + item;
     }
 
     // The UTF-8 bytes of str h (Python's, made and cached in h if needed), or a ValueError naming
     // the item.
-    static std::string_view utf8_or_raise(PyObject* h, const char* what, size_t index, long word) {
+    static std::string_view utf8_or_raise(PyObject* h, bool pair, size_t index, long word) {
         Py_ssize_t len = 0;
         const char* p = PyUnicode_AsUTF8AndSize(h, &len);
         if (!p) {
@@ -588,11 +588,11 @@ class PyTokenizer {
                 if (c >= 0xD800 && c < 0xE000) {
                     char buf[16];
                     snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(c));
-                    throw py::value_error(where(what, index, word) + " has a lone surrogate " + buf + " at character " +
+                    throw py::value_error(where(pair, index, word) + " has a lone surrogate " + buf + " at character " +
                                           std::to_string(j) + "; it cannot be encoded as UTF-8");
                 }
             }
-            throw py::value_error(where(what, index, word) + " cannot be encoded as UTF-8");
+            throw py::value_error(where(pair, index, word) + " cannot be encoded as UTF-8");
         }
         return std::string_view(p, static_cast<size_t>(len));
     }
@@ -601,10 +601,10 @@ class PyTokenizer {
     // without the GIL by the thread that encodes it (to_utf8): encoding it here was the largest
     // serial part of a batch of new non-ASCII text. Until then its segment is the str's own
     // characters, as long as chunk_bounds needs (about its UTF-8 size).
-    void add_text(py::handle h, const char* what, size_t index, long word, Workspace& ws) {
+    void add_text(py::handle h, bool pair, size_t index, long word, Workspace& ws) {
         PyObject* o = h.ptr();
         if (!PyUnicode_Check(o))
-            throw py::type_error(where(what, index, word) + " is " + std::string(Py_TYPE(o)->tp_name) + ", not str");
+            throw py::type_error(where(pair, index, word) + " is " + std::string(Py_TYPE(o)->tp_name) + ", not str");
         BatchInput& in = ws.in;
 #if PY_VERSION_HEX < 0x030C0000
         const bool ready = PyUnicode_IS_READY(o);
@@ -613,11 +613,10 @@ class PyTokenizer {
 #endif
         if (!ready || PyUnicode_IS_ASCII(o) || !PyUnicode_IS_COMPACT(o) ||
             reinterpret_cast<PyCompactUnicodeObject*>(o)->utf8 != nullptr) {
-            in.segs.push_back(utf8_or_raise(o, what, index, word));
+            in.segs.push_back(utf8_or_raise(o, pair, index, word));
         } else {
             const size_t chars = static_cast<size_t>(PyUnicode_GET_LENGTH(o));
-            ws.pending.push_back(
-                PendingText{o, in.segs.size(), chars, what, std::strcmp(what, "text_pair") == 0, index, word});
+            ws.pending.push_back(PendingText{o, in.segs.size(), chars, pair, index, word});
             in.segs.emplace_back(static_cast<const char*>(PyUnicode_DATA(o)), chars * PyUnicode_KIND(o));
         }
         Py_INCREF(o);
@@ -650,17 +649,17 @@ class PyTokenizer {
         return ok;
     }
 
-    void add_item(py::handle h, const char* what, size_t index, bool split_words, Workspace& ws) {
+    void add_item(py::handle h, bool pair, size_t index, bool split_words, Workspace& ws) {
         if (!split_words) {
-            add_text(h, what, index, -1, ws);
+            add_text(h, pair, index, -1, ws);
             return;
         }
         if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr()))
-            throw py::type_error(where(what, index, -1) + " is " +
+            throw py::type_error(where(pair, index, -1) + " is " +
                                  std::string(Py_TYPE(h.ptr())->tp_name) +
                                  ", not a list of words (is_split_into_words=True)");
         long k = 0;
-        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, what, index, k++, ws);
+        for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, pair, index, k++, ws);
     }
 
     // Per-thread buffers of encode_batch (see there).

@@ -42,10 +42,11 @@ def versions(dists) -> dict:
     return {"python": platform.python_version(), **{dist: version(dist) for dist in dists}}
 
 
-def parallel_ceiling(workers: int, nbytes: int = 32 << 20) -> float:
+def parallel_ceiling(workers: int, samples: int = 1, nbytes: int = 32 << 20) -> list[float]:
     """How much faster ``workers`` threads do ``workers`` times the work of one, on plain CPU-bound C
     work that releases the GIL (SHA-256 of ``nbytes`` each): the most any thread pool can gain here
-    at this moment. Below ``workers`` when virtual cores share a physical one or the host is busy."""
+    at this moment, ``samples`` times. Below ``workers`` when virtual cores share a physical one or
+    the host is busy."""
     import hashlib
     import threading
     import time
@@ -61,5 +62,5 @@ def parallel_ceiling(workers: int, nbytes: int = 32 << 20) -> float:
             t.join()
         return time.perf_counter() - start
 
-    timed(1)  # the first pass pays for the threads' and the buffer's first touches
-    return workers * timed(1) / timed(workers)
+    timed(1)  # the first pass pays for the first touches of the buffer and the hashing code
+    return [workers * timed(1) / timed(workers) for _ in range(samples)]
