@@ -41,11 +41,11 @@ class HostReads(TorchFunctionMode):
         return [r for r in self.reads if not r[0].startswith(OPS_DIR)]
 
 
-def build(family):
+def build(family, backend="torch"):
     cls, kwargs, prefix = FAMILIES[family]
     torch.manual_seed(0)
     hf = getattr(T, prefix + "Model")(cls(**kwargs)).eval()
-    fast = getattr(fastbert, prefix + "Model").from_hf_config(hf.config, backend="torch")
+    fast = getattr(fastbert, prefix + "Model").from_hf_config(hf.config, backend=backend)
     fast.load_state_dict(hf.state_dict(), strict=True)
     return fast.eval()
 
@@ -116,6 +116,19 @@ def test_forward_packed_compiles_with_fullgraph():
     with torch.no_grad():
         torch.testing.assert_close(compiled(**packed).last_hidden_state,
                                    model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_a_model_loaded_as_users_do_compiles():
+    """The default backend ("auto") runs CPU fp32 inference through oneDNN's fused linear, which
+    torch.compile cannot trace: compiled, it must take the plain path (packed and padded forward)."""
+    model = build("bert", backend="auto")
+    padded, packed = padded_and_packed(model.config)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model.forward_packed, fullgraph=True)(**packed).last_hidden_state
+        torch.testing.assert_close(got, model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
+        got = torch.compile(model)(**padded).last_hidden_state
+        torch.testing.assert_close(got, model(**padded).last_hidden_state, atol=1e-5, rtol=0)
 
 
 def test_forward_packed_input_errors():

@@ -2,7 +2,7 @@
 
 - `linear_ref`: F.linear, then the activation or the add. Pure torch; the test oracle.
 - oneDNN (`torch.ops.mkldnn._linear_pointwise`, the op torch.compile's CPU backend emits) for CPU
-  fp32 inference (no tensor needs a gradient), backend="auto" only: the epilogue runs inside the
+  fp32 inference (no tensor needs a gradient), backend="auto" only, eager only: the epilogue runs inside the
   GEMM, so FFN1's 4x-wide activation is written once instead of read and written again, and the
   residual add after an output projection costs no extra pass. On a 2-core x86 box this is
   1.2-1.7x faster than F.linear for BERT's shapes.
@@ -40,8 +40,11 @@ def _check(x, weight, bias, activation, residual, backend) -> None:
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, backend: str = "auto") -> bool:
-    """True when `linear` runs this call as one oneDNN GEMM with its epilogue fused."""
-    return (backend == "auto" and _ONEDNN is not None and x.device.type == "cpu" and x.dim() == 2
+    """True when `linear` runs this call as one oneDNN GEMM with its epilogue fused. Never while
+    torch.compile traces: the op has no fake kernel, and Inductor makes the same fusion itself
+    from F.linear (with weights it packs)."""
+    return (backend == "auto" and _ONEDNN is not None and not torch.compiler.is_compiling()
+            and x.device.type == "cpu" and x.dim() == 2
             and x.dtype == weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
