@@ -41,10 +41,10 @@ SEQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 BATCH_BUCKETS = tuple(1 << k for k in range(13))                             # 1 ... 4096
 
 
-def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
+def _bucket(n: int, buckets: Sequence[int], what: str, option: str) -> int:
     i = bisect.bisect_left(buckets, n)
     if i == len(buckets):
-        raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]}; pass larger {what} buckets "
+        raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]}; pass larger {option} "
                          f"to fastbert.cuda_graphs")
     return buckets[i]
 
@@ -65,13 +65,30 @@ class Plan:
 
 
 def plan_for(tokens: int, batch: int, max_seqlen: int, has_token_types: bool, has_positions: bool,
-             token_buckets=TOKEN_BUCKETS, seq_buckets=SEQ_BUCKETS, batch_buckets=BATCH_BUCKETS) -> Plan:
-    """The bucket for a call with these sizes."""
-    seq = _bucket(max(max_seqlen, 1), seq_buckets, "max_seqlen")
-    padded = _bucket(max(tokens, 1), token_buckets, "tokens")
+             token_buckets=TOKEN_BUCKETS, seq_buckets=SEQ_BUCKETS, batch_buckets=BATCH_BUCKETS,
+             seq_limit: Optional[int] = None) -> Plan:
+    """The bucket for a call with these sizes. seq_limit: the model's longest sequence (its position
+    table), which the max_seqlen bucket never exceeds when it holds the call's max_seqlen."""
+    seq = _bucket(max(max_seqlen, 1), seq_buckets, "max_seqlen", "seq_buckets")
+    if seq_limit is not None and max(max_seqlen, 1) <= seq_limit < seq:
+        seq = seq_limit
+    padded = _bucket(max(tokens, 1), token_buckets, "tokens", "token_buckets")
     pad_sequences = -(-(padded - tokens) // seq)
-    return Plan(padded, _bucket(batch + pad_sequences, batch_buckets, "sequences"), seq,
+    return Plan(padded, _bucket(batch + pad_sequences, batch_buckets, "sequences", "batch_buckets"), seq,
                 has_token_types, has_positions)
+
+
+def _check_fits_int32(name: str, t: torch.Tensor) -> None:
+    """The metadata buffer is int32: a host tensor's values must fit, or they would wrap around
+    into other, valid ids. (Device tensors are not read: that would sync.)"""
+    if t.device.type != "cpu" or t.numel() == 0 or t.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
+        return
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    low, high = (int(v) for v in torch.aminmax(t))
+    if low < -2**31 or high >= 2**31:
+        raise ValueError(f"{name} has values outside int32 ({low} ... {high}); they cannot be ids, token "
+                         f"types or positions")
 
 
 def pack_metadata(plan: Plan, input_ids, cu_seqlens, token_type_ids=None, position_ids=None,
@@ -171,22 +188,31 @@ class CudaGraphs:
         return sum(g.graph is not None for g in self._state.graphs.values())
 
     def plan(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> Plan:
+        limit = getattr(self.model, "max_sequence_length", None)
+        seq_limit = limit() if callable(limit) and position_ids is None else None
         return plan_for(input_ids.shape[0], cu_seqlens.shape[0] - 1, int(max_seqlen), token_type_ids is not None,
-                        position_ids is not None, *self.buckets)
+                        position_ids is not None, *self.buckets, seq_limit=seq_limit)
 
     # -- a call ----------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                  token_type_ids: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None):
         if isinstance(max_seqlen, torch.Tensor):
             raise ValueError("max_seqlen must be a Python int, not a tensor")
-        if input_ids.dim() != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        if input_ids.dim() != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
             raise ValueError(f"input_ids must be (tokens,) and cu_seqlens (batch + 1,), got "
                              f"{tuple(input_ids.shape)} and {tuple(cu_seqlens.shape)}")
-        for name, t in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-            if t is not None and t.shape != input_ids.shape:
+        for name, t in (("input_ids", input_ids), ("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+            if t is None:
+                continue
+            if t.shape != input_ids.shape:
                 raise ValueError(f"{name} must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(t.shape)}")
+            _check_fits_int32(name, t)
         if cu_seqlens.device.type == "cpu":
-            check_cu_seqlens(cu_seqlens, input_ids.shape[0], int(max_seqlen))
+            if cu_seqlens.numel() > 1:
+                check_cu_seqlens(cu_seqlens, input_ids.shape[0], int(max_seqlen))
+            elif input_ids.shape[0]:
+                raise ValueError(f"cu_seqlens {cu_seqlens.tolist()} holds no sequence but input_ids has "
+                                 f"{input_ids.shape[0]} tokens")
         plan = self.plan(input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
         signature = self._signature()
         if signature != self._state.signature:

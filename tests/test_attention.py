@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -488,6 +489,11 @@ def test_check_cu_seqlens_helper():
             check_cu_seqlens(*args)
     with pytest.raises(ValueError, match="Python int"):
         varlen_attention(*(torch.zeros(7, 1, 16),) * 3, cu, torch.tensor(4))
+    # refused, not converted: int("4") or int(4.9) would pass a different value than the caller's
+    for bad in ("4", 4.9, True, -1):
+        with pytest.raises(ValueError, match=r"max_seqlen must be a Python int >= 0, got"):
+            varlen_attention(*(torch.zeros(7, 1, 16),) * 3, cu, bad)
+    assert varlen_attention(*(torch.zeros(7, 1, 16),) * 3, cu, np.int64(4), backend="torch").shape == (7, 1, 16)
 
 
 # ------------------------------------------------------------------------------------------------

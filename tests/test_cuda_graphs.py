@@ -67,10 +67,16 @@ def test_plan_rounds_up_and_pads_with_sequences():
     assert torch.equal(got_types[:100], types.int()) and torch.all(got_types[100:] == 0)
     many = plan_for(200, 2, 10, False, False, token_buckets=(256,), seq_buckets=(16,), batch_buckets=(8, 16))
     assert many.batch == 8 and math.ceil(56 / 16) + 2 <= many.batch
-    with pytest.raises(ValueError, match="tokens 300 exceeds the largest bucket 256"):
+    with pytest.raises(ValueError, match="tokens 300 exceeds the largest bucket 256; pass larger token_buckets"):
         plan_for(300, 2, 10, False, False, token_buckets=(256,), seq_buckets=(16,), batch_buckets=(8,))
-    with pytest.raises(ValueError, match="max_seqlen 17 exceeds"):
+    with pytest.raises(ValueError, match="max_seqlen 17 exceeds the largest bucket 16; pass larger seq_buckets"):
         plan_for(30, 2, 17, False, False, token_buckets=(256,), seq_buckets=(16,), batch_buckets=(8,))
+    # the max_seqlen bucket stops at the model's position limit (padding sequences too)
+    capped = plan_for(70, 1, 70, False, False, token_buckets=(256,), seq_buckets=(64, 128), batch_buckets=(8,),
+                      seq_limit=100)
+    assert capped.max_seqlen == 100 and capped.batch == 8
+    got_cu = unpack_metadata(capped, pack_metadata(capped, *_batch([70])[:2]))[1]
+    assert max(b - a for a, b in zip(got_cu.tolist()[:-1], got_cu.tolist()[1:])) == 100
 
 
 @pytest.mark.parametrize("with_types", [True, False])
@@ -120,6 +126,43 @@ def test_a_real_model_if_present(tmp_path):
     torch.testing.assert_close(got_h, ref_h, atol=1e-5, rtol=1e-5)
 
 
+def _saved_bert(tmp_path, **config):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, **config)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(tmp_path)
+    return fastbert.AutoModel.from_pretrained(str(tmp_path)).eval()
+
+
+def test_position_limit_between_buckets(tmp_path):
+    """A checkpoint with 100 positions: max_seqlen 70 rounds up to 100, not to the 128 bucket the
+    model would refuse, and sequences of exactly 100 tokens are served."""
+    model = _saved_bert(tmp_path, max_position_embeddings=100)
+    served = fastbert.cuda_graphs(model)
+    for lengths in ([70, 3], [100, 100, 1]):
+        ids, cu, mx, types = _batch(lengths, vocab=99, seed=4)
+        with torch.inference_mode():
+            ref = model.forward_packed(ids, cu, mx, token_type_ids=types).last_hidden_state
+        got = served(ids, cu, mx, token_type_ids=types).last_hidden_state
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_empty_batch_as_the_tokenizer_packs_it(tmp_path):
+    """tokenizer([], packed=True) gives cu_seqlens [0] and no tokens: forward_packed and the wrapper
+    return no rows instead of refusing the batch."""
+    model = _saved_bert(tmp_path, max_position_embeddings=64)
+    ids, cu = torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
+    with torch.inference_mode():
+        assert model.forward_packed(ids, cu, 0).last_hidden_state.shape == (0, 32)
+        model.check_packed(ids, cu, 0)
+    assert fastbert.cuda_graphs(model)(ids, cu, 0).last_hidden_state.shape == (0, 32)
+    with pytest.raises(ValueError, match="no sequence but input_ids has 2 tokens"):
+        fastbert.cuda_graphs(model)(torch.ones(2, dtype=torch.long), cu, 2)
+    with pytest.raises(ValueError, match="no sequences, but input_ids has 2 tokens"):
+        model.forward_packed(torch.ones(2, dtype=torch.long), cu, 2)
+
+
 def test_bad_arguments():
     model = TinyPackedEncoder()
     with pytest.raises(TypeError, match="forward_packed"):
@@ -132,6 +175,11 @@ def test_bad_arguments():
         served(ids, cu, torch.tensor(mx))
     with pytest.raises(ValueError, match="max_seqlen=3"):
         served(ids, cu, 3)
+    # the metadata buffer is int32: host values that do not fit are refused, not wrapped into valid ids
+    with pytest.raises(ValueError, match=r"input_ids has values outside int32 \(0 \.\.\. 4294967303\)"):
+        served(torch.where(torch.arange(9) == 3, 2**32 + 7, 0), cu, mx)
+    with pytest.raises(ValueError, match="token_type_ids has values outside int32"):
+        served(ids, cu, mx, token_type_ids=torch.full((9,), -2**40))
 
 
 @pytest.mark.gpu

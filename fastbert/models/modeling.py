@@ -445,7 +445,8 @@ class EncoderModel(FastPreTrainedModel):
         packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
         x = self.embed(input_ids, token_type_ids, self.packed_positions(cu_seqlens, tokens, position_ids), None,
                        self._backend)
-        x, _ = self._run_layers(x, packing, False, None)
+        if cu_seqlens.shape[0] > 1:   # an empty batch (the tokenizer's packed output for []) has no tokens to run
+            x, _ = self._run_layers(x, packing, False, None)
         return BaseModelOutput(last_hidden_state=x)
 
     def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> None:
@@ -530,9 +531,12 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
 def check_packed_shapes(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids):
     """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints)."""
     _check_integer("input_ids", input_ids, 1, "(tokens,) packed ids")
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 2:
-        raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 2, got {cu_seqlens.dtype} "
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 1, got {cu_seqlens.dtype} "
                          f"shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.shape[0] == 1 and input_ids.shape[0]:
+        raise ValueError(f"cu_seqlens of length 1 is a batch of no sequences, but input_ids has "
+                         f"{input_ids.shape[0]} tokens")
     if isinstance(max_seqlen, (bool, torch.Tensor)) or not isinstance(max_seqlen, (int, torch.SymInt)) or max_seqlen < 0:
         raise ValueError(f"max_seqlen must be a non-negative Python int (reading a tensor would sync), "
                          f"got {max_seqlen!r}")
@@ -561,7 +565,7 @@ def check_packed(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_t
     if checks:
         _raise_out_of_range(checks, torch.stack([s.long() for c in checks for s in (c[1].min(), c[1].max())]).tolist())
     cu = cu_seqlens.tolist()
-    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])] or [0]
     if cu[0] != 0 or cu[-1] != input_ids.shape[0]:
         raise ValueError(f"cu_seqlens must start at 0 and end at the token count {input_ids.shape[0]}, "
                          f"got {cu[0]} ... {cu[-1]}")

@@ -15,6 +15,7 @@ Sliding window (ModernBERT's local layers): varlen_attention(..., window=w) lets
 its own sequence only when |pos_i - pos_j| <= w, pos being the offset inside the sequence or the given
 `positions`; the kernel skips the key blocks outside the window (O(tokens * w) work)."""
 import math
+import operator
 from typing import Optional, Tuple
 
 import torch
@@ -62,6 +63,20 @@ def _check_mask(q, attention_mask) -> None:
         raise ValueError(f"attention_mask is on {attention_mask.device} but q is on {q.device}")
     if attention_mask.is_complex():
         raise ValueError(f"attention_mask must be bool, integer or float, got {attention_mask.dtype}")
+
+
+def seqlen_int(max_seqlen) -> int:
+    """max_seqlen as a Python int >= 0: an int, a numpy integer or a SymInt; a tensor (reading it
+    would sync the device), a float, a str or a bool is refused, not converted."""
+    if isinstance(max_seqlen, torch.Tensor):
+        raise ValueError("max_seqlen must be a Python int, not a tensor (reading one would sync the device)")
+    try:
+        n = operator.index(max_seqlen) if not isinstance(max_seqlen, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < 0:
+        raise ValueError(f"max_seqlen must be a Python int >= 0, got {max_seqlen!r}")
+    return n
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, total_tokens: int, max_seqlen: int) -> None:
@@ -464,9 +479,8 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
     fastbert.ops.sliding_window's blockwise reference (linear memory).
     cu_seqlens' values are checked here for CPU tensors only; see check_cu_seqlens()."""
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
-    if isinstance(max_seqlen, torch.Tensor):
-        raise ValueError("max_seqlen must be a Python int, not a tensor (reading one would sync the device)")
-    _check_packing(q, cu_seqlens, int(max_seqlen))
+    max_seqlen = seqlen_int(max_seqlen)
+    _check_packing(q, cu_seqlens, max_seqlen)
     _check_dropout(dropout_p, generator)
     _check_window(q, window, positions)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.library import triton_op
 
 from fastbert.ops._dispatch import dropout_seed, run_kernel
-from fastbert.ops.attention import _use_kernel
+from fastbert.ops.attention import _use_kernel, seqlen_int
 
 
 def _check_packed(q, k, v, cu_seqlens, positions) -> None:
@@ -440,8 +440,7 @@ _relative_op.register_autograd(_backward, setup_context=_setup_context)
 # ---- Public entry points --------------------------------------------------------------------------------
 def _validate(q, k, v, cu_seqlens, max_seqlen, positions, dropout_p):
     _check_packed(q, k, v, cu_seqlens, positions)
-    if isinstance(max_seqlen, torch.Tensor) or int(max_seqlen) < 0:
-        raise ValueError(f"max_seqlen must be a Python int >= 0, got {max_seqlen!r}")
+    seqlen_int(max_seqlen)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
