@@ -279,7 +279,10 @@ def _banded_terms(qb, pos_key, p2c, lut, radius, band, r0):
     batch, heads, m, _ = qb.shape
     L = p2c.shape[-1]
     c2p = torch.matmul(qb, pos_key.permute(1, 2, 0))                   # (batch, heads, m, K)
-    add = torch.empty((batch, heads, m, L), dtype=qb.dtype, device=qb.device)
+    # the products' dtype, as on the general path (under CPU autocast: bf16 / fp16, not qb's fp32)
+    dtype = c2p.dtype
+    p2c = p2c.to(dtype)
+    add = torch.empty((batch, heads, m, L), dtype=dtype, device=qb.device)
     c0, c1 = max(r0 - band + 1, 0), min(r0 + m + band - 1, L)
     hi, lo = int(lut[-1]), int(lut[0])
     if c0 > 0:                                                         # i - j >= band: index lut[-1]
@@ -290,7 +293,7 @@ def _banded_terms(qb, pos_key, p2c, lut, radius, band, r0):
         rows = torch.arange(r0, r0 + m, device=qb.device)
         cols = torch.arange(c0, c1, device=qb.device)
         index = lut[torch.clamp(rows[:, None] - cols[None, :], -radius, radius) + radius]   # (m, width)
-        tmp = torch.empty(index.shape, dtype=qb.dtype, device=qb.device)
+        tmp = torch.empty(index.shape, dtype=dtype, device=qb.device)
         for b in range(batch):
             for h in range(heads):
                 out = add[b, h, :, c0:c1]
