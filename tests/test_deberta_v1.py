@@ -93,6 +93,22 @@ def test_optimize_transformers_model():
     check_optimize(T.DebertaForSequenceClassification, config("c2p-no-abs-factorised"))
 
 
+V2_ONLY = dict(position_buckets=12, share_att_key=True, norm_rel_ebd="layer_norm", conv_kernel_size=3,
+               attention_head_size=16)
+
+
+def test_v2_only_settings_are_ignored_as_transformers_v1_does(tmp_path):
+    """transformers' v1 reads none of V2_ONLY: no log buckets (position_buckets equal to
+    max_relative_positions keeps the table's shape, so a v1 that bucketed would load and be wrong),
+    no shared keys, no conv layer, no rel-embedding norm, and hidden / heads per head."""
+    hf, fast = save_model("Deberta", "Model", config("base", **V2_ONLY), tmp_path)
+    x = inputs(hf.config)
+    real = x["attention_mask"].bool()
+    with torch.no_grad():
+        compare("Model", hf(**x, output_hidden_states=True), fast(**x, output_hidden_states=True), real)
+    check_optimize(T.DebertaForSequenceClassification, config("base", **V2_ONLY))
+
+
 def test_refused_settings_are_named():
     with pytest.raises(ConfigError, match="talking_head"):
         fastbert.DebertaModel(config("base", talking_head=True))

@@ -49,6 +49,7 @@ def resolve_dims(config) -> Dims:
 
 
 def check_config(config, source: str) -> None:
+    """DeBERTa-v2's settings fastbert refuses, then those it shares with v1 (check_common_config)."""
     conv = getattr(config, "conv_kernel_size", 0) or 0
     if conv > 0:
         raise ConfigError(f"{source}: conv_kernel_size={conv} is not supported (fastbert does not implement "
@@ -57,13 +58,18 @@ def check_config(config, source: str) -> None:
     if head is not None and head * config.num_attention_heads != config.hidden_size:
         raise ConfigError(f"{source}: attention_head_size={head} is not supported (fastbert needs "
                           f"hidden_size / num_attention_heads = {config.hidden_size // config.num_attention_heads})")
-    bad = [t for t in (config.pos_att_type or []) if t not in POS_ATT_TYPES]
-    if bad:
-        raise ConfigError(f"{source}: pos_att_type entries {bad} are not supported (supported: {POS_ATT_TYPES})")
     norms = [x.strip() for x in str(getattr(config, "norm_rel_ebd", "none")).lower().split("|")]
     if any(n not in ("none", "layer_norm") for n in norms):
         raise ConfigError(f"{source}: norm_rel_ebd={getattr(config, 'norm_rel_ebd')!r} is not supported "
                           "('none' or 'layer_norm')")
+    check_common_config(config, source)
+
+
+def check_common_config(config, source: str) -> None:
+    """Settings that DeBERTa and DeBERTa-v2 read alike and fastbert refuses."""
+    bad = [t for t in (config.pos_att_type or []) if t not in POS_ATT_TYPES]
+    if bad:
+        raise ConfigError(f"{source}: pos_att_type entries {bad} are not supported (supported: {POS_ATT_TYPES})")
     for name in ("pooler_hidden_act",):
         act = getattr(config, name, "gelu")
         if act not in ACTIVATIONS:
@@ -82,11 +88,12 @@ def check_config(config, source: str) -> None:
 class RelativeSpec:
     """The relative-position settings every layer reads (transformers' DisentangledSelfAttention)."""
 
-    def __init__(self, config):
+    def __init__(self, config, v1: bool = False):
+        # v1 (transformers' modeling_deberta) reads neither share_att_key nor position_buckets
         self.relative = bool(getattr(config, "relative_attention", False))
         self.types = tuple(config.pos_att_type or ())
-        self.share_att_key = bool(getattr(config, "share_att_key", False))
-        self.position_buckets = getattr(config, "position_buckets", -1)
+        self.share_att_key = False if v1 else bool(getattr(config, "share_att_key", False))
+        self.position_buckets = -1 if v1 else getattr(config, "position_buckets", -1)
         self.max_relative_positions = getattr(config, "max_relative_positions", -1)
         if self.max_relative_positions < 1:
             self.max_relative_positions = config.max_position_embeddings

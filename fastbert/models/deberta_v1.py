@@ -10,7 +10,9 @@ What differs from DeBERTa-v2 (fastbert/models/deberta.py, which this file builds
 - no MultipleChoice head (transformers has none for DeBERTa v1).
 Embeddings (`position_biased_input`, `embedding_size` via `embed_proj`), LayerNorm names, the c2p / p2c
 math (fastbert.ops.relative_attention), ContextPooler and the heads are DeBERTa-v2's. Refused with a
-ConfigError: `talking_head=True`, and everything DeBERTa-v2 refuses.
+ConfigError: `talking_head=True`, and what DeBERTa-v2 refuses among the settings v1 reads too; v2-only
+settings (`position_buckets`, `share_att_key`, `norm_rel_ebd`, `conv_kernel_size`, `attention_head_size`)
+are ignored, as transformers' v1 ignores them.
 """
 from typing import Optional
 
@@ -27,10 +29,12 @@ resolve_dims = v2.resolve_dims
 
 
 def check_config(config, source: str) -> None:
+    """v1 ignores v2's settings as transformers' v1 does (position_buckets, share_att_key, norm_rel_ebd,
+    conv_kernel_size, attention_head_size): only what both read is checked, and talking_head."""
     if getattr(config, "talking_head", False):
         raise ConfigError(f"{source}: talking_head=True is not supported (fastbert does not implement DeBERTa's "
                           "talking-head projections)")
-    v2.check_config(config, source)
+    v2.check_common_config(config, source)
 
 
 class DisentangledSelfAttention(nn.Module):
@@ -91,7 +95,7 @@ class DebertaEncoder(nn.Module):
 
     def __init__(self, config, d):
         super().__init__()
-        self.spec = spec = v2.RelativeSpec(config)
+        self.spec = spec = v2.RelativeSpec(config, v1=True)
         self.layer = nn.ModuleList(DebertaLayer(config, d, spec) for _ in range(d.num_layers))
         if spec.relative:
             self.rel_embeddings = nn.Embedding(2 * spec.span, d.hidden_size)
