@@ -17,7 +17,7 @@ Containers are optimized through the transformers models inside them: a transfor
 (every transformers model in their modules, e.g. the `auto_model` of a Transformer or
 MLMTransformer); their other modules (Pooling, Dense, Normalize, SpladePooling, prompts, the
 CrossEncoder activation) are untouched. Every model inside is checked before any is changed.
-Unsupported models (another architecture, relative position embeddings, decoders) raise
+Unsupported models (another architecture, settings fastbert does not implement, decoders) raise
 fastbert.models.config.ConfigError, a ValueError, naming the setting; other objects raise
 TypeError naming their type and what is supported. Optimizing twice is a no-op.
 """
