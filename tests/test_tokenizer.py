@@ -12,6 +12,7 @@ options, and real text in full (pydoc topics; 1 MB of Django's translations in ~
 """
 import json
 import os
+import pickle
 import shutil
 import time
 
@@ -775,3 +776,29 @@ def test_english_full(vocab_dir):
     fb, hf = pair(vocab_dir)
     texts = corpus.english_texts()
     compare_batch(fb, hf, texts, "pydoc topics", return_offsets_mapping=True, return_special_tokens_mask=True)
+
+
+def test_add_tokens_as_transformers(model_dir, tmp_path):
+    """add_tokens: the same counts, ids, encodings and decoding as BertTokenizerFast.add_tokens, for
+    new words, a word already in the vocabulary, special tokens, AddedToken flags, repeats and ''; the
+    tokens survive save_pretrained and pickling."""
+    from tokenizers import AddedToken
+
+    fb, hf = fastbert.BertTokenizer.from_pretrained(model_dir), BertTokenizerFast.from_pretrained(model_dir)
+    for args in ((["newword", "hello", "foo_bar"],), ("[NEW]", True), ([AddedToken("<x>", lstrip=True)],),
+                 (["newword", ""],)):
+        assert fb.add_tokens(*args) == hf.add_tokens(*args), args
+        assert len(fb) == len(hf)
+    texts = ["a newword and foo_bar with [NEW]   <x> hello", "plain <x>text", "newwords"]
+    for got, want in ((fb(texts), hf(texts)), (fb(texts, texts[::-1], return_offsets_mapping=True),
+                                               hf(texts, texts[::-1], return_offsets_mapping=True))):
+        assert_same_encoding(got, want, "after add_tokens")
+    ids = hf(texts)["input_ids"][0]
+    for skip in (False, True):
+        assert fb.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+    assert fb.all_special_tokens == hf.all_special_tokens
+    with pytest.raises(TypeError, match="str or AddedToken"):
+        fb.add_tokens([3])
+    fb.save_pretrained(tmp_path)
+    assert fastbert.BertTokenizer.from_pretrained(tmp_path)(texts)["input_ids"] == hf(texts)["input_ids"]
+    assert pickle.loads(pickle.dumps(fb))(texts)["input_ids"] == hf(texts)["input_ids"]

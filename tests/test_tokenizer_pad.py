@@ -1,4 +1,5 @@
-"""BertTokenizer.pad against BertTokenizerFast.pad, and under transformers' DataCollatorWithPadding."""
+"""BertTokenizer.pad against BertTokenizerFast.pad, and under transformers' collators
+(DataCollatorWithPadding; DataCollatorForLanguageModeling, which also reads get_special_tokens_mask)."""
 import numpy as np
 import pytest
 import torch
@@ -75,3 +76,27 @@ def test_pad_errors_name_the_problem(pair):
         fast.pad([[101, 102]])
     with pytest.raises(ValueError, match="Unable to create tensor"):
         fast.pad([{"input_ids": [1]}, {"input_ids": [1, 2]}], padding=False, return_tensors="pt")
+
+
+def test_masked_lm_collator_and_special_tokens_mask(pair):
+    """DataCollatorForLanguageModeling on features without a special_tokens_mask asks the tokenizer
+    for one (already_has_special_tokens=True): same batch as with BertTokenizerFast, same seed."""
+    fast, hf = pair
+    feats_f = [{"input_ids": ids} for ids in fast(LINES[:4])["input_ids"]]
+    feats_h = [{"input_ids": ids} for ids in hf(LINES[:4])["input_ids"]]
+    batches = []
+    for tok, feats in ((fast, feats_f), (hf, feats_h)):
+        torch.manual_seed(0)
+        batches.append(transformers.DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.5)(feats))
+    _same(*batches)
+    assert (batches[0]["labels"] != -100).any()
+    ids = fast(LINES[0], LINES[1])["input_ids"] + [fast.pad_token_id]
+    assert fast.get_special_tokens_mask(ids, already_has_special_tokens=True) == \
+        hf.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    with pytest.raises(ValueError, match="already formatted"):
+        fast.get_special_tokens_mask(ids, [1], already_has_special_tokens=True)
+    # unformatted ids: where the template puts [CLS] / [SEP] (transformers 5's fast tokenizer raises here)
+    a, b = fast(LINES[0], add_special_tokens=False)["input_ids"], fast(LINES[1], add_special_tokens=False)["input_ids"]
+    assert fast.get_special_tokens_mask(a, b) == fast(LINES[0], LINES[1], return_special_tokens_mask=True)[
+        "special_tokens_mask"]
+    assert fast.get_special_tokens_mask(a) == [1] + [0] * len(a) + [1]

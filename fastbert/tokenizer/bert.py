@@ -400,6 +400,65 @@ class BertTokenizer:
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return self._num_specials[bool(pair)]
 
+    def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens: bool = False
+                                ) -> list[int]:
+        """1 for a special token, 0 for a sequence token. already_has_special_tokens: the ids are a
+        finished encoding, marked by membership in all_special_ids (as transformers does, and as
+        DataCollatorForLanguageModeling calls it); else where the template puts its special tokens
+        around token_ids_0 (and token_ids_1)."""
+        if already_has_special_tokens:
+            if token_ids_1 is not None:
+                raise ValueError("You should not supply a second sequence if the provided sequence of ids is "
+                                 "already formatted with special tokens for the model.")
+            special = set(self.all_special_ids)
+            return [1 if int(t) in special else 0 for t in token_ids_0]
+        single, pair = self._templates
+        mask = []
+        for piece, _ in (single if token_ids_1 is None else pair):
+            if piece == template.SEQ_A:
+                mask += [0] * len(token_ids_0)
+            elif piece == template.SEQ_B:
+                mask += [0] * len(token_ids_1)
+            else:
+                mask.append(1)
+        return mask
+
+    def add_tokens(self, new_tokens, special_tokens: bool = False) -> int:
+        """As transformers' add_tokens: str or AddedToken-like objects (content, lstrip, rstrip,
+        single_word, normalized, special), one or a list. Each becomes an added token, never split; one
+        missing from the vocabulary gets the next id. Returns how many were added (tokens already added,
+        and empty ones, are skipped)."""
+        items = new_tokens if isinstance(new_tokens, (list, tuple)) else [new_tokens]
+        known = {a["content"] for a in self._added}
+        fresh = []
+        for token in items:
+            if isinstance(token, str):
+                entry = {"content": token, "special": bool(special_tokens)}
+            elif isinstance(getattr(token, "content", None), str):
+                entry = {"content": token.content,
+                         "special": bool(special_tokens or getattr(token, "special", False))}
+                entry.update({k: bool(getattr(token, k)) for k in ("lstrip", "rstrip", "single_word", "normalized")
+                              if getattr(token, k, None) is not None})
+            else:
+                raise TypeError(f"add_tokens takes str or AddedToken tokens, got {type(token).__name__}: {token!r}")
+            if not entry["content"] or entry["content"] in known:
+                continue
+            entry.setdefault("normalized", not entry["special"])
+            known.add(entry["content"])
+            fresh.append(entry)
+        if not fresh:
+            return 0
+        next_id = len(self)
+        for entry in fresh:   # a vocabulary entry keeps its id; the others follow every id in use, in order
+            known_id = self._core.token_to_id(entry["content"])
+            entry["id"] = known_id if known_id is not None else next_id
+            next_id += known_id is None
+        state = self.__reduce__()[1][1]
+        state["added_tokens"] = state["added_tokens"] + fresh
+        rebuilt = type(self)(**state)
+        self.__dict__.update(rebuilt.__dict__)
+        return len(fresh)
+
     def __repr__(self) -> str:
         return (f"fastbert.BertTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
                 f"model_max_length={self.model_max_length}, do_lower_case={self.do_lower_case}, "
