@@ -74,3 +74,28 @@ def check_host_reads(fast, ids, mask, **extra):
             fast(input_ids=ids, attention_mask=mask, **extra)
     assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
     assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()
+
+
+def check_swapped_linears(hf, fast, targets, ids, mask):
+    """Modules swapped into the layers run, never read for .weight: a peft LoRA adapter on `targets`
+    gives what it gives on the transformers model (and changes the output), and fastbert.quantize's
+    int8 Linears stay within cosine 0.999 of fp32."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    with torch.no_grad():
+        base = fast(input_ids=ids, attention_mask=mask).last_hidden_state
+    lora = peft.LoraConfig(target_modules=list(targets), r=4, init_lora_weights=False)
+    torch.manual_seed(0)
+    theirs = peft.get_peft_model(copy.deepcopy(hf), lora)
+    ours = peft.get_peft_model(copy.deepcopy(fast), lora)
+    ours.load_state_dict(theirs.state_dict(), strict=True)          # the same LoRA weights
+    with torch.no_grad():
+        want = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = ours(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert max_diff(got, want, mask) <= ATOL
+    assert max_diff(got, base, mask) > 1e-2, "the adapter was not applied"
+    import fastbert
+    quantized = fastbert.quantize(copy.deepcopy(fast), "int8")
+    with torch.no_grad():
+        q = quantized(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert torch.nn.functional.cosine_similarity(q[real], base[real], dim=-1).min() >= 0.999

@@ -9,7 +9,7 @@ import transformers as T
 
 from fastbert.models import modernbert as MB
 from rotary_family import (ATOL, check_gradients, check_host_reads, check_save_pretrained,
-                           check_sentence_transformers_and_encoder, max_diff, pair)
+                           check_sentence_transformers_and_encoder, check_swapped_linears, max_diff, pair)
 
 BASE = dict(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
             local_attention=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -346,3 +346,10 @@ def test_forward_packed_traces_without_graph_breaks_in_this_family():
     breaks = [(r.user_stack[-1].filename, r.reason.splitlines()[0]) for r in explained.break_reasons
               if r.user_stack and os.path.basename(r.user_stack[-1].filename) in ours]
     assert breaks == [], breaks
+
+
+def test_lora_and_int8_linears_run_in_the_layers():
+    """peft LoRA and fastbert.quantize swap the Linears; the fused layer must call them, not read .weight."""
+    hf, fast = make_pair()
+    ids, mask = batch()
+    check_swapped_linears(hf, fast, ("Wqkv", "Wo", "Wi"), ids, mask)

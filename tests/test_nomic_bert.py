@@ -8,7 +8,7 @@ import transformers as T
 
 from fastbert.models import nomic_bert as NB
 from rotary_family import (ATOL, check_gradients, check_host_reads, check_save_pretrained,
-                           check_sentence_transformers_and_encoder, max_diff, pair)
+                           check_sentence_transformers_and_encoder, check_swapped_linears, max_diff, pair)
 
 BASE = dict(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             max_position_embeddings=64, type_vocab_size=2, num_labels=3,
@@ -201,3 +201,10 @@ def test_forward_packed_reads_no_device_value():
     _, fast = make_pair()
     ids, types, mask = batch()
     check_host_reads(fast, ids, mask, token_type_ids=types)
+
+
+def test_lora_and_int8_linears_run_in_the_layers():
+    """peft LoRA and fastbert.quantize swap the Linears; the fused layer must call them, not read .weight."""
+    hf, fast = make_pair()
+    ids, _, mask = batch()
+    check_swapped_linears(hf, fast, ("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"), ids, mask)

@@ -36,11 +36,12 @@ EPILOGUE = {"none": "gelu", "tanh": "gelu_tanh", "relu": "relu"}
 TORCH_ACTIVATION = {"none": F.gelu, "tanh": functools.partial(F.gelu, approximate="tanh"), "relu": torch.relu}
 
 
-def is_plain(module: nn.Module, cls: type) -> bool:
-    """Exactly `cls` (not a subclass or wrapper), with no hooks: its tensors say all it does."""
+def is_plain(module: nn.Module, cls: type, bias_required: bool = True) -> bool:
+    """Exactly `cls` (not a subclass or wrapper), with no hooks: its tensors say all it does. A
+    Linear without bias counts only with bias_required=False (the BERT-shaped layers fuse biases)."""
     if type(module) is not cls:
         return False
-    if cls is nn.Linear and module.bias is None:
+    if cls is nn.Linear and module.bias is None and bias_required:
         return False
     return not any(getattr(module, h, None) for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                                                        "_backward_pre_hooks"))

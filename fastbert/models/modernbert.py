@@ -24,10 +24,9 @@ from fastbert.models.heads import TaskModel, qa_loss, sequence_classification_lo
 from fastbert.models.outputs import (BaseModelOutput, MaskedLMOutput, MultipleChoiceModelOutput,
                                      QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
 from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
-                                            check_probability, check_rope_type, dense_attention, layer_norm,
-                                            residual_linear)
+                                            apply_linear, check_probability, check_rope_type, dense_attention,
+                                            layer_norm, residual_linear)
 from fastbert.ops import varlen_attention
-from fastbert.ops.linear import linear
 from fastbert.ops.rotary import Rotary, rotary
 from fastbert.ops.sliding_window import sliding_window_attention
 from fastbert.padding import Packing
@@ -156,7 +155,7 @@ class ModernBertEncoderLayer(nn.Module):
                 backend: str = "auto"):
         tokens, hidden = x.shape
         h = layer_norm(x, self.attn_norm, backend)
-        qkv = linear(h, self.attn.Wqkv.weight, self.attn.Wqkv.bias, backend=backend)
+        qkv = apply_linear(h, self.attn.Wqkv, backend)
         qkv = qkv.view(tokens, 3, self.num_heads, -1)
         cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
         q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
@@ -175,7 +174,7 @@ class ModernBertEncoderLayer(nn.Module):
                                            positions.window, dropout_p=drop, backend=backend)
         x = residual_linear(ctx.reshape(tokens, hidden), self.attn.Wo, x, drop, backend)  # out_drop
         h = layer_norm(x, self.mlp_norm, backend)
-        inp, gate = linear(h, self.mlp.Wi.weight, self.mlp.Wi.bias, backend=backend).chunk(2, dim=-1)
+        inp, gate = apply_linear(h, self.mlp.Wi, backend).chunk(2, dim=-1)
         g = self.mlp.drop(self.act(inp) * gate)                                # (tokens, intermediate)
         return residual_linear(g, self.mlp.Wo, x, 0.0, backend), probs
 

@@ -22,10 +22,9 @@ from fastbert.models.heads import (MaskedLMModel, PooledClassifier, Pooler, Sequ
 from fastbert.models.modeling import CheckpointError
 from fastbert.models.outputs import BaseModelOutputWithPooling
 from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
-                                            check_probability, check_rope_type, dense_attention, fused_weight,
+                                            check_probability, check_rope_type, dense_attention, fused_linear,
                                             layer_norm, post_norm)
 from fastbert.ops import varlen_attention
-from fastbert.ops.linear import linear
 from fastbert.ops.rotary import Rotary, rotary
 from fastbert.padding import Packing
 
@@ -149,8 +148,8 @@ class NomicBertLayer(nn.Module):
                 backend: str = "auto"):
         tokens = x.shape[0]
         a, m = self.self_attn, self.mlp
-        weight, bias = fused_weight((a.q_proj, a.k_proj, a.v_proj), self._qkv_cache)
-        qkv = linear(x, weight, bias, backend=backend).view(tokens, 3, self.num_heads, self.head_dim)
+        qkv = fused_linear(x, (a.q_proj, a.k_proj, a.v_proj), self._qkv_cache, backend)
+        qkv = qkv.view(tokens, 3, self.num_heads, self.head_dim)
         cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
         q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
         v = qkv[:, 2]
@@ -166,8 +165,7 @@ class NomicBertLayer(nn.Module):
                                    backend=backend)
         hidden_p = self.hidden_dropout if train else 0.0
         x = post_norm(ctx.reshape(tokens, -1), a.o_proj, x, self.post_attention_layernorm, hidden_p, backend)
-        weight, bias = fused_weight((m.gate_proj, m.up_proj), self._mlp_cache)
-        gate, up = linear(x, weight, bias, backend=backend).chunk(2, dim=-1)  # (tokens, intermediate) each
+        gate, up = fused_linear(x, (m.gate_proj, m.up_proj), self._mlp_cache, backend).chunk(2, dim=-1)
         x = post_norm(self.act(gate) * up, m.down_proj, x, self.post_mlp_layernorm, hidden_p, backend)
         return x, probs
 

@@ -17,6 +17,7 @@ from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
+from fastbert.models.layers import is_plain
 from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_packed_shapes
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import add_layer_norm
@@ -84,6 +85,33 @@ def sequence_positions(cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int,
     return Positions(rotary, None, max_seqlen)
 
 
+def _plain_linear(module: nn.Module) -> bool:
+    return is_plain(module, nn.Linear, bias_required=False)
+
+
+def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, residual=None) -> torch.Tensor:
+    """module(h) (+ residual): fastbert's GEMM (residual add in its epilogue) for a plain nn.Linear; any
+    other module (a peft LoRA wrapper, a QuantizedLinear, one with hooks) runs itself, so it is never
+    bypassed by reading its .weight."""
+    if _plain_linear(module):
+        return linear(h, module.weight, module.bias, residual=residual, backend=backend)
+    y = module(h)
+    if not isinstance(y, torch.Tensor) or y.shape[:-1] != h.shape[:-1]:
+        got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"{type(module).__name__} returned {got} for input {tuple(h.shape)}; fastbert's layer "
+                         f"needs a tensor of shape ({', '.join(map(str, h.shape[:-1]))}, features)")
+    return y if residual is None else y + residual.to(y.dtype)
+
+
+def fused_linear(h: torch.Tensor, linears, cache: dict, backend: str) -> torch.Tensor:
+    """The outputs of several Linears on the same input, side by side: one GEMM over their
+    concatenated weights when all are plain, else each module run on its own."""
+    if all(_plain_linear(m) for m in linears):
+        weight, bias = fused_weight(linears, cache)
+        return linear(h, weight, bias, backend=backend)
+    return torch.cat([apply_linear(h, m, backend) for m in linears], dim=-1)
+
+
 def fused_weight(linears, cache: dict) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Weights (and biases, when every Linear has one) of several Linears on the same input, concatenated
     for one GEMM; cached without autograd until a weight changes (data_ptr or in-place version)."""
@@ -106,6 +134,8 @@ def layer_norm(x: torch.Tensor, norm: nn.Module, backend: str = "auto", residual
     """norm(x + residual) for an nn.LayerNorm (bias or not) through fastbert's fused op; Identity passes."""
     if isinstance(norm, nn.Identity):
         return x if residual is None else x + residual
+    if not is_plain(norm, nn.LayerNorm):   # a wrapped or replaced norm runs itself
+        return norm(x if residual is None else x + residual)
     return add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, backend=backend)
 
 
@@ -114,8 +144,8 @@ def post_norm(h: torch.Tensor, dense: nn.Linear, residual: torch.Tensor, norm: n
     """norm(dropout(dense(h)) + residual), the post-LN step; without dropout the residual add is the
     GEMM's epilogue and the LayerNorm alone follows."""
     if dropout_p == 0.0 and residual.dtype == h.dtype:
-        return layer_norm(linear(h, dense.weight, dense.bias, residual=residual, backend=backend), norm, backend)
-    a = F.dropout(linear(h, dense.weight, dense.bias, backend=backend), dropout_p, dropout_p > 0)
+        return layer_norm(apply_linear(h, dense, backend, residual=residual), norm, backend)
+    a = F.dropout(apply_linear(h, dense, backend), dropout_p, dropout_p > 0)
     return layer_norm(a.to(residual.dtype), norm, backend, residual=residual)
 
 
@@ -123,8 +153,8 @@ def residual_linear(h: torch.Tensor, layer: nn.Linear, residual: torch.Tensor, d
                     backend: str) -> torch.Tensor:
     """residual + dropout(h W^T + b); without dropout the add is the GEMM's epilogue (oneDNN on CPU)."""
     if dropout_p == 0.0 and residual.dtype == h.dtype:
-        return linear(h, layer.weight, layer.bias, residual=residual, backend=backend)
-    out = F.dropout(linear(h, layer.weight, layer.bias, backend=backend), dropout_p, dropout_p > 0)
+        return apply_linear(h, layer, backend, residual=residual)
+    out = F.dropout(apply_linear(h, layer, backend), dropout_p, dropout_p > 0)
     return residual + out.to(residual.dtype)
 
 
