@@ -160,6 +160,10 @@ def _swap_encoder(base: nn.Module, config, source: str) -> None:
     if leftover:
         raise ConfigError(f"{source}: fastbert's {fast_cls.__name__} buffers {leftover} have no source")
     fast.train(base.training)
+    # transformers' gradient_checkpointing flag lives on the modules replaced below: keep it on base, where
+    # its gradient_checkpointing_enable / _disable (which set every module's flag) reach it, and the
+    # forward hands it to fastbert's encoder
+    base.gradient_checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
     _follow_order(fast, base)
     signature = inspect.signature(base.forward)
     output_class = _output_class(base.forward, fast)
@@ -230,6 +234,11 @@ class _OptimizedForward:
                 raise TypeError(f"{type(owner).__name__} optimized by fastbert: unexpected argument {name!r}")
         fast = owner._fastbert_encoder
         fast.training = owner.training                 # the shared children follow owner.train() already
+        if fast.gradient_checkpointing != bool(owner.gradient_checkpointing):
+            if owner.gradient_checkpointing:
+                fast.activation_checkpointing_enable()
+            else:
+                fast.activation_checkpointing_disable()
         out = self.output_class(**dict(fast(**call, return_dict=True)))
         if return_dict is None:
             return_dict = getattr(owner.config, "return_dict", True)

@@ -201,3 +201,42 @@ def test_sentence_transformer_real_checkpoint():
     got = model.encode(lines, convert_to_tensor=True)
     assert (got - ref).abs().max().item() <= TOL
     assert torch.nn.functional.cosine_similarity(got, ref, dim=1).min().item() >= 0.99999
+
+
+@pytest.mark.parametrize("cls,config", [
+    (T.BertForSequenceClassification, T.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=4, intermediate_size=37)),
+    (T.DistilBertForSequenceClassification, T.DistilBertConfig(vocab_size=99, dim=32, n_layers=2, n_heads=4,
+                                                               hidden_dim=37)),
+])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_gradient_checkpointing_reaches_the_fast_encoder(cls, config, when, monkeypatch):
+    """gradient_checkpointing_enable() before optimize() carries over, and after it reaches the fast
+    encoder (transformers' flag lived on the replaced modules: it was dropped, and DistilBERT refused
+    to enable it); disable() turns it off; the gradients are those without checkpointing."""
+    import fastbert.models.modeling as modeling
+    calls = []
+    recompute = modeling.checkpoint
+    monkeypatch.setattr(modeling, "checkpoint", lambda *a, **k: calls.append(1) or recompute(*a, **k))
+    torch.manual_seed(0)
+    model = cls(config).train()
+    reference = copy.deepcopy(model)
+    fastbert.optimize(reference)
+    if when == "before":
+        model.gradient_checkpointing_enable()
+    fastbert.optimize(model)
+    if when == "after":
+        model.gradient_checkpointing_enable()
+    batch = dict(input_ids=torch.randint(3, 99, (2, 8), generator=torch.Generator().manual_seed(1)),
+                 labels=torch.tensor([0, 1]))
+    for m in (model, reference):
+        torch.manual_seed(2)
+        m(**batch).loss.backward()
+    assert len(calls) == 2, "each of the 2 layers is checkpointed once, the reference's none"
+    grads = {n: p.grad for n, p in reference.named_parameters()}
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    model.gradient_checkpointing_disable()
+    calls.clear()
+    model(**batch).loss.backward()
+    assert calls == []
