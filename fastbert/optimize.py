@@ -222,6 +222,8 @@ class _OptimizedForward:
             else:
                 given[name] = value
         return_dict = given.pop("return_dict", None)
+        if "token_type_ids" not in self.__signature__.parameters and not owner._fastbert_encoder.has_token_types:
+            given.pop("token_type_ids", None)   # through **kwargs: transformers' model ignores it (DistilBERT)
         call = {}
         for name, value in given.items():
             if name in _FAST_ARGS:

@@ -88,3 +88,20 @@ def test_bad_paths_name_the_path(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(OSError, match="tokenizer.json"):
         fastbert.AutoTokenizer.from_pretrained(tmp_path)
+
+
+def test_distilbert_checkpoint_returns_no_token_type_ids(model_dir, tmp_path):
+    """transformers' DistilBERT tokenizer returns input_ids and attention_mask only (the model takes no
+    token types): fastbert's does the same for a DistilBERT tokenizer_config, keeps it through
+    save_pretrained, and its output runs fastbert's DistilBERT model."""
+    transformers.DistilBertTokenizerFast.from_pretrained(model_dir).save_pretrained(tmp_path)
+    ours, theirs = fastbert.AutoTokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    texts = ["hi there", "a second, longer one"]
+    assert dict(ours(texts)) == dict(theirs(texts)) and "token_type_ids" not in ours(texts)
+    ours.save_pretrained(tmp_path / "again")
+    assert list(fastbert.AutoTokenizer.from_pretrained(tmp_path / "again")(texts)) == ["input_ids", "attention_mask"]
+    transformers.DistilBertModel(transformers.DistilBertConfig(vocab_size=ours.vocab_size, dim=32, n_layers=1, n_heads=4,
+                                                               hidden_dim=37)).save_pretrained(tmp_path / "model")
+    model = fastbert.AutoModel.from_pretrained(tmp_path / "model")
+    batch = ours(texts, padding=True, return_tensors="pt")
+    assert model(**batch).last_hidden_state.shape[:2] == batch["input_ids"].shape

@@ -240,3 +240,16 @@ def test_gradient_checkpointing_reaches_the_fast_encoder(cls, config, when, monk
     calls.clear()
     model(**batch).loss.backward()
     assert calls == []
+
+
+def test_optimized_distilbert_ignores_token_type_ids_as_transformers():
+    """A BERT tokenizer's token_type_ids reach DistilBERT through **kwargs; transformers' model ignores
+    them, and so does it once optimized (it used to raise: DistilBERT has no token type embeddings)."""
+    torch.manual_seed(0)
+    model = T.DistilBertModel(T.DistilBertConfig(vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37)).eval()
+    x = dict(input_ids=torch.randint(3, 99, (2, 6)), attention_mask=torch.ones(2, 6, dtype=torch.long),
+             token_type_ids=torch.zeros(2, 6, dtype=torch.long))
+    with torch.no_grad():
+        want = model(**x).last_hidden_state
+        fastbert.optimize(model)
+        torch.testing.assert_close(model(**x).last_hidden_state, want, atol=TOL, rtol=0)

@@ -782,6 +782,8 @@ class BertTokenizer:
                                   self.sep_token)
         if (single, pair) == as_mpnet and (single, pair) != as_bert:
             config.update(tokenizer_class="MPNetTokenizer", model_input_names=list(self.model_input_names))
+        elif list(self.model_input_names) != list(type(self).model_input_names):   # DistilBERT's: no token types
+            config["model_input_names"] = list(self.model_input_names)
         elif (single, pair) != as_bert:
             raise ValueError(f"save_pretrained writes vocab.txt, which cannot hold this tokenizer's post-processor "
                              f"template (single {single}, pair {pair}): keep the checkpoint's tokenizer.json")

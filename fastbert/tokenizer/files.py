@@ -12,7 +12,7 @@ SPECIAL_ATTRS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 MPNET_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "[UNK]", "sep_token": "</s>",
                   "pad_token": "<pad>", "cls_token": "<s>",
                   "mask_token": {"content": "<mask>", "lstrip": True, "special": True}}
-MPNET_INPUTS = ["input_ids", "attention_mask"]
+NO_TYPE_INPUTS = ["input_ids", "attention_mask"]
 GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")  # apply tokenizer.json's post-processor
 
 
@@ -107,8 +107,10 @@ def read_pretrained(path) -> dict[str, Any]:
             v = MPNET_SPECIALS[k]
         if v is not None:
             kwargs[k] = v
-    if "model_input_names" in config or mpnet:
-        kwargs["model_input_names"] = config.get("model_input_names") or MPNET_INPUTS
+    tokenizer_class = str(config.get("tokenizer_class") or "")
+    if "model_input_names" in config or mpnet or tokenizer_class.startswith("DistilBert"):
+        # transformers' MPNet and DistilBERT tokenizers return no token_type_ids (their models take none)
+        kwargs["model_input_names"] = config.get("model_input_names") or NO_TYPE_INPUTS
     extra = special_map.get("additional_special_tokens", config.get("additional_special_tokens"))
     if not extra:  # transformers >= 5 saves them as extra_special_tokens (a list, or named tokens)
         extra = special_map.get("extra_special_tokens", config.get("extra_special_tokens"))
