@@ -253,3 +253,18 @@ def test_optimized_distilbert_ignores_token_type_ids_as_transformers():
         want = model(**x).last_hidden_state
         fastbert.optimize(model)
         torch.testing.assert_close(model(**x).last_hidden_state, want, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("size", [120, 50])
+def test_resize_token_embeddings_after_optimize(size):
+    """The id check follows the table transformers' resize_token_embeddings put in place, grown or
+    shrunk (it kept the vocabulary size of optimize() time: new ids were refused, ids past a shrunk
+    table reached torch's bare IndexError)."""
+    torch.manual_seed(0)
+    model = T.BertForMaskedLM(T.BertConfig(**SMALL)).eval()
+    fastbert.optimize(model)
+    model.resize_token_embeddings(size)
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([[2, size - 1, 5]])).logits.shape == (1, 3, size)
+        with pytest.raises(ValueError, match=f"token id {size} is out of range for vocab size {size}"):
+            model(input_ids=torch.tensor([[2, size, 5]]))

@@ -459,7 +459,10 @@ def _range_checks(model: EncoderModel, input_ids, token_type_ids, position_ids) 
     d = model.dims
     checks = []
     if input_ids is not None:
-        checks.append(("token id", input_ids, 0, d.vocab_size, "vocab size"))
+        # the table as it is now: transformers' resize_token_embeddings on an optimized model swaps it
+        table = model.get_input_embeddings()
+        vocab = table.num_embeddings if isinstance(table, nn.Embedding) else d.vocab_size
+        checks.append(("token id", input_ids, 0, vocab, "vocab size"))
     if token_type_ids is not None:
         checks.append(("token type id", token_type_ids, 0, d.type_vocab_size, "type_vocab_size"))
     if position_ids is not None:
