@@ -95,6 +95,11 @@ def _check(model) -> str:
     config = model.config
     source = f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r})"
     check_supported(config, source)
+    from fastbert.quantize import QuantizedLinear
+    quantized = [name for name, m in model.base_model.named_modules() if isinstance(m, QuantizedLinear)]
+    if quantized:
+        raise ConfigError(f"{source} is quantized already ({quantized[0]} is a QuantizedLinear); call "
+                          "fastbert.optimize() first, then fastbert.quantize()")
     return source
 
 

@@ -268,3 +268,13 @@ def test_resize_token_embeddings_after_optimize(size):
         assert model(input_ids=torch.tensor([[2, size - 1, 5]])).logits.shape == (1, 3, size)
         with pytest.raises(ValueError, match=f"token id {size} is out of range for vocab size {size}"):
             model(input_ids=torch.tensor([[2, size, 5]]))
+
+
+def test_quantized_model_is_refused_naming_the_order():
+    """quantize() then optimize(): an error that says to optimize first, not a CheckpointError about
+    missing parameters."""
+    model = T.BertModel(T.BertConfig(**SMALL)).eval()
+    fastbert.quantize(model)
+    with pytest.raises(ConfigError, match=r"quantized already \(encoder\.layer\.0\..* is a QuantizedLinear\); "
+                                          r"call fastbert\.optimize\(\) first"):
+        fastbert.optimize(model)

@@ -11,7 +11,8 @@ Differences from transformers, by design: the encoder runs on packed real tokens
 of last_hidden_state / hidden_states are zeros (transformers fills them with values computed on
 pad tokens), and per-token head outputs at padding positions are the head applied to zeros. Losses
 that only read real positions (MLM / token labels -100 at padding, sequence and multiple-choice
-classification) equal transformers'; question answering's loss equals it without padding (with
+classification with right padding: with left padding their position 0 is a pad token, zeros here) equal
+transformers'; question answering's loss equals it without padding (with
 padding transformers' softmax also spans the padding positions' logits). output_attentions=True
 takes an unfused attention path (probabilities materialised; rows of padded queries are not
 meaningful).
