@@ -121,7 +121,9 @@ def _check_device(parser, device: str):
                          "use --device cpu")
 
 
-def _model_dir(parser, model: Path | None) -> Path:
+def _model_dir(parser, model: Path | None, sentence_transformers: bool = False) -> Path:
+    """--model's directory; with sentence_transformers, one whose modules.json points at the model
+    (sentence-transformers' layout with the transformer in a subfolder) is taken too."""
     from fastbert.benchmarks.suite import default_model_dir
 
     if model is None:
@@ -131,8 +133,9 @@ def _model_dir(parser, model: Path | None) -> Path:
             parser.error(str(exc))
     if not model.is_dir():
         parser.error(f"--model {model}: not a directory")
-    if not (model / "config.json").is_file():
-        parser.error(f"--model {model}: no config.json in that directory")
+    if not (model / "config.json").is_file() and not (sentence_transformers and (model / "modules.json").is_file()):
+        parser.error(f"--model {model}: no config.json in that directory"
+                     + (" (nor a sentence-transformers modules.json)" if sentence_transformers else ""))
     return model
 
 
@@ -210,7 +213,7 @@ def cmd_encode(parser, args) -> int:
         parser.error(f"-o {output}: the directory {output.parent} does not exist")
     lines = _read_lines(parser, args.input)
     _check_device(parser, args.device)
-    model_dir = _model_dir(parser, args.model)
+    model_dir = _model_dir(parser, args.model, sentence_transformers=True)
 
     import fastbert
 

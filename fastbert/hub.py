@@ -58,6 +58,9 @@ def _read_index(path: str) -> List[str]:
             weight_map = json.load(f)["weight_map"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise CheckpointFileError(f"{path} is not a valid shard index (JSON with a 'weight_map'): {e}") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointFileError(f"{path} is not a valid shard index: 'weight_map' must map parameter names "
+                                  f"to shard file names, got {type(weight_map).__name__}")
     return sorted(set(weight_map.values()))
 
 

@@ -207,3 +207,26 @@ def test_encode_option_errors_exit_2(tmp_path, capsys):
                          (["--sort-window", "-1"], "non-negative"), (["--sort-window", "x"], "'x'")):
         code, err = _exit_code_and_stderr(capsys, ["encode", str(src), "-o", out, *args])
         assert code == 2 and needle in err, (args, err)
+
+
+def test_encode_takes_a_sentence_transformers_folder_layout(tmp_path):
+    """sentence-transformers' older layout keeps the transformer in a subfolder that modules.json
+    names: Encoder loads it, and so must `encode --model` (it asked for a top-level config.json)."""
+    import shutil
+
+    import fastbert
+
+    model = tmp_path / "st"
+    shutil.copytree(MODEL_DIR, model / "0_Transformer",
+                    ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "2_Normalize"))
+    (model / "1_Pooling").mkdir()
+    (model / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 384, "pooling_mode_mean_tokens": True}))
+    (model / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    src, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    src.write_text("one line\nand another one\n", encoding="utf-8")
+    assert main(["encode", str(src), "-o", str(out), "--model", str(model)]) == 0
+    want = fastbert.Encoder.from_pretrained(model).encode(["one line", "and another one"])
+    np.testing.assert_allclose(np.load(out), want, atol=1e-6, rtol=0)

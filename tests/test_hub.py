@@ -109,3 +109,23 @@ def test_hf_cache_offline(checkpoint, tmp_path, monkeypatch):
     _same_output(hf, fastbert.AutoModel.from_pretrained("someone/tiny-bert"))
     with pytest.raises(FileNotFoundError, match="someone/not-cached"):
         fastbert.AutoModel.from_pretrained("someone/not-cached")
+
+
+def test_malformed_shard_index_and_non_float_dtypes_are_named(checkpoint, tmp_path):
+    """A shard index whose weight_map is not a name -> file map names the index (it was a bare
+    AttributeError); an integer dtype, given or in config.json, is refused by name (it was torch's
+    'Only Tensors of floating point ... can require gradients')."""
+    _, path = checkpoint
+    bad = tmp_path / "bad_index"
+    bad.mkdir()
+    shutil.copy(path / "config.json", bad / "config.json")
+    for weight_map in (["a"], {"w": 3}):
+        (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        with pytest.raises(CheckpointFileError, match=r"model\.safetensors\.index\.json is not a valid shard index"):
+            fastbert.AutoModel.from_pretrained(bad)
+    with pytest.raises(ValueError, match=r"dtype is torch\.int8; a model's weights need a floating dtype"):
+        fastbert.AutoModel.from_pretrained(path, dtype=torch.int8)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "dtype": "int64"}))
+    with pytest.raises(ValueError, match=r"config\.json's dtype is torch\.int64"):
+        fastbert.AutoModel.from_pretrained(path)

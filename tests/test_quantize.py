@@ -1,5 +1,7 @@
 """fastbert.quantize / QuantizedLinear: int8 GEMMs against an exact reference, and embeddings vs fp32."""
 import copy
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,6 +171,21 @@ def test_quantized_fastbert_encoder_meets_the_bars(corpus):
     assert min_cos >= 0.99 and overlap >= 0.9, (min_cos, overlap)
     with pytest.raises(ValueError, match="CPU"):
         fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu", dtype=torch.float16, quantize="int8")
+    # a dtype given by name, as from_pretrained takes it elsewhere, is the same float32
+    named = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu", dtype="float32", quantize="int8")
+    assert named.model.dtype == torch.float32
+
+
+def test_half_precision_checkpoint_quantizes_from_float32(tmp_path):
+    """quantize="int8" loads a float16 checkpoint in float32 (what int8 quantization takes) instead of
+    failing inside quantize()."""
+    model = fastbert.AutoModel.from_pretrained(MODEL_DIR, dtype=torch.float16)
+    model.save_pretrained(tmp_path)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(MODEL_DIR) / name).is_file():
+            shutil.copy(Path(MODEL_DIR) / name, tmp_path / name)
+    int8 = fastbert.Encoder.from_pretrained(tmp_path, quantize="int8")
+    assert int8.model.dtype == torch.float32 and int8.encode(["a line"]).shape == (1, 384)
 
 
 def test_onnx_peer_is_skipped_with_its_reason_without_onnxruntime(monkeypatch, tmp_path):

@@ -301,20 +301,26 @@ class FastPreTrainedModel(nn.Module):
         return output if return_dict else output.to_tuple()
 
 
+def _floating(dtype: torch.dtype, where: str) -> torch.dtype:
+    if not dtype.is_floating_point:
+        raise ValueError(f"{where} is {dtype}; a model's weights need a floating dtype (float32, float16, bfloat16)")
+    return dtype
+
+
 def _resolve_dtype(dtype, config, state) -> Optional[torch.dtype]:
     """None/"auto": the config's dtype entry, else the checkpoint's first floating dtype (as transformers)."""
     if isinstance(dtype, torch.dtype):
-        return dtype
+        return _floating(dtype, "dtype")
     if dtype not in (None, "auto"):
         if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"dtype must be a torch.dtype, 'auto' or a name like 'float16', got {dtype!r}")
-        return getattr(torch, dtype)
+        return _floating(getattr(torch, dtype), "dtype")
     # transformers 5 calls it `dtype` (reading the old `torch_dtype` only logs a deprecation warning)
     named = config.dtype if hasattr(config, "dtype") else getattr(config, "torch_dtype", None)
     if isinstance(named, torch.dtype):
-        return named
+        return _floating(named, "config.json's dtype")
     if isinstance(named, str) and isinstance(getattr(torch, named, None), torch.dtype):
-        return getattr(torch, named)
+        return _floating(getattr(torch, named), "config.json's dtype")
     for v in state.values():
         if v.is_floating_point():
             return v.dtype
