@@ -46,18 +46,26 @@ _LEGACY_POOLING_KEYS = {
 from fastbert.models.registry import ROBERTA_LIKE as _ROBERTA_LIKE  # positions start after padding_idx
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, shape: type = dict):
+    """The file's JSON, which must be a `shape` (an object; for modules.json a list of objects)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            value = json.load(f)
     except ValueError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
+    entries = value if shape is list and isinstance(value, list) else [value]
+    if not isinstance(value, shape) or not all(isinstance(v, dict) for v in entries):
+        what = "a list of objects" if shape is list else "a JSON object"
+        raise ValueError(f"{path} must hold {what}, got {json.dumps(value)[:80]}")
+    return value
 
 
 def _pooling_modes(config: dict, source: Path) -> tuple:
     """The pooling mode(s) named by a sentence-transformers Pooling config (new or legacy keys)."""
     if "pooling_mode" in config:
         modes = config["pooling_mode"]
+        if not isinstance(modes, (str, list)) or not all(isinstance(m, str) for m in modes):
+            raise ValueError(f"{source}: pooling_mode must be a mode name or a list of them, got {modes!r}")
         modes = (modes,) if isinstance(modes, str) else tuple(modes)
     else:
         modes = tuple(mode for key, mode in _LEGACY_POOLING_KEYS.items() if config.get(key))
@@ -89,7 +97,7 @@ def read_sentence_config(path) -> dict:
     modules_file = path / "modules.json"
     if not modules_file.is_file():
         return out
-    for module in _read_json(modules_file):
+    for module in _read_json(modules_file, list):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         where = path / module.get("path", "")
         if kind == "Transformer":
@@ -98,6 +106,11 @@ def read_sentence_config(path) -> dict:
             if st_config.is_file():
                 cfg = _read_json(st_config)
                 out["max_seq_length"] = cfg.get("max_seq_length")
+                if out["max_seq_length"] is not None and (isinstance(out["max_seq_length"], bool) or
+                                                          not isinstance(out["max_seq_length"], int)
+                                                          or out["max_seq_length"] < 1):
+                    raise ValueError(f"{st_config}: max_seq_length must be a positive int, "
+                                     f"got {out['max_seq_length']!r}")
                 out["do_lower_case"] = bool(cfg.get("do_lower_case", False))
         elif kind == "Pooling":
             pooling_file = where / "config.json"

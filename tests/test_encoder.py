@@ -578,3 +578,34 @@ def test_later_window_tokenizer_error_surfaces(encoder, lines, monkeypatch):
 def test_bad_sort_window(encoder, bad):
     with pytest.raises(ValueError, match="sort_window"):
         encoder.encode(["ok", "fine"], sort_window=bad)
+
+
+def _mirror(src, dst):
+    """dst: the checkpoint src as symlinks (no weights copied), its folders made for real."""
+    for root, _, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        for name in files:
+            os.symlink(os.path.join(root, name), os.path.join(dst, rel, name))
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("modules.json", {"a": 1}, "modules.json must hold a list of objects"),
+    ("modules.json", [1, 2], "modules.json must hold a list of objects"),
+    ("1_Pooling/config.json", [1], "1_Pooling/config.json must hold a JSON object"),
+    ("1_Pooling/config.json", {"pooling_mode": 7}, "pooling_mode must be a mode name or a list of them, got 7"),
+    ("sentence_bert_config.json", [], "sentence_bert_config.json must hold a JSON object"),
+    ("sentence_bert_config.json", {"max_seq_length": "abc"}, "max_seq_length must be a positive int, got 'abc'"),
+    ("config_sentence_transformers.json", [], "config_sentence_transformers.json must hold a JSON object"),
+    ("config.json", {"model_type": ["bert"]}, r"model_type \['bert'\] is not supported"),
+])
+def test_misshapen_sentence_transformers_files_are_named(name, value, match, tmp_path):
+    """Valid JSON of the wrong shape names its file and key (it was a bare AttributeError / TypeError)."""
+    _mirror(MODEL_DIR, tmp_path / "m")
+    target = tmp_path / "m" / name
+    if name == "config.json":
+        value = {**json.loads(target.read_text()), **value}
+    target.unlink()
+    target.write_text(json.dumps(value))
+    with pytest.raises(ValueError, match=match):
+        fastbert.Encoder.from_pretrained(tmp_path / "m")

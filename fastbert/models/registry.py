@@ -74,7 +74,7 @@ ROBERTA_LIKE = tuple(t for t, f in FAMILIES.items() if f.roberta_positions)
 
 def family(model_type, source: str = "config") -> Family:
     """The registry row for a model type; ConfigError naming the supported ones otherwise."""
-    found = FAMILIES.get(model_type)
+    found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if found is None:
         from fastbert.models.config import ConfigError
         raise ConfigError(f"{source}: model_type {model_type!r} is not supported; fastbert supports {MODEL_TYPES}")
