@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from fastbert.ops.attention import check_cu_seqlens
+from fastbert.ops.attention import check_cu_seqlens, seqlen_int
 
 TOKEN_BUCKETS = tuple(sorted({m << k for k in range(4, 17) for m in (2, 3)}))  # 32, 48, 64, 96, ... 196608
 SEQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -196,8 +196,7 @@ class CudaGraphs:
     # -- a call ----------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                  token_type_ids: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None):
-        if isinstance(max_seqlen, torch.Tensor):
-            raise ValueError("max_seqlen must be a Python int, not a tensor")
+        max_seqlen = seqlen_int(max_seqlen)
         if input_ids.dim() != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
             raise ValueError(f"input_ids must be (tokens,) and cu_seqlens (batch + 1,), got "
                              f"{tuple(input_ids.shape)} and {tuple(cu_seqlens.shape)}")
@@ -209,7 +208,7 @@ class CudaGraphs:
             _check_fits_int32(name, t)
         if cu_seqlens.device.type == "cpu":
             if cu_seqlens.numel() > 1:
-                check_cu_seqlens(cu_seqlens, input_ids.shape[0], int(max_seqlen))
+                check_cu_seqlens(cu_seqlens, input_ids.shape[0], max_seqlen)
             elif input_ids.shape[0]:
                 raise ValueError(f"cu_seqlens {cu_seqlens.tolist()} holds no sequence but input_ids has "
                                  f"{input_ids.shape[0]} tokens")

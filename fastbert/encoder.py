@@ -280,9 +280,7 @@ class Encoder:
             from fastbert.quantize import DTYPES
             if quantize not in DTYPES:
                 raise ValueError(f"quantize must be one of {DTYPES} or None, got {quantize!r}")
-            if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
-                dtype = getattr(torch, dtype)                  # "float32", as from_pretrained takes it
-            if torch.device(device).type != "cpu" or dtype not in (None, torch.float32):
+            if torch.device(device).type != "cpu" or dtype not in (None, torch.float32, "float32"):
                 raise ValueError(f"quantize={quantize!r} runs on CPU in float32; got device={device!r}, "
                                  f"dtype={dtype}")
             dtype = torch.float32                              # a half-precision checkpoint loads in float32

@@ -5,6 +5,8 @@ import pytest
 import torch
 import transformers as T
 
+import fastbert
+
 ATOL = 1e-4
 
 
@@ -93,7 +95,6 @@ def check_swapped_linears(hf, fast, targets, ids, mask):
         got = ours(input_ids=ids, attention_mask=mask).last_hidden_state
     assert max_diff(got, want, mask) <= ATOL
     assert max_diff(got, base, mask) > 1e-2, "the adapter was not applied"
-    import fastbert
     quantized = fastbert.quantize(copy.deepcopy(fast), "int8")
     with torch.no_grad():
         q = quantized(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -47,6 +47,20 @@ def is_plain(module: nn.Module, cls: type, bias_required: bool = True) -> bool:
                                                        "_backward_pre_hooks"))
 
 
+def call_module(module: nn.Module, x: torch.Tensor, width: Optional[int] = None,
+                owner: Optional[nn.Module] = None) -> torch.Tensor:
+    """module(x) for a module the layer cannot look inside: it must give a tensor of x's rows and
+    `width` features (any number when None), else a ValueError naming it (its path in owner)."""
+    y = module(x)
+    if isinstance(y, torch.Tensor) and y.shape[:-1] == x.shape[:-1] and width in (None, y.shape[-1]):
+        return y
+    name = next((n for n, m in owner.named_modules() if m is module), None) if owner is not None else None
+    label = f"{type(owner).__name__}.{name} ({type(module).__name__})" if name else type(module).__name__
+    got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+    want = ", ".join(str(n) for n in (*x.shape[:-1], "features" if width is None else width))
+    raise ValueError(f"{label} returned {got}; fastbert's layer needs a tensor of shape ({want})")
+
+
 def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
     params = (q.weight, k.weight, v.weight, q.bias, k.bias, v.bias)
     # with autograd the cat must stay in the graph; under torch.compile the compiler hoists it (and a
@@ -101,13 +115,7 @@ class FastLayer(nn.Module):
 
     # ---- each step: the fused op for plain modules, the module itself otherwise -----------------------
     def _call(self, module: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
-        y = module(x)
-        if not isinstance(y, torch.Tensor) or tuple(y.shape) != (x.shape[0], width):
-            name = next((n for n, m in self.named_modules() if m is module), type(module).__name__)
-            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-            raise ValueError(f"{type(self).__name__}.{name} ({type(module).__name__}) returned {got}; "
-                             f"fastbert's layer needs a tensor of shape {(x.shape[0], width)}")
-        return y
+        return call_module(module, x, width, owner=self)
 
     def _qkv(self, p: LayerParts, x: torch.Tensor, backend: str):
         tokens, heads = x.shape[0], self.num_heads

@@ -17,7 +17,7 @@ from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
-from fastbert.models.layers import is_plain
+from fastbert.models.layers import call_module, is_plain
 from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_packed_shapes
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import add_layer_norm
@@ -95,11 +95,7 @@ def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, residual=None
     bypassed by reading its .weight."""
     if _plain_linear(module):
         return linear(h, module.weight, module.bias, residual=residual, backend=backend)
-    y = module(h)
-    if not isinstance(y, torch.Tensor) or y.shape[:-1] != h.shape[:-1]:
-        got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ValueError(f"{type(module).__name__} returned {got} for input {tuple(h.shape)}; fastbert's layer "
-                         f"needs a tensor of shape ({', '.join(map(str, h.shape[:-1]))}, features)")
+    y = call_module(module, h, None if residual is None else residual.shape[-1])
     return y if residual is None else y + residual.to(y.dtype)
 
 

@@ -296,7 +296,11 @@ class BertTokenizer:
 
     def __reduce__(self):
         # the C++ core is rebuilt from the vocabulary and the settings (pickle, copy.deepcopy)
-        state = dict(vocab=list(self._core.tokens()[:self._core.base_ids()]), do_lower_case=self.do_lower_case,
+        return (_rebuild, (type(self), self._state()))
+
+    def _state(self) -> dict:
+        """The constructor's arguments that rebuild this tokenizer."""
+        return dict(vocab=list(self._core.tokens()[:self._core.base_ids()]), do_lower_case=self.do_lower_case,
                      tokenize_chinese_chars=self.tokenize_chinese_chars, strip_accents=self.strip_accents,
                      model_max_length=self.model_max_length, padding_side=self.padding_side,
                      truncation_side=self.truncation_side, clean_text=self.clean_text,
@@ -306,7 +310,6 @@ class BertTokenizer:
                      num_threads=self._num_threads, name_or_path=self.name_or_path,
                      post_processor=self._post_processor, model_input_names=list(self.model_input_names),
                      **{k: self._special[k] for k in SPECIAL_ATTRS}, **self.init_kwargs)
-        return (_rebuild, (type(self), state))
 
     def clear_cache(self) -> None:
         """Forgets the per-thread word caches (results never depend on them; timings do)."""
@@ -453,7 +456,7 @@ class BertTokenizer:
             known_id = self._core.token_to_id(entry["content"])
             entry["id"] = known_id if known_id is not None else next_id
             next_id += known_id is None
-        state = self.__reduce__()[1][1]
+        state = self._state()
         state["added_tokens"] = state["added_tokens"] + fresh
         rebuilt = type(self)(**state)
         self.__dict__.update(rebuilt.__dict__)

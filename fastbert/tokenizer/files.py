@@ -100,14 +100,14 @@ def read_pretrained(path) -> dict[str, Any]:
             kwargs[k] = config_value(k, config[k], config_path)
     if "strip_accents" in config:
         kwargs["strip_accents"] = config["strip_accents"]
-    mpnet = str(config.get("tokenizer_class") or "").startswith("MPNet")
+    tokenizer_class = str(config.get("tokenizer_class") or "")
+    mpnet = tokenizer_class.startswith("MPNet")
     for k in SPECIAL_ATTRS:
         v = special_map.get(k, config.get(k))
         if v is None and mpnet:
             v = MPNET_SPECIALS[k]
         if v is not None:
             kwargs[k] = v
-    tokenizer_class = str(config.get("tokenizer_class") or "")
     if "model_input_names" in config or mpnet or tokenizer_class.startswith("DistilBert"):
         # transformers' MPNet and DistilBERT tokenizers return no token_type_ids (their models take none)
         kwargs["model_input_names"] = config.get("model_input_names") or NO_TYPE_INPUTS
