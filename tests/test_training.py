@@ -452,3 +452,32 @@ def test_transformers_trainer_drop_in(tmp_path):
     for step, (a, b) in enumerate(zip(want, got)):
         assert_close(a, b, rtol=1e-4, what=f"Trainer loss at step {step}")
     assert sum(got[-4:]) < 0.8 * sum(got[:4]), f"Trainer did not lower the loss: {got}"
+
+
+BITFIT_FAMILIES = {**FAMILIES,
+                   "deberta-v2": (T.DebertaV2Config, dict(SMALL, relative_attention=True, pos_att_type=["c2p", "p2c"],
+                                                          max_relative_positions=8, **NO_DROPOUT), "DebertaV2"),
+                   "mpnet": (T.MPNetConfig, dict(SMALL, **NO_DROPOUT), "MPNet")}
+
+
+@pytest.mark.parametrize("convert", ["native", "optimize"])
+@pytest.mark.parametrize("family", BITFIT_FAMILIES)
+def test_bias_only_training_gets_every_bias_gradient(family, convert, tmp_path, monkeypatch):
+    """BitFit: only the biases train, embeddings and weights frozen, so a Linear's input and weight
+    need no gradient while its bias does. The CPU fast path (a GEMM with no backward) must not take
+    such a call: transformers' bias gradients, every one, including ALBERT's shared layers."""
+    monkeypatch.setitem(FAMILIES, family, BITFIT_FAMILIES[family])
+    head = "ForSequenceClassification"
+    save_checkpoint(family, head, tmp_path)
+    hf, fast = load_both(family, head, tmp_path)
+    if convert == "optimize":
+        fast = fastbert.optimize(getattr(T, FAMILIES[family][2] + head).from_pretrained(tmp_path).train())
+    for model in (hf, fast):
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith("bias") and "embeddings" not in name)
+    inputs = make_batch(hf.config, head, seed=0)
+    losses = [training_loss(m, head, inputs) for m in (hf, fast)]
+    assert_close(*losses)
+    for loss in losses:
+        loss.backward()
+    assert_grads_match(hf, fast)

@@ -142,7 +142,7 @@ class FastLayer(nn.Module):
         GEMM's epilogue and the LayerNorm alone follows (one pass fewer)."""
         if not is_plain(dense, nn.Linear):
             a = self._call(dense, h, self.hidden_size)
-        elif dropout_p == 0.0 and residual.dtype == h.dtype and uses_onednn(h, dense.weight, backend):
+        elif dropout_p == 0.0 and residual.dtype == h.dtype and uses_onednn(h, dense.weight, backend, dense.bias, residual):
             return self._norm(linear(h, dense.weight, dense.bias, residual=residual, backend=backend), None,
                               norm, backend)
         else:

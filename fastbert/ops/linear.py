@@ -39,14 +39,17 @@ def _check(x, weight, bias, activation, residual, backend) -> None:
         raise ValueError(f"residual must have shape {(*x.shape[:-1], weight.shape[0])}, got {tuple(residual.shape)}")
 
 
-def uses_onednn(x: torch.Tensor, weight: torch.Tensor, backend: str = "auto") -> bool:
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor, backend: str = "auto", bias: Optional[torch.Tensor] = None,
+                residual: Optional[torch.Tensor] = None) -> bool:
     """True when `linear` runs this call as one oneDNN GEMM with its epilogue fused. Never while
     torch.compile traces: the op has no fake kernel, and Inductor makes the same fusion itself
-    from F.linear (with weights it packs)."""
+    from F.linear (with weights it packs). Never when any operand needs a gradient: the op has no
+    backward, so a trainable bias beside a frozen weight (BitFit) would get none."""
+    operands = (x, weight, bias, residual)
     return (backend == "auto" and _ONEDNN is not None and not torch.compiler.is_compiling()
             and x.device.type == "cpu" and x.dim() == 2
             and x.dtype == weight.dtype == torch.float32
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands)))
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -68,7 +71,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """act(x W^T + b) (activation "gelu" = exact erf GELU, "gelu_tanh", "relu"), or with
     residual: x W^T + b + residual. Same result on every path, within float rounding."""
     _check(x, weight, bias, activation, residual, backend)
-    if uses_onednn(x, weight, backend) and (residual is None or residual.dtype == x.dtype):
+    if uses_onednn(x, weight, backend, bias, residual) and (residual is None or residual.dtype == x.dtype):
         x = x.contiguous()
         if residual is not None:
             return _ONEDNN.binary(x, residual.contiguous(), weight, bias, "add")
