@@ -230,18 +230,58 @@ def test_dropout_only_in_train_mode(tmp_path):
     assert not torch.allclose(t1, t2)
 
 
-def test_fused_qkv_cache_follows_weight_updates(tmp_path):
+def test_fused_qkv_follows_weight_updates(tmp_path):
+    """The fused QKV GEMM reads what the Linears hold after any kind of update, in place or not."""
     config = save_hf("bert", "Model", tmp_path)
     hf, fast = load_both("bert", "Model", tmp_path)
     inputs = batch_inputs(config)
+
+    def check(reference=hf):
+        close(reference(**inputs).last_hidden_state, fast(**inputs).last_hidden_state, inputs["attention_mask"])
+
+    def attention(m, i=0):
+        return m.encoder.layer[i].attention.self
+
     with torch.no_grad():
-        fast(**inputs)  # fills the cache
+        fast(**inputs)  # builds the concatenation
         for m in (hf, fast):
-            m.encoder.layer[0].attention.self.value.weight.mul_(-0.5)  # in place: same data_ptr, new _version
-        close(hf(**inputs).last_hidden_state, fast(**inputs).last_hidden_state, inputs["attention_mask"])
+            attention(m).value.weight.mul_(-0.5)               # in place: same data_ptr, new _version
+        check()
+        new = torch.randn_like(hf.encoder.layer[0].attention.self.query.weight)
+        for m in (hf, fast):
+            attention(m).query.weight.data.copy_(new)          # through .data: no version counter sees it
+            attention(m, 1).key.bias.data.mul_(3.0)
+        check()
+        for m in (hf, fast):
+            attention(m).key.weight.data = new.clone()          # replaced
+        check()
         other = T.BertModel(hf.config).eval()
         fast.load_state_dict(other.state_dict())
-        close(other(**inputs).last_hidden_state, fast(**inputs).last_hidden_state, inputs["attention_mask"])
+        check(other)
+        hf.load_state_dict(other.state_dict())
+        for m in (hf, fast):                                    # new tensors, then edited through .data
+            m.double()
+            attention(m).value.weight.data.mul_(0.25)
+        inputs = {k: v for k, v in inputs.items()}
+        check()
+    # the parameters, now slices of one concatenation, save and train as before
+    fast.float().save_pretrained(tmp_path / "saved")
+    back = T.BertModel.from_pretrained(tmp_path / "saved").eval()
+    hf.float()
+    with torch.no_grad():
+        check(back)
+        check()
+    before = attention(fast).value.weight.detach().clone()
+    fast.train()
+    opt = torch.optim.SGD(fast.parameters(), lr=0.1)
+    out = fast(**inputs).last_hidden_state
+    (out * torch.randn_like(out)).sum().backward()
+    opt.step()
+    assert (before - attention(fast).value.weight).abs().max() > 1e-3
+    fast.eval()
+    hf.load_state_dict(fast.state_dict())
+    with torch.no_grad():
+        check()
 
 
 def test_save_pretrained_loads_in_transformers(tmp_path):

@@ -208,3 +208,18 @@ def test_lora_and_int8_linears_run_in_the_layers():
     hf, fast = make_pair()
     ids, _, mask = batch()
     check_swapped_linears(hf, fast, ("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"), ids, mask)
+
+
+def test_fused_linears_follow_edits_through_data():
+    """The q/k/v and gate/up GEMMs read the Linears' current weights after an inference call,
+    also when they are edited through `.data` (which bumps no version counter)."""
+    hf, fast = make_pair()
+    ids, types, mask = batch()
+    with torch.no_grad():
+        fast(input_ids=ids, attention_mask=mask)  # builds the concatenations
+        for m in (hf, fast):
+            layer = m.layers[1]
+            layer.self_attn.k_proj.weight.data.mul_(-2.0)
+            layer.mlp.up_proj.weight.data.copy_(torch.ones_like(layer.mlp.up_proj.weight) * 0.01)
+        assert max_diff(hf(input_ids=ids, attention_mask=mask).last_hidden_state,
+                        fast(input_ids=ids, attention_mask=mask).last_hidden_state, mask) <= ATOL

@@ -4,9 +4,9 @@
                        ─► FFN1 GEMM (+ bias+GELU epilogue) ─► FFN2 GEMM ─► add+LayerNorm
 
 Parameters keep transformers' separate query/key/value Linear modules (names, sharing, loading);
-their weights are concatenated at run time. Without autograd the concatenation is cached and
-rebuilt only when a weight changes (data_ptr or in-place `_version` bump, e.g. an optimizer
-step or load_state_dict); with autograd it is a plain torch.cat so gradients reach each Linear.
+their weights are concatenated for one GEMM (fused_weight): without autograd the parameters become
+slices of one concatenation, so that no in-place edit can leave it stale; with autograd it is a
+plain torch.cat so gradients reach each Linear.
 
 Modules mean what they hold: the fused path reads `.weight` / `.bias` only of modules that are
 exactly nn.Linear / nn.LayerNorm with no hooks. Anything else swapped in (a peft LoRA layer, a
@@ -62,17 +62,50 @@ def call_module(module: nn.Module, x: torch.Tensor, width: Optional[int] = None,
 
 
 def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
-    params = (q.weight, k.weight, v.weight, q.bias, k.bias, v.bias)
-    # with autograd the cat must stay in the graph; under torch.compile the compiler hoists it (and a
-    # data_ptr comparison cannot be traced)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
-        return torch.cat(params[:3]), torch.cat(params[3:])
-    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-    if cache.get("key") != key:
-        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode
-            cache["weight"], cache["bias"] = torch.cat(params[:3]), torch.cat(params[3:])
-        cache["key"] = key
-    return cache["weight"], cache["bias"]
+    return fused_weight((q, k, v), cache)
+
+
+def fused_weight(linears, cache: dict) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The weights (and biases, when every Linear has one) of several Linears on the same input,
+    concatenated for one GEMM. With autograd a plain torch.cat, so that gradients reach each Linear
+    (and under torch.compile, which hoists it). Without, the Linears' parameters become row slices of
+    one concatenation, kept in `cache`: then every later in-place write, through `.data` too (which
+    no version counter sees), lands in the tensor the GEMM reads. It is rebuilt when a parameter no
+    longer is its slice (replaced: `.to(dtype)`, `p.data = t`, load_state_dict(assign=True))."""
+    groups = [[m.weight for m in linears]]
+    if all(m.bias is not None for m in linears):
+        groups.append([m.bias for m in linears])
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
+                                         and any(p.requires_grad for g in groups for p in g)):
+        fused = [torch.cat(g) for g in groups]
+    else:
+        fused = [_shared_concatenation(g, cache, name) for g, name in zip(groups, ("weight", "bias"))]
+    return fused[0], fused[1] if len(fused) > 1 else None
+
+
+def _shared_concatenation(params, cache: dict, name: str) -> torch.Tensor:
+    fused = cache.get(name)
+    if fused is None or not _slices_of(fused, params):
+        with torch.inference_mode(False), torch.no_grad():   # a normal tensor, usable outside inference mode
+            fused = torch.cat(params)
+            start = 0
+            for p in params:
+                p.data = fused[start:start + p.shape[0]]
+                start += p.shape[0]
+        cache[name] = fused
+    return fused
+
+
+def _slices_of(fused: torch.Tensor, params) -> bool:
+    """Each parameter is still its row slice of fused (same memory, dtype and device)."""
+    row_bytes = fused.stride(0) * fused.element_size()
+    start = 0
+    for p in params:
+        if (p.dtype != fused.dtype or p.device != fused.device or p.shape[1:] != fused.shape[1:]
+                or p.data_ptr() != fused.data_ptr() + start * row_bytes or not p.is_contiguous()):
+            return False
+        start += p.shape[0]
+    return start == fused.shape[0]
 
 
 def padded_attention(q, k, v, packing: Packing, dropout_p: float):

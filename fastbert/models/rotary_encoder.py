@@ -17,7 +17,7 @@ from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
-from fastbert.models.layers import call_module, is_plain
+from fastbert.models.layers import call_module, fused_weight, is_plain
 from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_packed_shapes
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import add_layer_norm
@@ -106,24 +106,6 @@ def fused_linear(h: torch.Tensor, linears, cache: dict, backend: str) -> torch.T
         weight, bias = fused_weight(linears, cache)
         return linear(h, weight, bias, backend=backend)
     return torch.cat([apply_linear(h, m, backend) for m in linears], dim=-1)
-
-
-def fused_weight(linears, cache: dict) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Weights (and biases, when every Linear has one) of several Linears on the same input, concatenated
-    for one GEMM; cached without autograd until a weight changes (data_ptr or in-place version)."""
-    params = [m.weight for m in linears] + [m.bias for m in linears if m.bias is not None]
-    with_bias = len(params) == 2 * len(linears)
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        n = len(linears)
-        return torch.cat(params[:n]), torch.cat(params[n:]) if with_bias else None
-    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-    if cache.get("key") != key:
-        n = len(linears)
-        with torch.inference_mode(False), torch.no_grad():
-            cache["weight"] = torch.cat(params[:n])
-            cache["bias"] = torch.cat(params[n:]) if with_bias else None
-        cache["key"] = key
-    return cache["weight"], cache["bias"]
 
 
 def layer_norm(x: torch.Tensor, norm: nn.Module, backend: str = "auto", residual=None) -> torch.Tensor:
