@@ -506,3 +506,18 @@ def test_encoders_without_a_pooler_refuse_add_pooling_layer(name):
     with pytest.raises(ValueError, match=f"{name} has no pooler"):
         getattr(fastbert, name)(make_config(family), add_pooling_layer=True)
     getattr(fastbert, name)(make_config(family))                       # the default builds
+
+
+@pytest.mark.parametrize("sinusoidal", [True, False])
+def test_distilbert_sinusoidal_position_table_at_init(sinusoidal):
+    """from_config initialises as transformers does: DistilBERT's sinusoidal_pos_embds table is
+    sin/cos, in the bare model and under a head; without it the table is random."""
+    config = T.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4, hidden_dim=37,
+                                max_position_embeddings=64, sinusoidal_pos_embds=sinusoidal)
+    want = T.DistilBertModel(config).embeddings.position_embeddings.weight
+    for auto in (fastbert.AutoModel, fastbert.AutoModelForSequenceClassification):
+        got = auto.from_config(config).base_model.embeddings.position_embeddings.weight
+        if sinusoidal:
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        else:
+            assert got.std().item() == pytest.approx(0.02, rel=0.2) and not torch.allclose(got, want)

@@ -78,6 +78,16 @@ class DistilBertModel(EncoderModel):
         self.embeddings = Embeddings(self.dims)
         self.transformer = Transformer(self.dims)
 
+    def init_fixed_tables(self, modules) -> None:
+        """With sinusoidal_pos_embds, transformers initialises the position table as sin (even
+        features) and cos (odd) of position / 10000 ** (2 * (feature // 2) / dim)."""
+        table = self.embeddings.position_embeddings
+        if getattr(self.config, "sinusoidal_pos_embds", False) and table in modules:
+            n, dim = table.weight.shape
+            features = torch.arange(dim, dtype=torch.float64)
+            angle = torch.arange(n, dtype=torch.float64)[:, None] / 10000 ** (2 * (features // 2) / dim)
+            table.weight.copy_(torch.where(features % 2 == 0, angle.sin(), angle.cos()))
+
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)
 

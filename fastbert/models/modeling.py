@@ -146,8 +146,9 @@ class FastPreTrainedModel(nn.Module):
     def init_weights(self, modules: Optional[Iterable[nn.Module]] = None) -> None:
         """transformers' initialisation: normal(0, initializer_range) weights, zero biases, unit norms."""
         std = getattr(self.config, "initializer_range", 0.02)
+        modules = list(self.modules() if modules is None else modules)
         with torch.no_grad():
-            for m in (self.modules() if modules is None else modules):
+            for m in modules:
                 if isinstance(m, nn.Linear):
                     m.weight.normal_(0.0, std)
                     if m.bias is not None:
@@ -162,6 +163,9 @@ class FastPreTrainedModel(nn.Module):
                 for name, p in m.named_parameters(recurse=False):
                     if name == "bias" and not isinstance(m, (nn.Linear, nn.LayerNorm)):
                         p.zero_()  # MLM output bias
+            fixed_tables = getattr(self.base_model, "init_fixed_tables", None)
+            if fixed_tables is not None:  # a family's tables that are not random (DistilBERT's sinusoids)
+                fixed_tables(modules)
         self.tie_weights()
 
     def share_parameters_with(self, other: nn.Module) -> "FastPreTrainedModel":
