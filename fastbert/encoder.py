@@ -26,10 +26,12 @@ math of sentence_transformers.quantization.quantize_embeddings, in fastbert.quan
 """
 import itertools
 import json
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -85,7 +87,8 @@ def read_sentence_config(path) -> dict:
     as sentence-transformers does for such a model."""
     path = Path(path)
     out = {"model_dir": path, "pooling": ("mean",), "normalize": False, "max_seq_length": None,
-           "do_lower_case": False, "include_prompt": True, "prompts": {}, "default_prompt_name": None}
+           "do_lower_case": False, "include_prompt": True, "prompts": {}, "default_prompt_name": None,
+           "similarity_fn_name": "cosine"}
     st_file = path / "config_sentence_transformers.json"
     if st_file.is_file():
         cfg = _read_json(st_file)
@@ -94,6 +97,10 @@ def read_sentence_config(path) -> dict:
             raise ValueError(f"{st_file}: 'prompts' must map prompt names to strings, got {prompts!r}")
         out["prompts"] = dict(prompts)
         out["default_prompt_name"] = cfg.get("default_prompt_name")
+        similarity = cfg.get("similarity_fn_name") or "cosine"
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"{st_file}: similarity_fn_name must be one of {SIMILARITIES}, got {similarity!r}")
+        out["similarity_fn_name"] = similarity
     modules_file = path / "modules.json"
     if not modules_file.is_file():
         return out
@@ -229,12 +236,28 @@ class _Prefetch:
             yield result
 
 
+SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
+
+
+def _as_matrix(embeddings, name: str) -> torch.Tensor:
+    """Embeddings as a 2-D float32 CPU-or-device tensor: one row per vector."""
+    if isinstance(embeddings, (list, tuple)) and embeddings and isinstance(embeddings[0], torch.Tensor):
+        embeddings = torch.stack(list(embeddings))
+    t = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, torch.Tensor) else embeddings)
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be one vector or a 2-D batch of them, got shape {tuple(t.shape)}")
+    return t.float()
+
+
 class Encoder:
     """Sentence embeddings: `Encoder.from_pretrained(path).encode(texts)`.
 
     prompts / default_prompt_name / truncate_dim as in sentence-transformers' SentenceTransformer
     (prompts from the checkpoint's config_sentence_transformers.json, overridable here);
-    include_prompt: whether pooling sees the prompt's tokens (the Pooling config's key)."""
+    include_prompt: whether pooling sees the prompt's tokens (the Pooling config's key);
+    similarity_fn_name: what `similarity` computes (the checkpoint's, else "cosine")."""
 
     # tokenize window i + 1 on a worker thread while the model runs window i, and prepare batch
     # k + 1's host tensors on another while it runs batch k; False: everything on the caller's thread
@@ -243,7 +266,10 @@ class Encoder:
     def __init__(self, model, tokenizer, pooling=("mean",), normalize: bool = False,
                  max_seq_length: int = 512, do_lower_case: bool = False, prompts: Optional[dict] = None,
                  default_prompt_name: Optional[str] = None, truncate_dim: Optional[int] = None,
-                 include_prompt: bool = True):
+                 include_prompt: bool = True, similarity_fn_name: str = "cosine"):
+        if similarity_fn_name not in SIMILARITIES:
+            raise ValueError(f"similarity_fn_name must be one of {SIMILARITIES}, got {similarity_fn_name!r}")
+        self.similarity_fn_name = similarity_fn_name
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)
@@ -293,7 +319,8 @@ class Encoder:
         return cls(model, tokenizer, st["pooling"], st["normalize"], int(max_len), st["do_lower_case"],
                    prompts={**st["prompts"], **(prompts or {})},
                    default_prompt_name=default_prompt_name or st["default_prompt_name"],
-                   truncate_dim=truncate_dim, include_prompt=st["include_prompt"])
+                   truncate_dim=truncate_dim, include_prompt=st["include_prompt"],
+                   similarity_fn_name=st["similarity_fn_name"])
 
     @staticmethod
     def _default_max_length(config, tokenizer) -> int:
@@ -317,13 +344,27 @@ class Encoder:
             raise ValueError(f"truncate_dim must be a positive int or None, got {truncate_dim!r}")
         return truncate_dim
 
+    def similarity(self, embeddings1, embeddings2) -> torch.Tensor:
+        """sentence-transformers' SentenceTransformer.similarity: a (len1, len2) float32 tensor of
+        scores by similarity_fn_name: "cosine", "dot", or the negated "euclidean" / "manhattan"
+        distance (higher is more similar). Takes what encode returns: arrays, tensors, lists, 1-D rows."""
+        a, b = (_as_matrix(e, name) for e, name in ((embeddings1, "embeddings1"), (embeddings2, "embeddings2")))
+        if a.shape[1] != b.shape[1]:
+            raise ValueError(f"embeddings1 has dimension {a.shape[1]}, embeddings2 {b.shape[1]}")
+        if self.similarity_fn_name == "cosine":
+            return F.normalize(a, dim=1) @ F.normalize(b, dim=1).T
+        if self.similarity_fn_name == "dot":
+            return a @ b.T
+        return -torch.cdist(a, b, p=2.0 if self.similarity_fn_name == "euclidean" else 1.0)
+
     def _resolve_prompt(self, prompt: Optional[str], prompt_name: Optional[str]) -> Optional[str]:
         """sentence-transformers' rule: prompt wins over prompt_name, then default_prompt_name."""
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
             if prompt_name is not None:
-                raise ValueError("give prompt or prompt_name, not both")
+                warnings.warn(f"encode() got both prompt and prompt_name={prompt_name!r}: using prompt, "
+                              "as sentence-transformers does", stacklevel=3)
             return prompt
         if prompt_name is not None:
             if prompt_name not in self.prompts:
@@ -380,15 +421,17 @@ class Encoder:
                convert_to_numpy: bool = True, convert_to_tensor: bool = False,
                normalize_embeddings: Optional[bool] = None, truncate_dim: Optional[int] = None,
                pooling: Optional[str] = None, sort_window: Optional[int] = SORT_WINDOW, texts=None,
-               **kwargs):
+               inputs=None, device=None, **kwargs):
         """Embeds `sentences`; a str gives one vector, a list gives (len, dim) in input order.
 
         The options are sentence-transformers' (SentenceTransformer.encode), with these fastbert
         additions: pooling ("mean" | "cls" | "max" | "mean_sqrt_len_tokens") overrides the
-        checkpoint's; normalize_embeddings=None (the default) keeps the checkpoint's pipeline
-        (its Normalize module, before truncate_dim, as in sentence-transformers), True also
-        normalizes after truncate_dim (as sentence-transformers' True), False skips every
-        normalization. precision != "float32" quantizes the whole result with ranges from the
+        checkpoint's. The checkpoint's Normalize module always runs, before truncate_dim, as in
+        sentence-transformers (set `encoder.normalize = False` to drop it);
+        normalize_embeddings=True also normalizes after truncate_dim, as sentence-transformers'
+        True. The texts may be passed as `sentences`, `inputs` (sentence-transformers 6's name) or
+        `texts`, as a str, a list or tuple of str, or a 1-D numpy array of str. device must be None
+        or the encoder's own device (it does not move the model). precision != "float32" quantizes the whole result with ranges from the
         result itself (fastbert.quantize.quantize_embeddings). output_value "token_embeddings"
         gives one (tokens, hidden) tensor per text; None gives one dict per text (input_ids,
         attention_mask, token_embeddings, sentence_embedding, and prompt_length with a prompt),
@@ -406,10 +449,16 @@ class Encoder:
 
         if kwargs:
             raise TypeError(f"Encoder.encode() got unexpected keyword argument(s): {sorted(kwargs)}")
-        if texts is not None:                      # the name this method had before
-            if sentences is not None:
-                raise TypeError("Encoder.encode() got both sentences and texts")
-            sentences = texts
+        given = {k: v for k, v in (("sentences", sentences), ("inputs", inputs), ("texts", texts)) if v is not None}
+        if len(given) > 1:
+            raise TypeError(f"Encoder.encode() got the texts twice: {' and '.join(given)}")
+        sentences = next(iter(given.values()), None)
+        want = torch.device(device) if device is not None else self.device
+        if want.type != self.device.type or want.index not in (None, self.device.index):
+            raise ValueError(f"device={device!r}: this Encoder runs on {self.device}; build one there with "
+                             "Encoder.from_pretrained(..., device=...)")
+        if isinstance(sentences, np.ndarray) and sentences.ndim == 1 and sentences.dtype.kind in "UO":
+            sentences = sentences.tolist()              # sentence-transformers takes arrays of str
         single = isinstance(sentences, str)
         items = [sentences] if single else sentences
         if not isinstance(items, (list, tuple)):
@@ -501,7 +550,7 @@ class Encoder:
                         pool_mask = attention_mask.clone()
                         pool_mask[:, :skip] = 0
                     vectors = pool(hidden, pool_mask, modes)
-                if self.normalize and normalize is not False:      # the checkpoint's Normalize module
+                if self.normalize:                                   # the checkpoint's Normalize module
                     vectors = F.normalize(vectors, p=2, dim=1)
                 if truncate_dim is not None:
                     vectors = vectors[:, :truncate_dim]

@@ -86,8 +86,9 @@ def test_input_order_kept_under_length_sorting(encoder, lines):
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
-def test_pooling_overrides(encoder, st_tokens, lines, pooling):
-    ours = encoder.encode(lines, pooling=pooling, normalize_embeddings=False)
+def test_pooling_overrides(encoder, st_tokens, lines, pooling, monkeypatch):
+    monkeypatch.setattr(encoder, "normalize", False)             # the raw pooled vectors
+    ours = encoder.encode(lines, pooling=pooling)
     if pooling == "mean":
         ref = [t.mean(0) for t in st_tokens]
     elif pooling == "cls":
@@ -99,12 +100,46 @@ def test_pooling_overrides(encoder, st_tokens, lines, pooling):
     np.testing.assert_allclose(ours, ref, atol=2e-4, rtol=1e-4)
 
 
-def test_normalize_on_off(encoder, lines):
-    raw = encoder.encode(lines, normalize_embeddings=False)
+def test_normalize_on_off(encoder, st_model, lines, our_floats, monkeypatch):
+    """normalize_embeddings=False is sentence-transformers' default: the checkpoint's Normalize
+    module still runs; encoder.normalize = False drops it."""
+    np.testing.assert_allclose(encoder.encode(lines, normalize_embeddings=False), our_floats, atol=1e-6)
+    np.testing.assert_allclose(encoder.encode(lines[:20], normalize_embeddings=False),
+                               st_model.encode(lines[:20], normalize_embeddings=False), atol=2e-5)
+    monkeypatch.setattr(encoder, "normalize", False)
+    raw = encoder.encode(lines)
     unit = encoder.encode(lines, normalize_embeddings=True)
     norms = np.linalg.norm(raw, axis=1)
     assert norms.min() > 0.1 and not np.allclose(norms, 1.0, atol=1e-2)  # MiniLM means are not unit
     np.testing.assert_allclose(unit, raw / norms[:, None], atol=1e-6)
+    np.testing.assert_allclose(unit, our_floats, atol=1e-6)
+
+
+def test_sentence_transformers_call_forms(encoder, st_model, lines, our_floats):
+    """encode(inputs=...), a numpy array of str, device= the encoder's own, prompt with prompt_name
+    (a warning; prompt wins), and similarity() as SentenceTransformer's."""
+    np.testing.assert_allclose(encoder.encode(inputs=lines[:7]), our_floats[:7], atol=1e-6)
+    np.testing.assert_allclose(encoder.encode(np.array(lines[:7])), our_floats[:7], atol=1e-6)
+    np.testing.assert_allclose(encoder.encode(lines[:7], device="cpu"), our_floats[:7], atol=1e-6)
+    with pytest.raises(ValueError, match="runs on cpu"):
+        encoder.encode(lines[:2], device="meta")
+    with pytest.raises(TypeError, match="sentences and inputs"):
+        encoder.encode(lines[:2], inputs=lines[:2])
+    with pytest.warns(UserWarning, match="using prompt"):
+        with_both = encoder.encode(lines[:3], prompt="query: ", prompt_name="query")
+    np.testing.assert_allclose(with_both, encoder.encode(lines[:3], prompt="query: "), atol=1e-6)
+    a, b = our_floats[:5], st_model.encode(lines[5:9], convert_to_tensor=True)
+    for name in ("cosine", "dot", "euclidean", "manhattan"):
+        encoder.similarity_fn_name = st_model.similarity_fn_name = name
+        try:
+            got = encoder.similarity(a, b)
+            assert got.shape == (5, 4)
+            torch.testing.assert_close(got, st_model.similarity(torch.from_numpy(a), b), atol=1e-5, rtol=1e-5)
+        finally:
+            encoder.similarity_fn_name = st_model.similarity_fn_name = "cosine"
+    torch.testing.assert_close(encoder.similarity(a[0], a[0]), torch.ones(1, 1), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="dimension 384, embeddings2 3"):
+        encoder.similarity(a, np.ones((2, 3)))
 
 
 def test_str_list_and_output_types(encoder, lines):
@@ -339,8 +374,8 @@ def test_token_embeddings_and_all_outputs(encoder, st_model, st_tokens, lines):
 
 
 def test_encode_option_errors(encoder):
-    with pytest.raises(TypeError, match="device.*pool|pool.*device"):
-        encoder.encode(["ok"], device="cpu", pool=None)
+    with pytest.raises(TypeError, match="chunk_size.*pool|pool.*chunk_size"):
+        encoder.encode(["ok"], chunk_size=3, pool=None)
     with pytest.raises(TypeError, match="chunk_sise"):
         encoder.encode(["ok"], chunk_sise=3)
     with pytest.raises(ValueError, match="precision"):
