@@ -268,3 +268,81 @@ def test_rows_that_come_back_twice_are_written_once(encoder, model_dir, tmp_path
                            progress=False, embedder_cls=_EveryRowTwice)
     assert summary.complete and summary.rows == 5
     check_output(tmp_path / "out", {str(src): [(i, t, None) for i, t in enumerate(lines)]}, encoder)
+
+
+def test_int8_and_uint8_are_refused_binary_is_embedded(corpus, encoder, model_dir, tmp_path):
+    root, _ = corpus
+    # per-batch int8/uint8 ranges would make a text's codes depend on its batchmates
+    for precision in ("int8", "uint8"):
+        with pytest.raises(ValueError, match=f"precision='{precision}'.*calibration_embeddings"):
+            Embedder(model=model_dir, precision=precision)
+        with pytest.raises(CorpusError, match=f"precision='{precision}'.*calibration_embeddings"):
+            embed_corpus([str(root / "c.txt")], tmp_path / "o", model=model_dir, precision=precision)
+    assert not (tmp_path / "o").exists()
+    texts = ["one", "two words", ""]
+    for precision in ("binary", "ubinary"):  # per-value: the same codes in any batch
+        got = Embedder(model=model_dir, precision=precision)(pa.table({"text": texts}))
+        want = encoder.encode(texts, precision=precision)
+        np.testing.assert_array_equal(np.array(got.column("embedding").to_pylist()), want)
+
+
+def test_jsonl_ids_of_mixed_types_are_written_as_strings(encoder, model_dir, tmp_path):
+    src = tmp_path / "ids.jsonl"
+    ids = [1, 2, "three", 4, True, 6.5, 7, None]  # shards of 2: ints | str, int | bool, float | int
+    lines = [json.dumps({"id": i, "text": f"text {k}"}) for k, i in enumerate(ids)]
+    src.write_text("\n".join(lines + [json.dumps({"text": "no id"})]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    summary = embed_corpus([str(src)], out, model=model_dir, shard_rows=2, progress=False)
+    assert summary.complete and (summary.rows, summary.errors) == (8, 1)
+    want = [1, 2, "three", "4", "true", "6.5", 7, None]  # one type per shard: mixed ones as JSON text
+    check_output(out, {str(src): [(i, f"text {k}", None) for k, i in enumerate(want)]
+                       + [(None, None, "no id key 'id'")]}, encoder)
+    assert pq.read_table(out / "part-00000.parquet").schema.field("id").type == pa.int64()
+    assert pq.read_table(out / "part-00001.parquet").schema.field("id").type == pa.string()
+
+
+def test_a_column_missing_from_the_first_jsonl_object_is_refused(corpus, model_dir, tmp_path, capsys):
+    from fastbert.cli import main
+
+    root, _ = corpus
+    src = str(root / "b.jsonl")
+    with pytest.raises(CorpusError, match=r"b\.jsonl: its first JSON object has no key 'body' "
+                                          r"\(keys: \['id', 'text'\]\)"):
+        embed_corpus([src], tmp_path / "o", column="body", model=model_dir)
+    with pytest.raises(CorpusError, match=r"b\.jsonl: its first JSON object has no id key 'key'"):
+        embed_corpus([src], tmp_path / "o", id_column="key", model=model_dir)
+    with pytest.raises(SystemExit) as info:
+        main(["embed-corpus", src, "-o", str(tmp_path / "o"), "--column", "body", "--model", model_dir])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "no key 'body'" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_dictionary_encoded_strings_are_texts(encoder, model_dir, tmp_path):
+    texts = ["red", None, "green", "red"]
+    got = Embedder(model=model_dir)(pa.table({"text": pa.array(texts).dictionary_encode()}))
+    assert got.column("error").to_pylist() == [None, "null value in column 'text'", None, None]
+    vectors = np.array([got.column("embedding")[i].as_py() for i in (0, 2, 3)], dtype=np.float32)
+    np.testing.assert_allclose(vectors, encoder.encode(["red", "green", "red"]), atol=1e-5)
+    src = tmp_path / "cat.parquet"  # what pandas writes for a Categorical column
+    pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode()}), src)
+    assert pa.types.is_dictionary(pq.read_table(src).schema.field("text").type)
+    summary = embed_corpus([str(src)], tmp_path / "out", model=model_dir, shard_rows=2, progress=False)
+    assert summary.complete and (summary.rows, summary.errors) == (3, 1)
+    check_output(tmp_path / "out", {str(src): [(i, t, "null value" if t is None else None)
+                                               for i, t in enumerate(texts)]}, encoder)
+
+
+def test_a_ray_address_that_cannot_be_joined_is_exit_2_before_any_output(corpus, tmp_path, capsys):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'fastbert[ray]')")
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already running in this process: --ray would use it")
+    from fastbert.cli import main
+
+    root, _ = corpus
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as info:
+        main(["embed-corpus", str(root / "c.txt"), "-o", str(out), "--ray", "bogus", "--no-progress"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--ray bogus: cannot join Ray" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()[-1]) < 200 and not out.exists()

@@ -11,10 +11,16 @@ mtime), the model and every option that changes the vectors; a re-run that diffe
 Output rows: `source` (the input file's absolute path), `row` (0-based row, or line, in that file:
 (source, row) is unique over the whole run), `id` (the id column's value, or the row number when the
 file has no id column; without --id-column, a JSONL file has an `id` column when its first object
-has an "id" key, and then a row without one goes to the errors) and `embedding` (fixed-size list of float32). A row whose text is null, not a
-string, or unreadable (bad JSON, bad UTF-8) is not embedded: it goes to OUTDIR/errors.jsonl with its
-source, row, id and the reason (per shard in OUTDIR/errors/ until the run completes). An empty string
-is embedded like any other text; a long one is truncated as Encoder.encode truncates.
+has an "id" key, and then a row without one goes to the errors) and `embedding` (fixed-size list of
+float32). The id keeps its input type; in JSONL that is the JSON values' type (an int, a string,
+a bool; other values as their JSON text), and a shard whose ids mix types (1 and "two") holds them
+all as strings ("1", "two"; true as "true"), so shards of one file can differ in the id's type.
+The first JSON object of a JSONL file must have the text column (and --id-column), or the file is
+refused, as a Parquet or CSV file without it is. A row whose text is null, not a string, or
+unreadable (bad JSON, bad UTF-8) is not embedded: it goes to OUTDIR/errors.jsonl with its source,
+row, id and the reason (per shard in OUTDIR/errors/ until the run completes). An empty string is
+embedded like any other text; a long one is truncated as Encoder.encode truncates. A dictionary-
+encoded string column (pandas Categorical) is a string column.
 
 On Ray, shards are read on the driver's node (so the inputs need only exist there), embedded by
 `num_workers` Embedder actors (Ray Data restarts a dead actor and retries its task), and written by
@@ -23,6 +29,7 @@ the driver, which reassembles each shard from the rows that come back, ignoring 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import json
@@ -160,8 +167,17 @@ def describe_input(path: str, column: str, id_column: str | None, shard_rows: in
             raise CorpusError(f"input {path}: a text file has no columns, so --id-column "
                               f"{id_column} cannot apply (its ids are line numbers)")
     elif f.format == "jsonl":
-        first = _first_json_object(path) if id_column is None else None
-        f.id_column = id_column or ("id" if first is not None and "id" in first else None)
+        first = _first_json_object(path)
+        # a wrong name would send every row to the errors: refuse it as parquet/csv do (a later
+        # object without the key is one bad row)
+        keys = None if first is None else list(first)
+        if keys is not None and column not in keys:
+            raise CorpusError(f"input {path}: its first JSON object has no key {column!r} "
+                              f"(keys: {keys})")
+        if keys is not None and id_column is not None and id_column not in keys:
+            raise CorpusError(f"input {path}: its first JSON object has no id key {id_column!r} "
+                              f"(keys: {keys})")
+        f.id_column = id_column or ("id" if keys is not None and "id" in keys else None)
     else:
         if column not in names:
             raise CorpusError(f"input {path}: no column {column!r} (columns: {names})")
@@ -228,6 +244,9 @@ def read_shard(f: InputFile, shard: Shard, column: str, want_text: bool = True, 
             ids.append(row_id)
         if f.id_column is None:
             ids = rows
+        elif len({type(i) for i in ids if i is not None}) > 1:
+            # one column holds one type: ids of mixed JSON types (1, "two", true) become strings
+            ids = [i if i is None or isinstance(i, str) else json.dumps(i) for i in ids]
         texts = pa.array(texts, type=pa.string())
         errors = pa.array(errors, type=pa.string())
     else:
@@ -262,7 +281,7 @@ def _parse_line(f: InputFile, line: bytes, column: str):
     if not isinstance(obj, dict):
         return None, f"a JSON {type(obj).__name__}, not an object", None
     row_id = obj.get(f.id_column) if f.id_column else None
-    if row_id is not None and not isinstance(row_id, (str, int)):
+    if row_id is not None and not isinstance(row_id, (str, int)):  # bool is an int here
         row_id = json.dumps(row_id)
     if f.id_column and f.id_column not in obj:
         return None, f"no id key {f.id_column!r}", None
@@ -559,13 +578,19 @@ def _on_this_node(ray, map_batches) -> dict:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
-def _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_rows, assembler,
-             address, num_workers, device, cpus_per_worker):
+@contextlib.contextmanager
+def _ray_session(address, num_workers, cpus_per_worker):
+    """Ray for one run: None (no Ray), the Ray already running in this process, or one started or
+    joined here and shut down after. A failure to start or join is a CorpusError, raised before
+    the output directory is touched."""
+    if address is None:
+        yield
+        return
     import ray
-    import ray.data
-
-    started_here = False
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        yield
+        return
+    try:
         if address == "local":
             need = num_workers * (cpus_per_worker or 1)
             # one CPU beyond the workers' for the read stage, whatever the machine has
@@ -573,27 +598,37 @@ def _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_r
                      log_to_driver=False, configure_logging=False)
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
-        started_here = True
+    except Exception as exc:  # Ray's own message, on one line: a traceback helps no one here
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise CorpusError(f"--ray {address}: cannot {'start' if address == 'local' else 'join'} "
+                          f"Ray ({reason})") from exc
     try:
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False  # ours counts rows of the whole corpus
-        ds = ray.data.from_items([{SHARD_KEY: s.index} for s in todo],
-                                 override_num_blocks=max(1, len(todo)))
-        ds = ds.map_batches(_read_shards_batch, batch_size=1, batch_format="pyarrow",
-                            fn_kwargs={"files": files, "shards": shards, "column": column},
-                            num_cpus=0.5,  # reading is light; it must not starve the embedders
-                            **_on_this_node(ray, ds.map_batches))
-        resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": cpus_per_worker or 1}
-        # Ray Data's actor pools restart a dead actor and retry its tasks by default
-        # (max_restarts=-1, max_task_retries=-1); the assembler drops any row that comes back twice
-        ds = ds.map_batches(embedder_cls, fn_constructor_kwargs=embedder_kwargs,
-                            compute=ray.data.ActorPoolStrategy(size=num_workers),
-                            batch_size=batch_rows, batch_format="pyarrow", **resources)
-        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-            assembler.add(batch)
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
+        ray.shutdown()
+
+
+def _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_rows, assembler,
+             num_workers, device, cpus_per_worker):
+    import ray
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # ours counts rows of the whole corpus
+    ds = ray.data.from_items([{SHARD_KEY: s.index} for s in todo],
+                             override_num_blocks=max(1, len(todo)))
+    ds = ds.map_batches(_read_shards_batch, batch_size=1, batch_format="pyarrow",
+                        fn_kwargs={"files": files, "shards": shards, "column": column},
+                        num_cpus=0.5,  # reading is light; it must not starve the embedders
+                        **_on_this_node(ray, ds.map_batches))
+    resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": cpus_per_worker or 1}
+    # Ray Data's actor pools restart a dead actor and retry its tasks by default
+    # (max_restarts=-1, max_task_retries=-1); the assembler drops any row that comes back twice
+    ds = ds.map_batches(embedder_cls, fn_constructor_kwargs=embedder_kwargs,
+                        compute=ray.data.ActorPoolStrategy(size=num_workers),
+                        batch_size=batch_rows, batch_format="pyarrow", **resources)
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        assembler.add(batch)
 
 
 def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = None, model=None,
@@ -608,10 +643,12 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
     address. Re-running over the same outdir resumes; a different run there raises CorpusError."""
     from tqdm.auto import tqdm
 
-    from fastbert.integrations.ray import DEFAULT_BATCH_TOKENS, Embedder
+    from fastbert.integrations.ray import _INT8_REFUSED, DEFAULT_BATCH_TOKENS, Embedder
 
     began = time.perf_counter()
     ray = None if ray in (None, "none") else ray
+    if precision in ("int8", "uint8"):
+        raise CorpusError(_INT8_REFUSED.format(precision=precision))
     for name, value in (("num_workers", num_workers), ("batch_rows", batch_rows),
                         ("shard_rows", shard_rows)):
         if not isinstance(value, int) or value < 1:
@@ -635,39 +672,41 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
               "column": column, "id_column": id_column, "shard_rows": shard_rows,
               "pooling": pooling, "normalize": normalize, "precision": precision,
               "truncate_dim": truncate_dim}
-    out = OutputDir(outdir, config, shards)
-    todo = [s for s in shards if not out.done(s)]
-    summary = Summary(shards_total=len(shards), shards_skipped=len(shards) - len(todo),
-                      outdir=str(out.path))
-    embedder_kwargs = {"model": str(model.resolve()), "column": column,
-                       "batch_tokens": batch_tokens or DEFAULT_BATCH_TOKENS, "pooling": pooling,
-                       "normalize": normalize, "precision": precision, "truncate_dim": truncate_dim,
-                       "device": device if ray is None else None, "stats": True,
-                       "keep_column": False}  # the texts need not travel back to the driver
-    if ray is not None and device == "cpu":
-        embedder_kwargs["device"] = "cpu"
-    if ray is not None and device != "cuda" and cpus_per_worker:
-        embedder_kwargs["num_threads"] = cpus_per_worker  # torch would use every core of the node
-    bar = tqdm(total=sum(s.stop - s.start for s in todo), unit="rows", desc="embed-corpus",
-               disable=not progress, smoothing=0.1, dynamic_ncols=True)
-    assembler = _Assembler(out, files, shards, column, summary, bar)
-    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ray": ray or "none",
-           "num_workers": num_workers if ray else 1, "device": device, "shards_todo": len(todo)}
-    try:
-        if todo and ray is None:
-            _run_in_process(files, todo, embedder_cls(**embedder_kwargs), column, batch_rows, assembler)
-        elif todo:
-            _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_rows,
-                     assembler, ray, num_workers, device, cpus_per_worker)
-        if assembler.pending:
-            raise RuntimeError(f"{assembler.pending} shard(s) did not get all their rows back")
-    finally:
-        bar.close()
-        summary.seconds = time.perf_counter() - began
-        run.update(rows=summary.rows, errors=summary.errors, shards_done=summary.shards_done,
-                   seconds=round(summary.seconds, 3), workers=summary.workers)
-        summary.complete = out.finish(shards, run)
-    return summary
+    with _ray_session(ray, num_workers, cpus_per_worker):  # joined before OUTDIR is written
+        out = OutputDir(outdir, config, shards)
+        todo = [s for s in shards if not out.done(s)]
+        summary = Summary(shards_total=len(shards), shards_skipped=len(shards) - len(todo),
+                          outdir=str(out.path))
+        embedder_kwargs = {"model": str(model.resolve()), "column": column,
+                           "batch_tokens": batch_tokens or DEFAULT_BATCH_TOKENS, "pooling": pooling,
+                           "normalize": normalize, "precision": precision, "truncate_dim": truncate_dim,
+                           "device": device if ray is None else None, "stats": True,
+                           "keep_column": False}  # the texts need not travel back to the driver
+        if ray is not None and device == "cpu":
+            embedder_kwargs["device"] = "cpu"
+        if ray is not None and device != "cuda" and cpus_per_worker:
+            embedder_kwargs["num_threads"] = cpus_per_worker  # torch would use every core of the node
+        bar = tqdm(total=sum(s.stop - s.start for s in todo), unit="rows", desc="embed-corpus",
+                   disable=not progress, smoothing=0.1, dynamic_ncols=True)
+        assembler = _Assembler(out, files, shards, column, summary, bar)
+        run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ray": ray or "none",
+               "num_workers": num_workers if ray else 1, "device": device, "shards_todo": len(todo)}
+        try:
+            if todo and ray is None:
+                _run_in_process(files, todo, embedder_cls(**embedder_kwargs), column, batch_rows,
+                                assembler)
+            elif todo:
+                _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_rows,
+                         assembler, num_workers, device, cpus_per_worker)
+            if assembler.pending:
+                raise RuntimeError(f"{assembler.pending} shard(s) did not get all their rows back")
+        finally:
+            bar.close()
+            summary.seconds = time.perf_counter() - began
+            run.update(rows=summary.rows, errors=summary.errors, shards_done=summary.shards_done,
+                       seconds=round(summary.seconds, 3), workers=summary.workers)
+            summary.complete = out.finish(shards, run)
+        return summary
 
 
 # ---- the command ----------------------------------------------------------------------------

@@ -8,7 +8,8 @@ sees one). Each call gets a pyarrow Table and returns it with two more columns:
 - `embedding` (output_column): a fixed-size list of float32 (the dtype `Encoder.encode` returns), one
   vector per row, null on a row that could not be embedded;
 - `error` (error_column): null on an embedded row, else the reason (a null value, a value that is not
-  a string). A row that arrives with `error` already set is passed through unembedded with its reason.
+  a string; dictionary-encoded strings, as from a pandas Categorical, are strings). A row that
+  arrives with `error` already set is passed through unembedded with its reason.
 A bad row never fails the batch; the caller splits rows with an error into its errors output.
 
 Texts are embedded by `fastbert.Encoder.encode` with its defaults (pooling, normalization, truncation
@@ -30,6 +31,12 @@ import numpy as np
 
 DEFAULT_BATCH_TOKENS = 16384
 _ENCODE_OPTIONS = ("precision", "truncate_dim")  # passed to Encoder.encode only when it has them
+# int8/uint8 ranges come from the embeddings quantized together: per batch, a text's codes would
+# depend on its batchmates, so a corpus must be quantized afterwards against one calibration set
+_INT8_REFUSED = ("precision={precision!r}: int8/uint8 need ranges from a calibration set, and "
+                 "batches here are embedded separately; embed in float32 (or binary/ubinary, which "
+                 "are per-value) and quantize afterwards with sentence_transformers."
+                 "quantize_embeddings(embeddings, {precision!r}, calibration_embeddings=...)")
 
 
 def _is_string_type(pa, dtype) -> bool:
@@ -43,6 +50,8 @@ def texts_and_errors(table, column: str, error_column: str):
 
     col = table.column(column)
     n = table.num_rows
+    if pa.types.is_dictionary(col.type) and _is_string_type(pa, col.type.value_type):
+        col = col.cast(col.type.value_type)  # dictionary-encoded (pandas Categorical) strings
     if _is_string_type(pa, col.type):
         texts = col.to_pylist()
         errors = [f"null value in column {column!r}" if t is None else None for t in texts]
@@ -67,9 +76,11 @@ class Embedder:
     column: the text column. output_column / error_column: names of the added columns.
     batch_tokens: most padded tokens per forward. pooling / normalize: as `Encoder.encode`'s pooling
     and normalize_embeddings (default: the checkpoint's). precision / truncate_dim: passed to
-    `Encoder.encode`, which must accept them. device: "cpu" | "cuda" (default: cuda when this
-    process sees a GPU). num_threads: torch CPU threads for this process (default: torch's own, which
-    on Ray is every core of the node, not the actor's num_cpus). keep_column=False leaves the text
+    `Encoder.encode`, which must accept them; int8/uint8 are refused (their ranges would differ
+    from batch to batch: quantize the float32 output afterwards with a calibration set).
+    device: "cpu" | "cuda" (default: cuda when this process sees a GPU). num_threads: torch CPU
+    threads for this process (default: torch's own, which on Ray is every core of the node, not the
+    actor's num_cpus). keep_column=False leaves the text
     column out of the output (it need not travel further). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share
     of the call's time) columns, for per-worker summaries.
     """
@@ -95,6 +106,8 @@ class Embedder:
             if not isinstance(num_threads, int) or num_threads < 1:
                 raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
             torch.set_num_threads(num_threads)
+        if precision in ("int8", "uint8"):
+            raise ValueError(_INT8_REFUSED.format(precision=precision))
         if model is None:
             from fastbert.benchmarks.env import default_model_dir
             model = default_model_dir()
