@@ -105,3 +105,56 @@ def test_distilbert_checkpoint_returns_no_token_type_ids(model_dir, tmp_path):
     model = fastbert.AutoModel.from_pretrained(tmp_path / "model")
     batch = ours(texts, padding=True, return_tensors="pt")
     assert model(**batch).last_hidden_state.shape[:2] == batch["input_ids"].shape
+
+
+# tokenizer.json edits that a generic class (which applies the whole file) sees; the C++ core cannot
+# apply the last four, so they must go to transformers' own tokenizer
+GENERIC_EDITS = {
+    "lowercase_false": lambda tj: tj["normalizer"].update(lowercase=False),
+    "no_chinese_no_clean": lambda tj: tj["normalizer"].update(handle_chinese_chars=False, clean_text=False,
+                                                              strip_accents=False),
+    "max_chars_10": lambda tj: tj["model"].update(max_input_chars_per_word=10),
+    "whitespace_split": lambda tj: tj.update(pre_tokenizer={"type": "WhitespaceSplit"}),
+    "null_normalizer": lambda tj: tj.update(normalizer=None),
+    "sequence_normalizer": lambda tj: tj.update(normalizer={"type": "Sequence", "normalizers": [
+        {"type": "NFD"}, {"type": "Lowercase"}, {"type": "StripAccents"}]}),
+}
+GENERIC_TEXTS = TEXTS + ["Hello World internationalization héllo a,b", "ÀÉÎ éñ\u00A0x\u0000y 日本語", ""]
+
+
+@pytest.mark.parametrize("tokenizer_class", ["PreTrainedTokenizerFast", "TokenizersBackend", None])
+@pytest.mark.parametrize("edit", [None, *GENERIC_EDITS], ids=str)
+def test_generic_class_applies_whole_tokenizer_json(tmp_path, tokenizer_class, edit):
+    """Under a generic class (or none) transformers applies all of tokenizer.json: normalizer,
+    pre-tokenizer, WordPiece settings, post-processor. fastbert gives exactly its tokens and outputs,
+    with the C++ tokenizer where the file is one it applies exactly, else with transformers' own."""
+    tj = json.loads((MODEL_DIR / "tokenizer.json").read_text(encoding="utf-8"))
+    if edit is not None:
+        GENERIC_EDITS[edit](tj)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    config = {"model_max_length": 512, "do_lower_case": True}  # a named class's option: ignored here
+    if tokenizer_class is not None:
+        config["tokenizer_class"] = tokenizer_class
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    ours, theirs = fastbert.AutoTokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    on_core = edit in (None, "lowercase_false", "no_chinese_no_clean")
+    assert isinstance(ours, fastbert.BertTokenizer) == on_core
+    assert tokenizer_kind(tmp_path) == ("wordpiece" if on_core else "hf")
+    for text in GENERIC_TEXTS:
+        assert ours.tokenize(text) == theirs.tokenize(text), repr(text)
+    assert dict(ours(GENERIC_TEXTS)) == dict(theirs(GENERIC_TEXTS))
+    assert dict(ours(GENERIC_TEXTS, GENERIC_TEXTS[::-1])) == dict(theirs(GENERIC_TEXTS, GENERIC_TEXTS[::-1]))
+    ids = theirs(GENERIC_TEXTS)["input_ids"]
+    assert ours.batch_decode(ids) == theirs.batch_decode(ids)
+
+
+def test_model_type_names_the_class(tmp_path):
+    """No tokenizer_class anywhere but a config.json model_type: transformers builds that model's named
+    class (BertTokenizer, which ignores tokenizer.json's normalizer), so the edit is not applied."""
+    tj = json.loads((MODEL_DIR / "tokenizer.json").read_text(encoding="utf-8"))
+    tj["normalizer"]["lowercase"] = False
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}), encoding="utf-8")
+    ours, theirs = fastbert.AutoTokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(ours, fastbert.BertTokenizer)
+    assert ours.tokenize(TEXTS[0]) == theirs.tokenize(TEXTS[0]) == ["unwanted", ",", "running"]

@@ -100,3 +100,18 @@ def test_masked_lm_collator_and_special_tokens_mask(pair):
     assert fast.get_special_tokens_mask(a, b) == fast(LINES[0], LINES[1], return_special_tokens_mask=True)[
         "special_tokens_mask"]
     assert fast.get_special_tokens_mask(a) == [1] + [0] * len(a) + [1]
+
+
+@pytest.mark.parametrize("key", ["offset_mapping", "labels"])
+def test_ragged_extra_key_names_the_key(pair, key):
+    """A key pad() does not pad (offsets, token labels) with rows of different lengths cannot become one
+    tensor: the error names the key, as transformers' does, not torch's bare sequence-length message."""
+    fb, hf = pair
+    for tok in (fb, hf):
+        rows = [dict(tok(x, return_offsets_mapping=True)) for x in ["a fairly long first sentence", "b"]]
+        for row in rows:
+            row["labels"] = list(range(len(row["input_ids"])))
+            if key == "labels":
+                del row["offset_mapping"]
+        with pytest.raises(ValueError, match=f"Unable to create tensor.*`{key}` in this case"):
+            tok.pad(rows, return_tensors="pt")

@@ -4,8 +4,10 @@ WordPiece vocabularies (BERT, DistilBERT, ELECTRA, MiniLM, bge, e5, and MPNet wi
 <s> A </s></s> B </s> template) get `fastbert.BertTokenizer`;
 BPE (RoBERTa) and SentencePiece/Unigram (XLM-R, CamemBERT, ALBERT) get `transformers.AutoTokenizer`,
 which reads the same files. The choice is made from the files in the checkpoint directory:
-  tokenizer.json present  -> its "model.type" decides (WordPiece -> fastbert, when its post-processor
-                             is Bert-, Roberta- or TemplateProcessing)
+  tokenizer.json present  -> its "model.type" decides (WordPiece -> fastbert; under a generic class,
+                             which applies the whole file, only when the C++ core applies all of it:
+                             a BertNormalizer, BertPreTokenizer, "##" and 100 characters a word, the
+                             WordPiece decoder, a Bert-, Roberta- or TemplateProcessing post-processor)
   only vocab.txt present  -> fastbert (a WordPiece vocabulary)
   anything else           -> transformers.AutoTokenizer
 """
@@ -13,8 +15,43 @@ import json
 from pathlib import Path
 
 from fastbert.tokenizer.bert import BertTokenizer
-from fastbert.tokenizer.files import GENERIC_CLASSES, read_json
+from fastbert.tokenizer.files import GENERIC_CLASSES, NO_TYPE_INPUTS, auto_class, generic_arguments, read_json
 from fastbert.tokenizer.template import supported
+
+
+def _read_tokenizer_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise OSError(f"cannot read tokenizer file {path}: {e}") from e
+
+
+def generic_overrides(directory) -> dict | str | None:
+    """For a WordPiece tokenizer.json that transformers serves with its generic class (tokenizer_class
+    PreTrainedTokenizerFast / TokenizersBackend, or no class at all), which applies the whole file:
+    BertTokenizer.from_pretrained's arguments that apply it too, or a str saying why the C++ core
+    cannot. None for any other checkpoint (a named class such as BertTokenizer builds its own
+    normalizer, pre-tokenizer, model settings and post-processor from its arguments)."""
+    directory = Path(directory)
+    tokenizer_json = directory / "tokenizer.json"
+    if not tokenizer_json.is_file() or auto_class(directory) not in GENERIC_CLASSES + ("",):
+        return None
+    data = _read_tokenizer_json(tokenizer_json)
+    if (data.get("model") or {}).get("type") != "WordPiece":
+        return None
+    arguments = generic_arguments(data, str(tokenizer_json))
+    if isinstance(arguments, str):
+        return arguments
+    if not supported(arguments["post_processor"]):  # e.g. a Sequence of post-processors
+        return f"{tokenizer_json}: post_processor {arguments['post_processor'].get('type')!r}"
+    config = read_json(directory / "tokenizer_config.json") or {}
+    if "model_input_names" not in config:  # the generic class's own: transformers 5 returns no token_type_ids
+        from importlib.metadata import version
+
+        if int(version("transformers").split(".")[0]) >= 5:
+            arguments["model_input_names"] = NO_TYPE_INPUTS
+    return arguments
 
 
 def tokenizer_kind(directory) -> str:
@@ -22,19 +59,13 @@ def tokenizer_kind(directory) -> str:
     directory = Path(directory)
     tokenizer_json = directory / "tokenizer.json"
     if tokenizer_json.is_file():
-        try:
-            with open(tokenizer_json, encoding="utf-8") as f:
-                data = json.load(f)
-            model = data.get("model") or {}
-        except (OSError, ValueError) as e:
-            raise OSError(f"cannot read tokenizer file {tokenizer_json}: {e}") from e
+        model = _read_tokenizer_json(tokenizer_json).get("model") or {}
         if model.get("type") != "WordPiece":
             return "hf"
-        # a generic class applies the file's post-processor: one the C++ core cannot apply exactly (e.g. a
-        # Sequence of them) goes to transformers (named classes such as BertTokenizer build their own)
-        config = read_json(directory / "tokenizer_config.json") or {}
-        generic = config.get("tokenizer_class") in GENERIC_CLASSES
-        return "hf" if generic and not supported(data.get("post_processor")) else "wordpiece"
+        # a generic class applies the whole file: one the C++ core cannot apply exactly (a cased or
+        # Sequence normalizer the options cannot say, another pre-tokenizer, other WordPiece settings, a
+        # Sequence of post-processors) goes to transformers
+        return "hf" if isinstance(generic_overrides(directory), str) else "wordpiece"
     if (directory / "vocab.txt").is_file():
         return "wordpiece"
     return "hf"
@@ -59,6 +90,6 @@ class AutoTokenizer:
     def from_pretrained(cls, path, **kwargs):
         directory = local_dir(path)
         if tokenizer_kind(directory) == "wordpiece":
-            return BertTokenizer.from_pretrained(str(directory), **kwargs)
+            return BertTokenizer.from_pretrained(str(directory), **{**(generic_overrides(directory) or {}), **kwargs})
         import transformers
         return transformers.AutoTokenizer.from_pretrained(str(directory), use_fast=True, **kwargs)

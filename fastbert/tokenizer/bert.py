@@ -30,6 +30,9 @@ DEFAULT_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[P
                     "cls_token": "[CLS]", "mask_token": "[MASK]"}
 # keyword arguments transformers' __call__ takes beyond its named parameters
 _HF_EXTRA_KWARGS = ("split_special_tokens", "tokenizer_kwargs", "max_target_length")
+# __call__ arguments transformers' tokenize() takes and ignores (it neither truncates nor pads)
+_TOKENIZE_IGNORES = ("truncation", "max_length", "stride", "padding", "pad_to_multiple_of", "padding_side",
+                     "return_overflowing_tokens")
 
 
 def _cleanup(text: str) -> str:
@@ -140,6 +143,15 @@ def _batch_items(text, text_pair, split_words: bool):
 
 def _rebuild(cls, state):
     return cls(**state)
+
+
+class _AddedSpecial:
+    # a str given to add_special_tokens: transformers makes it AddedToken(normalized=False, special=True)
+    __slots__ = ("content",)
+    special, lstrip, rstrip, single_word, normalized = True, False, False, False, False
+
+    def __init__(self, content: str):
+        self.content = content
 
 
 class _WordPieceView:
@@ -456,11 +468,83 @@ class BertTokenizer:
             known_id = self._core.token_to_id(entry["content"])
             entry["id"] = known_id if known_id is not None else next_id
             next_id += known_id is None
+        self._rebuild(fresh)
+        return len(fresh)
+
+    def _rebuild(self, fresh_added: list[dict]) -> None:
+        # this tokenizer made again from its state (special tokens, template) with `fresh_added` added
         state = self._state()
-        state["added_tokens"] = state["added_tokens"] + fresh
+        state["added_tokens"] = state["added_tokens"] + fresh_added
         rebuilt = type(self)(**state)
         self.__dict__.update(rebuilt.__dict__)
-        return len(fresh)
+
+    def add_special_tokens(self, special_tokens_dict: dict, replace_additional_special_tokens: bool = True,
+                           replace_extra_special_tokens: bool | None = None) -> int:
+        """As transformers' add_special_tokens: named tokens (cls_token, pad_token, ...) are set (a str
+        becomes a special token, never split nor normalized), additional_special_tokens (or
+        extra_special_tokens) replace the list, or extend it with replace_additional_special_tokens=False;
+        every one missing is added as add_tokens(..., special_tokens=True) adds it. Returns how many
+        tokens were added to the vocabulary."""
+        if not special_tokens_dict:
+            return 0
+        replace = replace_additional_special_tokens if replace_extra_special_tokens is None \
+            else replace_extra_special_tokens
+        special_tokens_dict = dict(special_tokens_dict)
+        if "additional_special_tokens" in special_tokens_dict and not special_tokens_dict.get("extra_special_tokens"):
+            special_tokens_dict["extra_special_tokens"] = special_tokens_dict.pop("additional_special_tokens")
+        allowed = set(SPECIAL_ATTRS) | {"extra_special_tokens"}
+        for key, value in special_tokens_dict.items():  # every value checked before anything changes
+            if key not in allowed:
+                raise ValueError(f"Key {key} is not a valid special token. Valid keys are: {sorted(allowed)}")
+            values = value if key == "extra_special_tokens" else [value]
+            if (key == "extra_special_tokens" and not isinstance(value, (list, tuple))) or \
+                    not all(isinstance(t, str) or isinstance(getattr(t, "content", None), str) for t in values):
+                raise ValueError(f"Token {value!r} for key {key} should be "
+                                 f"{'a list of' if key == 'extra_special_tokens' else 'a'} str or AddedToken")
+        if {"cls_token", "sep_token"} & set(special_tokens_dict):  # the template keeps its tokens, as in HF
+            self._post_processor = template.as_post_processor(*self._templates, self._core.id_to_token)
+        to_add = []
+        for key, value in special_tokens_dict.items():
+            if key == "extra_special_tokens":
+                new = [t for t in value if replace or _token_str(t) not in self.additional_special_tokens]
+                if replace and new:
+                    self.additional_special_tokens = [_token_str(t) for t in new]
+                else:
+                    self.additional_special_tokens += [_token_str(t) for t in new]
+                to_add += new
+            else:
+                self._special[key] = value if isinstance(value, str) else value.content
+                to_add.append(value)
+        added = self.add_tokens([_AddedSpecial(t) if isinstance(t, str) else t for t in to_add], special_tokens=True)
+        if not added:  # nothing new in the vocabulary; the template and the special sets may still change
+            self._rebuild([])
+        return added
+
+    def get_added_vocab(self) -> dict[str, int]:
+        """The added tokens (the special ones included) and their ids, by id, as transformers'."""
+        return dict(sorted(self.added_tokens_encoder.items(), key=lambda kv: kv[1]))
+
+    @property
+    def added_tokens_decoder(self) -> dict:
+        """id -> tokenizers.AddedToken for every added token, by id, as transformers'."""
+        from tokenizers import AddedToken
+
+        out = {}
+        for a in self._added:
+            special = bool(a.get("special", False))
+            out[self._core.token_to_id(a["content"])] = AddedToken(
+                a["content"], single_word=bool(a.get("single_word", False)), lstrip=bool(a.get("lstrip", False)),
+                rstrip=bool(a.get("rstrip", False)), normalized=bool(a.get("normalized", not special)),
+                special=special)
+        return dict(sorted(out.items()))
+
+    @property
+    def max_len_single_sentence(self) -> int:
+        return self.model_max_length - self.num_special_tokens_to_add(pair=False)
+
+    @property
+    def max_len_sentences_pair(self) -> int:
+        return self.model_max_length - self.num_special_tokens_to_add(pair=True)
 
     def __repr__(self) -> str:
         return (f"fastbert.BertTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
@@ -553,6 +637,8 @@ class BertTokenizer:
     # -------------------------------------------------------------------------------- encoding
     def tokenize(self, text: str, pair: str | None = None, add_special_tokens: bool = False, **kwargs) -> list[str]:
         kwargs.pop("return_offsets_mapping", None)
+        for name in _TOKENIZE_IGNORES:  # transformers' tokenize() returns every token whatever these say
+            kwargs.pop(name, None)
         enc = self(text, pair, add_special_tokens=add_special_tokens, return_offsets_mapping=True, **kwargs)
         if pair is not None:  # an added token's text may come from either sequence: the alignment knows which
             return enc.tokens()
@@ -770,9 +856,22 @@ class BertTokenizer:
         return pad_module.pad(self, encoded_inputs, padding, max_length, pad_to_multiple_of, padding_side,
                    return_attention_mask, return_tensors, verbose)
 
-    def save_pretrained(self, save_directory, **kwargs) -> tuple[str, ...]:
+    def save_pretrained(self, save_directory, legacy_format: bool | None = None, filename_prefix: str | None = None,
+                        push_to_hub: bool = False, **kwargs) -> tuple[str, ...]:
         """Writes vocab.txt, tokenizer_config.json and special_tokens_map.json (loadable by fastbert
-        and by transformers)."""
+        and by transformers), each name after `filename_prefix` and "-" when given (as transformers).
+        push_to_hub=True, legacy_format=False (tokenizer.json only) and hub arguments are refused by name."""
+        if push_to_hub:
+            raise ValueError("save_pretrained(push_to_hub=True) is not supported by fastbert.BertTokenizer: save to a "
+                             "directory and upload it with huggingface_hub")
+        if legacy_format is False:
+            raise ValueError("save_pretrained(legacy_format=False) asks for tokenizer.json alone, which "
+                             "fastbert.BertTokenizer does not write: it writes vocab.txt (legacy_format=None or True)")
+        if kwargs:
+            raise TypeError(f"save_pretrained() got unsupported argument(s) {', '.join(sorted(kwargs))} "
+                            "(fastbert.BertTokenizer takes save_directory, legacy_format, filename_prefix, push_to_hub)")
+        if filename_prefix is not None and not isinstance(filename_prefix, str):
+            raise TypeError(f"filename_prefix must be a str, got {type(filename_prefix).__name__} {filename_prefix!r}")
         config = {"do_lower_case": self.do_lower_case, "strip_accents": self.strip_accents,
                   "tokenize_chinese_chars": self.tokenize_chinese_chars, "model_max_length": self.model_max_length,
                   "padding_side": self.padding_side, "truncation_side": self.truncation_side,
@@ -795,4 +894,4 @@ class BertTokenizer:
             specials["additional_special_tokens"] = list(self.additional_special_tokens)
         added = [dict(a, id=self._core.token_to_id(a["content"])) for a in self._added]
         return files.write_pretrained(save_directory, self._core.tokens()[:self._core.base_ids()], added, config,
-                                      specials)
+                                      specials, filename_prefix)

@@ -62,6 +62,12 @@ class BatchEncoding(dict):
         new._encodings = copy.deepcopy(self._encodings, memo)
         return new
 
+    @property
+    def data(self) -> "BatchEncoding":
+        """The dict of outputs (transformers' BatchEncoding.data): this BatchEncoding itself, a dict, so
+        that a change made through it is seen here too."""
+        return self
+
     # ------------------------------------------------------------------------------ alignment
     @property
     def n_sequences(self) -> int | None:

@@ -14,6 +14,11 @@ MPNET_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "[UNK]",
                   "mask_token": {"content": "<mask>", "lstrip": True, "special": True}}
 NO_TYPE_INPUTS = ["input_ids", "attention_mask"]
 GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")  # apply tokenizer.json's post-processor
+# what the C++ core does besides its options: tokenizers' BertNormalizer defaults (a key left out of the file),
+# BERT's pre-tokenizer, WordPiece with "##" and 100 characters a word, the WordPiece decoder with cleanup
+BERT_NORMALIZER = {"clean_text": True, "handle_chinese_chars": True, "strip_accents": None, "lowercase": True}
+CORE_WORDPIECE = {"continuing_subword_prefix": "##", "max_input_chars_per_word": 100}
+CORE_DECODER = {"type": "WordPiece", "prefix": "##", "cleanup": True}
 
 
 def read_json(path):
@@ -78,6 +83,49 @@ def config_value(key: str, value, where: str):
             raise ValueError(f"{where}: model_max_length must be an int, got {value!r}")
     return value
 
+
+def auto_class(directory) -> str:
+    """The tokenizer class transformers.AutoTokenizer names for `directory`: tokenizer_config.json's
+    tokenizer_class, else config.json's; "" where neither names one and config.json has no
+    model_type (transformers then builds its generic class from tokenizer.json); "model_type:<type>"
+    where the model type picks a named class."""
+    config = read_json(os.path.join(directory, "tokenizer_config.json")) or {}
+    model_config = read_json(os.path.join(directory, "config.json")) or {}
+    name = config.get("tokenizer_class") or model_config.get("tokenizer_class")
+    if name:
+        return str(name)
+    return f"model_type:{model_config['model_type']}" if model_config.get("model_type") else ""
+
+
+def generic_arguments(tokenizer_json: dict, where: str) -> dict | str:
+    """BertTokenizer's arguments that apply all of `tokenizer_json` as transformers' generic class does
+    (PreTrainedTokenizerFast / TokenizersBackend: normalizer, pre-tokenizer, model, post-processor and
+    decoder from the file), or a str saying which part the C++ core cannot apply exactly."""
+    normalizer = tokenizer_json.get("normalizer")
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        kind = normalizer.get("type") if isinstance(normalizer, dict) else normalizer
+        return f"{where}: normalizer {kind!r} (fastbert.BertTokenizer applies a BertNormalizer only)"
+    settings = {k: normalizer.get(k, v) for k, v in BERT_NORMALIZER.items()}
+    for k, v in settings.items():
+        if not (isinstance(v, bool) or (k == "strip_accents" and v is None)):
+            return f"{where}: normalizer {k} {v!r} (expected true or false)"
+    pre = tokenizer_json.get("pre_tokenizer")
+    if not isinstance(pre, dict) or pre.get("type") != "BertPreTokenizer":
+        kind = pre.get("type") if isinstance(pre, dict) else pre
+        return f"{where}: pre_tokenizer {kind!r} (fastbert.BertTokenizer applies a BertPreTokenizer only)"
+    model = tokenizer_json.get("model") or {}
+    for k, v in CORE_WORDPIECE.items():
+        if model.get(k, v) != v:
+            return f"{where}: model {k} {model.get(k)!r} (fastbert.BertTokenizer uses {v!r})"
+    decoder = tokenizer_json.get("decoder")
+    if not isinstance(decoder, dict) or {k: decoder.get(k, v) for k, v in CORE_DECODER.items()} != CORE_DECODER:
+        return f"{where}: decoder {decoder!r} (fastbert.BertTokenizer decodes as {CORE_DECODER})"
+    post_processor = tokenizer_json.get("post_processor")
+    if post_processor is None:  # no special tokens at all, where None means BERT's template to fastbert
+        return f"{where}: no post_processor (fastbert.BertTokenizer adds a template's special tokens)"
+    return {"do_lower_case": settings["lowercase"], "strip_accents": settings["strip_accents"],
+            "clean_text": settings["clean_text"], "tokenize_chinese_chars": settings["handle_chinese_chars"],
+            "post_processor": post_processor}
 
 
 def read_pretrained(path) -> dict[str, Any]:
@@ -153,14 +201,16 @@ def read_pretrained(path) -> dict[str, Any]:
 
 
 def write_pretrained(save_directory, tokens: list[str], added: list[dict], config: dict,
-                     specials: dict) -> tuple[str, str, str]:
+                     specials: dict, filename_prefix: str | None = None) -> tuple[str, str, str]:
     """Writes vocab.txt (the base vocabulary `tokens`), tokenizer_config.json (`config`, the added
-    tokens with their ids and the special tokens) and special_tokens_map.json (`specials`)."""
+    tokens with their ids and the special tokens) and special_tokens_map.json (`specials`), each
+    name after `filename_prefix` and "-" when given (transformers' names)."""
+    prefix = f"{filename_prefix}-" if filename_prefix else ""
     save_directory = os.fspath(save_directory)
     if os.path.isfile(save_directory):
         raise OSError(f"save_pretrained needs a directory, {save_directory} is a file")
     os.makedirs(save_directory, exist_ok=True)
-    vocab_path = os.path.join(save_directory, "vocab.txt")
+    vocab_path = os.path.join(save_directory, prefix + "vocab.txt")
     with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
         for t in tokens:
             f.write(t + "\n")
@@ -173,10 +223,10 @@ def write_pretrained(save_directory, tokens: list[str], added: list[dict], confi
                                  "special": bool(a.get("special", False))}
     config = {"tokenizer_class": "BertTokenizer", **config,
               "added_tokens_decoder": dict(sorted(decoder.items(), key=lambda kv: int(kv[0]))), **specials}
-    config_path = os.path.join(save_directory, "tokenizer_config.json")
+    config_path = os.path.join(save_directory, prefix + "tokenizer_config.json")
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, ensure_ascii=False)
-    map_path = os.path.join(save_directory, "special_tokens_map.json")
+    map_path = os.path.join(save_directory, prefix + "special_tokens_map.json")
     with open(map_path, "w", encoding="utf-8") as f:
         json.dump(specials, f, indent=2, ensure_ascii=False)
     return vocab_path, config_path, map_path

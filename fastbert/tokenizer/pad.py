@@ -71,10 +71,17 @@ def _pad_one(tok, example: dict, max_length, strategy, multiple, side, want_mask
 def _tensor(key, value, kind):
     if kind is None or key in _PAD_VALUES:
         return as_tensor(key, value, kind)
-    if kind == "np":
-        return np.asarray(value)
-    import torch
-    return torch.tensor(value)  # dtype inferred, as HF: int labels int64, float labels float32
+    try:
+        if kind == "np":
+            return np.asarray(value)
+        import torch
+        return torch.tensor(value)  # dtype inferred, as HF: int labels int64, float labels float32
+    except (ValueError, TypeError) as e:  # a key pad() does not pad, with rows of different lengths
+        raise ValueError(
+            "Unable to create tensor, you should probably activate truncation and/or padding with "
+            "'padding=True' 'truncation=True' to have batched tensors with the same length. "
+            f"Perhaps your features (`{key}` in this case) have excessive nesting (inputs type `list` where "
+            f"type `int` is expected). ({e})") from e
 
 
 def pad(tok, encoded_inputs, padding=True, max_length=None, pad_to_multiple_of=None, padding_side=None,

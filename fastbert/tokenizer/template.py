@@ -92,3 +92,16 @@ def gaps(single, pair) -> tuple[tuple[int], tuple[int, int]]:
 
 def specials(template) -> int:
     return sum(1 for i, _ in template if i >= 0)
+
+
+def as_post_processor(single, pair, id_to_token) -> dict:
+    """The TemplateProcessing post-processor (tokenizer.json's form) that builds `single` and `pair`
+    again, whatever the special tokens are named later (transformers keeps a tokenizer's post-processor
+    when add_special_tokens renames cls_token / sep_token)."""
+    def pieces(t):
+        return [{"Sequence": {"id": "A" if i == SEQ_A else "B", "type_id": type_id}} if i < 0
+                else {"SpecialToken": {"id": id_to_token(i), "type_id": type_id}} for i, type_id in t]
+    ids = {i for i, _ in single + pair if i >= 0}
+    return {"type": "TemplateProcessing", "single": pieces(single), "pair": pieces(pair),
+            "special_tokens": {id_to_token(i): {"id": id_to_token(i), "ids": [i], "tokens": [id_to_token(i)]}
+                               for i in sorted(ids)}}
