@@ -230,3 +230,10 @@ def test_encode_takes_a_sentence_transformers_folder_layout(tmp_path):
     assert main(["encode", str(src), "-o", str(out), "--model", str(model)]) == 0
     want = fastbert.Encoder.from_pretrained(model).encode(["one line", "and another one"])
     np.testing.assert_allclose(np.load(out), want, atol=1e-6, rtol=0)
+    # embed-corpus too (its Embedder loads through Encoder)
+    assert main(["embed-corpus", str(src), "-o", str(tmp_path / "emb"), "--model", str(model),
+                 "--no-progress"]) == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "emb" / "part-00000.parquet").column("embedding").to_pylist()
+    np.testing.assert_allclose(np.array(rows, dtype=np.float32), want, atol=1e-5, rtol=0)

@@ -663,8 +663,11 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
         from fastbert.benchmarks.env import default_model_dir
         model = default_model_dir()
     model = Path(model)
-    if not (model.is_dir() and (model / "config.json").is_file()):
-        raise CorpusError(f"model {model}: not a checkpoint directory (no config.json)")
+    # a checkpoint, or sentence-transformers' layout whose modules.json names the transformer's folder
+    # (Encoder.from_pretrained, which the Embedder calls, reads both)
+    if not (model.is_dir() and any((model / name).is_file() for name in ("config.json", "modules.json"))):
+        raise CorpusError(f"model {model}: not a checkpoint directory (no config.json, nor a "
+                          "sentence-transformers modules.json)")
     embedder_cls = embedder_cls or Embedder
     files = [describe_input(p, column, id_column, shard_rows) for p in expand_inputs(inputs)]
     shards = plan_shards(files, shard_rows)
