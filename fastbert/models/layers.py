@@ -61,10 +61,6 @@ def call_module(module: nn.Module, x: torch.Tensor, width: Optional[int] = None,
     raise ValueError(f"{label} returned {got}; fastbert's layer needs a tensor of shape ({want})")
 
 
-def fused_qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, cache: dict) -> Tuple[torch.Tensor, torch.Tensor]:
-    return fused_weight((q, k, v), cache)
-
-
 def fused_weight(linears, cache: dict) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The weights (and biases, when every Linear has one) of several Linears on the same input,
     concatenated for one GEMM. With autograd a plain torch.cat, so that gradients reach each Linear
@@ -154,7 +150,7 @@ class FastLayer(nn.Module):
         tokens, heads = x.shape[0], self.num_heads
         head_dim = self.hidden_size // heads
         if all(is_plain(m, nn.Linear) for m in (p.query, p.key, p.value)):
-            weight, bias = fused_qkv(p.query, p.key, p.value, self._qkv_cache)
+            weight, bias = fused_weight((p.query, p.key, p.value), self._qkv_cache)
             qkv = linear(x, weight, bias, backend=backend).view(tokens, 3, heads, head_dim)
             return qkv.unbind(1)                                 # (tokens, heads, head_dim) views
         return tuple(self._call(m, x, self.hidden_size).view(tokens, heads, head_dim)

@@ -27,17 +27,18 @@ def _read_tokenizer_json(path: Path) -> dict:
         raise OSError(f"cannot read tokenizer file {path}: {e}") from e
 
 
-def generic_overrides(directory) -> dict | str | None:
+def generic_overrides(directory, data: dict | None = None) -> dict | str | None:
     """For a WordPiece tokenizer.json that transformers serves with its generic class (tokenizer_class
     PreTrainedTokenizerFast / TokenizersBackend, or no class at all), which applies the whole file:
     BertTokenizer.from_pretrained's arguments that apply it too, or a str saying why the C++ core
     cannot. None for any other checkpoint (a named class such as BertTokenizer builds its own
-    normalizer, pre-tokenizer, model settings and post-processor from its arguments)."""
+    normalizer, pre-tokenizer, model settings and post-processor from its arguments). `data`: the
+    file already parsed."""
     directory = Path(directory)
     tokenizer_json = directory / "tokenizer.json"
     if not tokenizer_json.is_file() or auto_class(directory) not in GENERIC_CLASSES + ("",):
         return None
-    data = _read_tokenizer_json(tokenizer_json)
+    data = _read_tokenizer_json(tokenizer_json) if data is None else data
     if (data.get("model") or {}).get("type") != "WordPiece":
         return None
     arguments = generic_arguments(data, str(tokenizer_json))
@@ -54,21 +55,25 @@ def generic_overrides(directory) -> dict | str | None:
     return arguments
 
 
+def _plan(directory: Path) -> tuple[str, dict]:
+    """("wordpiece" | "hf", BertTokenizer arguments that a generic tokenizer.json adds), with the
+    file read once."""
+    tokenizer_json = directory / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        return ("wordpiece" if (directory / "vocab.txt").is_file() else "hf"), {}
+    data = _read_tokenizer_json(tokenizer_json)
+    if (data.get("model") or {}).get("type") != "WordPiece":
+        return "hf", {}
+    # a generic class applies the whole file: one the C++ core cannot apply exactly (a cased or
+    # Sequence normalizer the options cannot say, another pre-tokenizer, other WordPiece settings, a
+    # Sequence of post-processors) goes to transformers
+    overrides = generic_overrides(directory, data)
+    return ("hf", {}) if isinstance(overrides, str) else ("wordpiece", overrides or {})
+
+
 def tokenizer_kind(directory) -> str:
     """"wordpiece" when fastbert.BertTokenizer can serve `directory`, "hf" otherwise."""
-    directory = Path(directory)
-    tokenizer_json = directory / "tokenizer.json"
-    if tokenizer_json.is_file():
-        model = _read_tokenizer_json(tokenizer_json).get("model") or {}
-        if model.get("type") != "WordPiece":
-            return "hf"
-        # a generic class applies the whole file: one the C++ core cannot apply exactly (a cased or
-        # Sequence normalizer the options cannot say, another pre-tokenizer, other WordPiece settings, a
-        # Sequence of post-processors) goes to transformers
-        return "hf" if isinstance(generic_overrides(directory), str) else "wordpiece"
-    if (directory / "vocab.txt").is_file():
-        return "wordpiece"
-    return "hf"
+    return _plan(Path(directory))[0]
 
 
 def local_dir(path) -> Path:
@@ -89,7 +94,8 @@ class AutoTokenizer:
     @classmethod
     def from_pretrained(cls, path, **kwargs):
         directory = local_dir(path)
-        if tokenizer_kind(directory) == "wordpiece":
-            return BertTokenizer.from_pretrained(str(directory), **{**(generic_overrides(directory) or {}), **kwargs})
+        kind, overrides = _plan(directory)
+        if kind == "wordpiece":
+            return BertTokenizer.from_pretrained(str(directory), **{**overrides, **kwargs})
         import transformers
         return transformers.AutoTokenizer.from_pretrained(str(directory), use_fast=True, **kwargs)
