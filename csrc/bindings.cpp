@@ -296,9 +296,16 @@ class PyTokenizer {
         PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
         in.a.reserve(n + 1);
         in.segs.reserve(n);
+        // Once the batch is large enough for the pool, its workers are started, so that they run
+        // by the time the inputs are read (a sleeping thread takes tens of microseconds to wake).
+        size_t read = o.num_threads > 1 && n > 1 ? 0 : SIZE_MAX;
         for (size_t i = 0; i < n; ++i) {
             add_item(items[i], false, i, o.split_words, ws);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
+            if (read < Tokenizer::kWakeBytes) {
+                for (uint32_t k = in.a[i]; k < in.a[i + 1]; ++k) read += in.segs[k].size();
+                if (read >= Tokenizer::kWakeBytes) tok_->wake_pool(o.num_threads);
+            }
         }
         if (!pairs.is_none()) {
             py::object pseq =

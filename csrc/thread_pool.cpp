@@ -100,17 +100,32 @@ void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
     }
 }
 
+void ThreadPool::wake() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++wakes_;
+    }
+    wake_.notify_all();
+}
+
 void ThreadPool::worker_loop() {
-    size_t seen = 0;
+    size_t seen = 0, wakes_seen = 0;
+    std::chrono::microseconds spin = kIdleSpin;
     for (;;) {
-        spin_until([&] { return stop_.load() || generation_.load() != seen; }, kIdleSpin);
+        spin_until([&] { return stop_.load() || generation_.load() != seen; }, spin);
         {
             std::unique_lock<std::mutex> lock(mu_);
-            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+            wake_.wait(lock, [&] { return stop_ || generation_ != seen || wakes_ != wakes_seen; });
             if (stop_) return;
+            wakes_seen = wakes_;
+            if (generation_ == seen) {  // woken ahead of a batch: wait for it spinning
+                spin = kWakeSpin;
+                continue;
+            }
             seen = generation_;
             ++active_;
         }
+        spin = kIdleSpin;
         drain();
         {
             std::lock_guard<std::mutex> lock(mu_);

@@ -7,7 +7,9 @@
 // A batch of new text takes a few milliseconds, in two or three parallel steps back to back, and
 // waking a sleeping thread costs tens of microseconds on a virtual machine. So the caller, once
 // out of tasks, spins (bounded) until the last task ends, and an idle worker spins for
-// kIdleSpin before it sleeps, in time for the next step of the same call.
+// kIdleSpin before it sleeps, in time for the next step of the same call. wake() starts sleeping
+// workers ahead of a batch (while the caller still reads its inputs); they spin for up to
+// kWakeSpin waiting for it, then sleep again.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -24,7 +26,7 @@ namespace fastbert {
 
 class ThreadPool {
  public:
-    static constexpr std::chrono::microseconds kIdleSpin{100}, kJoinSpin{500};
+    static constexpr std::chrono::microseconds kIdleSpin{100}, kJoinSpin{500}, kWakeSpin{1000};
 
     explicit ThreadPool(int num_threads);  // num_threads - 1 workers; the caller is the last one
     ~ThreadPool();
@@ -33,6 +35,7 @@ class ThreadPool {
 
     void run(size_t n_tasks, const std::function<void(size_t)>& fn,
              const std::function<void(size_t)>* consume = nullptr);
+    void wake();  // a batch is about to come: sleeping workers start spinning for it
     int size() const { return static_cast<int>(workers_.size()) + 1; }
 
  private:
@@ -54,6 +57,7 @@ class ThreadPool {
     std::unique_ptr<std::atomic<bool>[]> task_done_;  // per task of this batch (consumers wait on it)
     std::atomic<bool> failed_{false};                 // a task threw: the rest are skipped
     std::atomic<size_t> generation_{0};
+    size_t wakes_ = 0;  // under mu_: calls of wake()
     std::atomic<bool> stop_{false};
     std::exception_ptr error_;
 };

@@ -289,6 +289,10 @@ void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(siz
         here();
         return;
     }
+    pool(num_threads).run(n, fn, consume);
+}
+
+ThreadPool& Tokenizer::pool(int num_threads) {
     const long pid = static_cast<long>(getpid());
     if (pool_ && pool_pid_ != pid) {
         // Forked child: the parent's workers do not exist here, so joining them would hang.
@@ -298,7 +302,13 @@ void Tokenizer::parallel(size_t n, int num_threads, const std::function<void(siz
         pool_.reset(new ThreadPool(num_threads));
         pool_pid_ = pid;
     }
-    pool_->run(n, fn, consume);
+    return *pool_;
+}
+
+void Tokenizer::wake_pool(int num_threads) {
+    if (num_threads <= 1) return;
+    std::unique_lock<std::mutex> lock(pool_mu_, std::try_to_lock);
+    if (lock.owns_lock()) pool(num_threads).wake();  // else the pool is busy: this call will not get it
 }
 
 Tokenizer::ThreadCache* Tokenizer::take_cache() {

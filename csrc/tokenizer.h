@@ -107,6 +107,11 @@ class Tokenizer {
     void parallel(size_t n, int num_threads, const std::function<void(size_t)>& fn,
                   const std::function<void(size_t)>* consume = nullptr);
 
+    // A batch of at least kWakeBytes is about to be encoded on num_threads threads: starts the
+    // pool's sleeping workers now, so that they run by the time it comes (see ThreadPool::wake).
+    static constexpr size_t kWakeBytes = 2 * 4096;
+    void wake_pool(int num_threads);
+
     // Forgets every cached word (the caches of running batches are left alone).
     void clear_cache();
     const Vocab& vocab() const { return vocab_; }
@@ -153,9 +158,10 @@ class Tokenizer {
     };
     Progress encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out, size_t limit) const;
     // encode_batch's tasks: item ranges [bounds[c], bounds[c + 1]), one Rows each.
-    static constexpr size_t kMinChunkBytes = 4096;  // some tens of microseconds of new text
+    static constexpr size_t kMinChunkBytes = kWakeBytes / 2;  // some tens of microseconds of new text
     static std::vector<size_t> chunk_bounds(const BatchInput& in, int num_threads);
 
+    ThreadPool& pool(int num_threads);  // under pool_mu_: made on first use, and again after a fork
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;
     std::vector<std::unique_ptr<ThreadCache>> caches_;  // idle word caches, one taken per running chunk

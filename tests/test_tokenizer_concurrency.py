@@ -97,6 +97,41 @@ def test_clear_cache_while_batches_run(model_dir):
         assert first == want[j % len(want)] and again == want[j % len(want)], f"batch {j} differs from transformers"
 
 
+WAKE_CHILD = """
+import os, sys
+import fastbert
+from fastbert.benchmarks import corpus
+
+tok = fastbert.BertTokenizer.from_pretrained(sys.argv[1], num_threads=2)
+serial = fastbert.BertTokenizer.from_pretrained(sys.argv[1], num_threads=1)
+lines = corpus.english_lines()[:400]
+want = serial(lines)["input_ids"]
+for i in range(50):
+    # 8 KB and more of text wakes the pool's worker while the inputs are still read; then an int
+    # ends the call before any batch reaches the pool
+    try:
+        tok(lines + [i])
+    except TypeError as e:
+        assert "not str" in str(e), e
+    else:
+        raise AssertionError("an int in the batch was accepted")
+    assert tok(lines)["input_ids"] == want, f"round {i}: the batch after a woken pool differs"
+pid = os.fork()  # right after a wake: the child makes its own pool
+if pid == 0:
+    os._exit(0 if tok(lines)["input_ids"] == want else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, "the forked child's batch differs"
+print("ok")
+"""
+
+
+def test_pool_woken_for_a_batch_that_never_comes(model_dir):
+    """The pool's worker is started while a large batch's inputs are read; a call that fails before
+    the batch reaches the pool leaves it spinning for nothing. Later calls, and a fork, still work
+    (in a child, so a hang fails the test)."""
+    assert _run_child(WAKE_CHILD.replace("sys.argv[1]", repr(str(model_dir)))).strip() == "ok"
+
+
 def _run_child(code: str, timeout=CHILD_TIMEOUT_S):
     try:
         proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
