@@ -5,6 +5,8 @@
                                                             # then one text per call (tokenizer_latency)
     python bench/bench_tokenizer.py --scaling [--threads 1,2]  # fastbert alone, thread counts interleaved:
                                                             # "vs 1 thread" per text and path (+ JSON)
+    python bench/bench_tokenizer.py --idle-gaps 0,1,3,10,30,100 --threads 1,2  # the same, each call after
+                                                            # the machine idled that many ms (+ JSON)
 
 --scaling also reports each stage's CPU time per call and the GIL-held (serial) share when the
 extension was built with the stage timers: in a copy of the tree,
@@ -112,9 +114,19 @@ def main(argv=None) -> int:
                         help="skip the one-text-per-call latency table (fastbert.benchmarks.tokenizer_latency)")
     parser.add_argument("--scaling", action="store_true",
                         help="fastbert alone at each --threads count, interleaved: the 'vs 1 thread' ratios")
+    parser.add_argument("--idle-gaps", metavar="MS,...",
+                        help="fastbert alone at each --threads count, each call after the machine idled this "
+                             "many ms (e.g. 0,1,3,10,30,100): what an idle core costs a thread pool")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
     args = parser.parse_args(argv)
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
+    if args.idle_gaps:
+        gaps = tuple(float(g) if "." in g else int(g) for g in args.idle_gaps.split(","))
+        rows = tb.idle_gaps(model_dir(), gaps_ms=gaps, threads=threads, quick=args.quick, progress=say)
+        print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
+        print(tb.format_idle_gaps(rows))
+        print(f"JSON: {write_json(args.out, f'tokenizer-idle-gaps-{stamp(rows)}.json', rows)}")
+        return 0
     if args.scaling:
         rows = tb.thread_scaling(model_dir(), quick=args.quick, threads=threads, progress=say)
         print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")

@@ -67,3 +67,14 @@ def test_thread_scaling_rows(model_dir):
     low, high = rows[0]["machine ceiling range"]
     assert low <= rows[0]["machine ceiling"] <= high
     assert "machine ceiling: 2 threads" in tb.format_scaling(rows)
+
+
+def test_idle_gap_rows(model_dir):
+    """bench_tokenizer.py --idle-gaps: a row per text, path, gap and thread count, the first count's
+    "vs 1 thread" exactly 1, every call timed after its gap (a call cannot take less than nothing)."""
+    rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(0, 5), threads=(1, 2), smoke=True)
+    assert [(r["path"], r["idle gap ms"], r["threads"]) for r in rows] == \
+        [(p, g, n) for p in tb.PATHS for g in (0, 5) for n in (1, 2)]
+    assert all(r["MB/s"] > 0 and r["ms per call"] > 0 for r in rows)
+    assert all(r["vs 1 thread"] == 1.0 for r in rows if r["threads"] == 1)
+    assert "idle gap" in tb.format_idle_gaps(rows).splitlines()[0]

@@ -541,3 +541,59 @@ def format_scaling(rows: list[dict]) -> str:
                      f"{top['machine ceiling']:.2f}x the work of one in the same time (median; {low:.2f}-{high:.2f}x), "
                      "the most any thread pool could gain here meanwhile")
     return "\n".join(lines)
+
+
+def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1, 2), quick=False, progress=None,
+              *, smoke=False) -> list[dict]:
+    """fastbert at each thread count when every call comes after the machine idled for a while: for each
+    gap, rounds of (sleep the gap, then one call) for each count in turn, on text new to it every round.
+    One row per text, path, gap and count, with the median ms per call, MB/s and "vs 1 thread" (the first
+    count's median over this one's, same gap). A thread pool gains only while its cores are running: a
+    core that idled (here: a virtual CPU that its host put to sleep) takes time to run again, and that
+    falls on the worker that the call wakes."""
+    say = progress or (lambda message: None)
+    if not isinstance(texts, dict):
+        texts = default_texts(quick=quick, smoke=smoke)
+        if quick:
+            texts = {"english": texts["english"]}
+    repeats = 1 if smoke else 7 if quick else 15
+    threads = _resolve_threads(threads)
+    tags = itertools.count(1)
+    common = {"device": device(), "versions": versions(),
+              "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    peers = {n: FastbertPeer(model_dir, n) for n in threads}
+    rows = []
+    for text_name, docs in texts.items():
+        for path, method in PATHS.items():
+            for p in peers.values():
+                getattr(p, method)(primer(docs))  # threads started, buffers mapped
+            for gap in gaps_ms:
+                say(f"{text_name}: {path}, idle gap {gap} ms, threads {threads}")
+                seconds = {n: [] for n in threads}
+                for _ in range(repeats):
+                    texts_now = unseen(docs, next(tags))
+                    for n, p in peers.items():
+                        p.clear_cache()
+                        if gap:
+                            time.sleep(gap / 1e3)
+                        start = time.perf_counter()
+                        getattr(p, method)(texts_now)
+                        seconds[n].append(time.perf_counter() - start)
+                nbytes = corpus.total_bytes(texts_now)
+                first = statistics.median(seconds[threads[0]])
+                for n in threads:
+                    median = statistics.median(seconds[n])
+                    rows.append({"name": "fastbert", "text": text_name, "path": path, "idle gap ms": gap,
+                                 "threads": n, "ms per call": 1e3 * median, "MB/s": nbytes / median / 1e6,
+                                 "vs 1 thread": first / median, "repeats": repeats, **common})
+    return rows
+
+
+def format_idle_gaps(rows: list[dict]) -> str:
+    """Plain-text table of idle_gaps' rows."""
+    head = f"{'text':<13}{'path':<10}{'idle gap':>9}{'thr':>4}{'ms/call':>9}{'MB/s':>9}{'vs 1 thread':>13}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['text']:<13}{r['path']:<10}{r['idle gap ms']:>6} ms{r['threads']:>4}{r['ms per call']:>9.2f}"
+                     f"{r['MB/s']:>9.1f}{r['vs 1 thread']:>12.2f}x")
+    return "\n".join(lines)
