@@ -20,13 +20,17 @@ class _AutoBase:
         return registry.model_class(model_type, cls._suffix, source=cls.__name__)
 
     @classmethod
-    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto"):
+    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto", *,
+                        revision=None, cache_dir=None, local_files_only: bool = False, token=None, **kwargs):
+        """The model class for config.json's model_type, loaded by its from_pretrained (which takes
+        transformers' arguments: torch_dtype, device_map, num_labels, ...)."""
         from fastbert.hub import resolve_directory
 
-        directory = resolve_directory(path_or_hub_id)
+        directory = resolve_directory(path_or_hub_id, revision=revision, cache_dir=cache_dir,
+                                      local_files_only=local_files_only, token=token)
         data = read_config_dict(os.path.join(directory, "config.json"))
         return cls.class_for(data["model_type"]).from_pretrained(directory, dtype=dtype, device=device,
-                                                                 backend=backend)
+                                                                 backend=backend, **kwargs)
 
     @classmethod
     def from_config(cls, config, backend: str = "auto"):

@@ -22,11 +22,14 @@ class CheckpointFileError(ValueError):
     """A weights file that cannot be read (truncated, corrupt, or missing a shard)."""
 
 
-def resolve_directory(path_or_hub_id: str, patterns: Optional[List[str]] = _PATTERNS) -> str:
+def resolve_directory(path_or_hub_id: str, patterns: Optional[List[str]] = _PATTERNS, *, revision=None,
+                      cache_dir=None, local_files_only=False, token=None) -> str:
     """The local directory of a checkpoint: a local directory as is, else a hub id from the HF cache
-    (works offline), then downloaded unless HF_HUB_OFFLINE is set. `patterns` limits what a
-    download fetches (default: config and weights; None: the whole repository). Every failure is a
-    FileNotFoundError (an OSError) naming the path."""
+    (works offline), then downloaded unless HF_HUB_OFFLINE is set or `local_files_only`. `patterns`
+    limits what a download fetches (default: config and weights; None: the whole repository).
+    `revision`, `cache_dir` (default: $HF_HUB_CACHE) and `token` are huggingface_hub's, for a hub id;
+    a local directory is used as is (as transformers does). Every failure is a FileNotFoundError (an
+    OSError) naming the path."""
     path = os.path.expanduser(str(path_or_hub_id))
     if os.path.isdir(path):
         return path
@@ -38,15 +41,20 @@ def resolve_directory(path_or_hub_id: str, patterns: Optional[List[str]] = _PATT
         from huggingface_hub import snapshot_download
     except ImportError as e:
         raise FileNotFoundError(f"{path!r} is not a local directory and huggingface_hub is not installed") from e
-    cache_dir = os.environ.get("HF_HUB_CACHE") or None  # read per call, so a changed environment counts
+    # read per call, so a changed environment counts
+    cache_dir = str(cache_dir) if cache_dir is not None else os.environ.get("HF_HUB_CACHE") or None
+    hub = dict(allow_patterns=patterns, cache_dir=cache_dir, revision=revision, token=token)
     try:  # the cache first: no network needed when the checkpoint is cached
-        return snapshot_download(path, allow_patterns=patterns, local_files_only=True, cache_dir=cache_dir)
+        return snapshot_download(path, local_files_only=True, **hub)
     except Exception as cached_error:
-        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-            raise FileNotFoundError(f"{path!r} is not a local directory nor in the Hugging Face cache "
-                                    f"(HF_HUB_OFFLINE is set): {cached_error}") from cached_error
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        if offline or local_files_only:
+            why = "local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set"
+            at = f" at revision {revision!r}" if revision else ""
+            raise FileNotFoundError(f"{path!r} is not a local directory nor in the Hugging Face cache{at} "
+                                    f"({why}): {cached_error}") from cached_error
     try:
-        return snapshot_download(path, allow_patterns=patterns, cache_dir=cache_dir)
+        return snapshot_download(path, **hub)
     except Exception as e:
         raise FileNotFoundError(f"{path!r} is not a local directory and could not be fetched from the "
                                 f"Hugging Face hub: {e}") from e
@@ -112,8 +120,9 @@ def load_state(directory: str) -> Dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint_files(path_or_hub_id: str):
-    """-> (transformers config, state dict on CPU, directory) for a checkpoint."""
-    directory = resolve_directory(path_or_hub_id)
+def load_checkpoint_files(path_or_hub_id: str, **hub):
+    """-> (transformers config, state dict on CPU, directory) for a checkpoint; `hub`: resolve_directory's
+    revision, cache_dir, local_files_only and token."""
+    directory = resolve_directory(path_or_hub_id, **hub)
     config = load_config(os.path.join(directory, "config.json"))
     return config, load_state(directory), directory

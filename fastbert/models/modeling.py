@@ -11,6 +11,7 @@ assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
 """
 import contextlib
 import copy
+import inspect
 import logging
 import os
 import re
@@ -78,23 +79,65 @@ class FastPreTrainedModel(nn.Module):
         return model
 
     @classmethod
-    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto", **kwargs):
-        """Load a config.json + weights checkpoint (local dir or HF cache); strict (see load_checkpoint).
-        `backend` ("auto" | "triton" | "torch") is the model's op backend (see `backend`)."""
+    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto", *,
+                        torch_dtype=None, device_map=None, ignore_mismatched_sizes: bool = False,
+                        revision=None, cache_dir=None, local_files_only: bool = False, token=None,
+                        low_cpu_mem_usage=None, trust_remote_code=None, attn_implementation=None, **kwargs):
+        """Load a config.json + weights checkpoint (local dir, HF cache or hub); strict (see load_checkpoint).
+        `backend` ("auto" | "triton" | "torch") is the model's op backend (see `backend`).
+
+        transformers' arguments mean what they mean there: `torch_dtype` is the old name of `dtype`;
+        `device_map` names one device ("cpu", "cuda:1", a GPU index, or "auto": the GPU when there is
+        one); `revision`, `cache_dir`, `local_files_only` and `token` are for a hub id;
+        `ignore_mismatched_sizes` re-initialises head weights whose shape differs from the checkpoint's
+        (a new num_labels). Other keyword arguments set config attributes (num_labels, id2label,
+        output_hidden_states, classifier_dropout, ...) or, when the config has no such attribute, go to
+        the model's constructor (add_pooling_layer); anything else is a TypeError. `low_cpu_mem_usage`
+        and `trust_remote_code` change nothing: fastbert always builds on the meta device before
+        loading, and never runs code from a checkpoint. `attn_implementation` is refused: fastbert's
+        attention is its own."""
         from fastbert.hub import load_checkpoint_files
 
-        if kwargs:
-            raise TypeError(f"from_pretrained got unexpected arguments {sorted(kwargs)}")
-        config, state, source = load_checkpoint_files(path_or_hub_id)
-        return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source, backend=backend)
+        if attn_implementation is not None:
+            raise ValueError(f"attn_implementation={attn_implementation!r}: fastbert runs its own attention "
+                             "(on packed tokens, without padding) whatever transformers' setting; drop the argument")
+        dtype = _dtype_argument(dtype, torch_dtype)
+        device = _device_argument(device, device_map)
+        config, state, source = load_checkpoint_files(path_or_hub_id, revision=revision, cache_dir=cache_dir,
+                                                      local_files_only=local_files_only, token=token)
+        init_kwargs = cls._config_arguments(config, kwargs)
+        return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source, backend=backend,
+                                   ignore_mismatched_sizes=ignore_mismatched_sizes, **init_kwargs)
+
+    @classmethod
+    def _config_arguments(cls, config, kwargs) -> dict:
+        """transformers' rule for from_pretrained's other keyword arguments: one that names a config
+        attribute sets it; the rest go to the constructor, which must take them. -> the constructor's."""
+        takes = set(inspect.signature(cls.__init__).parameters) - {"self", "config"}
+        init_kwargs, unknown = {}, []
+        for key, value in kwargs.items():
+            if hasattr(config, key):
+                setattr(config, key, value)
+            elif key in takes:
+                init_kwargs[key] = value
+            else:
+                unknown.append(key)
+        if unknown:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(unknown)}: "
+                            f"neither attributes of {type(config).__name__} nor arguments of {cls.__name__}()")
+        if "id2label" in kwargs and "num_labels" in kwargs and len(config.id2label) != kwargs["num_labels"]:
+            raise ValueError(f"num_labels={kwargs['num_labels']} but id2label has {len(config.id2label)} labels")
+        return init_kwargs
 
     @classmethod
     def from_state_dict(cls, config, state: Dict[str, torch.Tensor], dtype=None, device=None,
-                        source: str = "state_dict", backend: str = "auto"):
+                        source: str = "state_dict", backend: str = "auto", ignore_mismatched_sizes: bool = False,
+                        **init_kwargs):
         dtype = _resolve_dtype(dtype, config, state)
         with torch.device("meta"):
-            model = cls(config)
-        model.load_checkpoint(state, dtype=dtype, device=device or "cpu", source=source)
+            model = cls(config, **init_kwargs)
+        model.load_checkpoint(state, dtype=dtype, device=device or "cpu", source=source,
+                              ignore_mismatched_sizes=ignore_mismatched_sizes)
         model.backend = backend
         return model.eval()
 
@@ -183,14 +226,17 @@ class FastPreTrainedModel(nn.Module):
         return self
 
     def load_checkpoint(self, state: Dict[str, torch.Tensor], dtype=None, device="cpu",
-                        source: str = "state_dict") -> None:
+                        source: str = "state_dict", ignore_mismatched_sizes: bool = False) -> None:
         """Strict, transformers-compatible loading (also works on a model built on the meta device).
 
         Encoder keys must match exactly (names and shapes) or CheckpointError names them; a "bert."-
         style prefix is added or stripped as needed; old LayerNorm gamma/beta names are renamed; the
         position_ids/token_type_ids buffers some checkpoints carry are ignored. Head (and pooler)
         weights missing from a base checkpoint are initialised as transformers does, with a warning
-        naming them; weights of another head are left unused, with a warning."""
+        naming them; weights of another head are left unused, with a warning. With
+        `ignore_mismatched_sizes`, head weights whose shape differs from the model's (a classifier
+        for another num_labels) are initialised afresh instead, with a warning; an encoder weight of
+        another shape is still an error."""
         state, foreign = self._normalize_keys(state)
         expected = dict(self.named_parameters(remove_duplicate=False))
         tied = self.tied_weights() if getattr(self.config, "tie_word_embeddings", True) else {}
@@ -198,6 +244,15 @@ class FastPreTrainedModel(nn.Module):
 
         def is_encoder(key):
             return key.startswith(head_prefix) and not _POOLER.search(key)
+
+        if ignore_mismatched_sizes:
+            resized = [k for k in state if k in expected and not is_encoder(k)
+                       and tuple(state[k].shape) != tuple(expected[k].shape)]
+            if resized:
+                logger.warning("%s: %s weights of another shape than the checkpoint's, initialised afresh "
+                               "(ignore_mismatched_sizes=True): %s", source, type(self).__name__,
+                               ", ".join(f"{k} {_fmt_shape(state[k])} -> {_fmt_shape(expected[k])}" for k in resized))
+                state = {k: v for k, v in state.items() if k not in resized}
 
         unexpected = [k for k in state if k not in expected]
         missing = [k for k in expected if k not in state and k not in tied]
@@ -309,6 +364,35 @@ def _floating(dtype: torch.dtype, where: str) -> torch.dtype:
     if not dtype.is_floating_point:
         raise ValueError(f"{where} is {dtype}; a model's weights need a floating dtype (float32, float16, bfloat16)")
     return dtype
+
+
+def _dtype_argument(dtype, torch_dtype):
+    """from_pretrained's dtype, also given under transformers' old name torch_dtype."""
+    if torch_dtype is None or dtype is None or dtype == torch_dtype:
+        return torch_dtype if dtype is None else dtype
+    raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree (torch_dtype is transformers' "
+                     "old name of dtype): pass one")
+
+
+def _device_argument(device, device_map) -> Optional[torch.device]:
+    """from_pretrained's device, also given as transformers' device_map naming one device."""
+    if device_map is None:
+        return device
+    if isinstance(device_map, dict):
+        raise ValueError("device_map as a dict (parts of a model on several devices) is not supported: "
+                         "fastbert loads a model onto one device; pass it as device= or device_map='cuda:0'")
+    if device_map == "auto":
+        device_map = "cuda" if torch.cuda.is_available() else "cpu"
+    elif isinstance(device_map, int) and not isinstance(device_map, bool):
+        device_map = f"cuda:{device_map}"  # transformers: an index is that GPU
+    try:
+        chosen = torch.device(device_map)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device_map={device_map!r} is not one device (fastbert loads a model onto one "
+                         "device: 'cpu', 'cuda', 'cuda:1', a GPU index or 'auto')") from e
+    if device is not None and torch.device(device) != chosen:
+        raise ValueError(f"device={device!r} and device_map={device_map!r} disagree: pass one")
+    return chosen
 
 
 def _resolve_dtype(dtype, config, state) -> Optional[torch.dtype]:

@@ -1,0 +1,112 @@
+"""transformers' from_pretrained arguments on fastbert's models: each does what it does in transformers
+(checked against transformers loading the same checkpoint), or is refused by name."""
+import shutil
+
+import pytest
+import torch
+import transformers as T
+
+import fastbert
+
+CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+IDS = torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("base")
+    T.BertModel(T.BertConfig(**CONFIG)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_labels(tmp_path_factory):
+    torch.manual_seed(1)
+    path = tmp_path_factory.mktemp("two_labels")
+    T.BertForSequenceClassification(T.BertConfig(**CONFIG, num_labels=2)).save_pretrained(path)
+    return path
+
+
+def test_num_labels_and_label_names_as_transformers(base):
+    labels = {0: "neg", 1: "neutral", 2: "pos"}
+    fast = fastbert.AutoModelForSequenceClassification.from_pretrained(base, num_labels=3, id2label=labels,
+                                                                        label2id={v: k for k, v in labels.items()})
+    hf = T.AutoModelForSequenceClassification.from_pretrained(base, num_labels=3, id2label=labels,
+                                                              label2id={v: k for k, v in labels.items()})
+    assert fast.classifier.weight.shape == hf.classifier.weight.shape == (3, 32)
+    assert fast.config.id2label == hf.config.id2label == labels
+    assert fast.config.label2id == hf.config.label2id
+    with pytest.raises(ValueError, match="num_labels=2 but id2label has 3"):
+        fastbert.AutoModelForSequenceClassification.from_pretrained(base, num_labels=2, id2label=labels)
+
+
+def test_ignore_mismatched_sizes_reinitialises_the_head_only(two_labels):
+    with pytest.raises(fastbert.models.modeling.CheckpointError, match="classifier.weight"):
+        fastbert.AutoModelForSequenceClassification.from_pretrained(two_labels, num_labels=5)
+    fast = fastbert.AutoModelForSequenceClassification.from_pretrained(two_labels, num_labels=5,
+                                                                        ignore_mismatched_sizes=True)
+    hf = T.AutoModelForSequenceClassification.from_pretrained(two_labels, num_labels=5,
+                                                              ignore_mismatched_sizes=True).eval()
+    assert fast.classifier.weight.shape == (5, 32) and fast.classifier.bias.abs().max() == 0  # fresh, as HF
+    with torch.no_grad():  # the encoder and pooler are the checkpoint's
+        assert torch.allclose(fast.bert(IDS).pooler_output, hf.bert(IDS).pooler_output, atol=1e-5)
+        hf.classifier.load_state_dict(fast.classifier.state_dict())
+        assert torch.allclose(fast(IDS).logits, hf(IDS).logits, atol=1e-5)
+
+
+def test_config_overrides_reach_the_outputs(base):
+    fast = fastbert.AutoModel.from_pretrained(base, output_hidden_states=True, add_pooling_layer=False)
+    hf = T.AutoModel.from_pretrained(base, output_hidden_states=True, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        got, want = fast(IDS), hf(IDS)
+    assert got.pooler_output is None and want.pooler_output is None
+    assert len(got.hidden_states) == len(want.hidden_states) == 3
+    for g, w in zip(got.hidden_states, want.hidden_states):
+        assert torch.allclose(g, w, atol=1e-5)
+
+
+def test_torch_dtype_and_device_map(base):
+    fp16 = fastbert.AutoModel.from_pretrained(base, torch_dtype=torch.float16)
+    assert fp16.dtype == T.AutoModel.from_pretrained(base, torch_dtype=torch.float16).dtype == torch.float16
+    assert fastbert.AutoModel.from_pretrained(base, torch_dtype="float16").dtype == torch.float16
+    with pytest.raises(ValueError, match="torch_dtype"):
+        fastbert.AutoModel.from_pretrained(base, dtype=torch.float32, torch_dtype=torch.float16)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert fastbert.AutoModel.from_pretrained(base, device_map="auto").device.type == expected
+    assert fastbert.AutoModel.from_pretrained(base, device_map="cpu").device.type == "cpu"
+    for bad in ({"": 0}, "balanced"):
+        with pytest.raises(ValueError, match="device_map"):
+            fastbert.AutoModel.from_pretrained(base, device_map=bad)
+    with pytest.raises(ValueError, match="disagree"):
+        fastbert.AutoModel.from_pretrained(base, device="cpu", device_map="meta")
+
+
+def test_refused_by_name(base):
+    with pytest.raises(TypeError, match="num_label"):  # a typo is not silently dropped
+        fastbert.AutoModelForSequenceClassification.from_pretrained(base, num_label=3)
+    with pytest.raises(ValueError, match="attn_implementation"):
+        fastbert.AutoModel.from_pretrained(base, attn_implementation="sdpa")
+    # what they would change fastbert already does: build on meta, never run a checkpoint's code
+    fastbert.AutoModel.from_pretrained(base, low_cpu_mem_usage=True, trust_remote_code=False)
+
+
+def test_hub_arguments(base, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny-bert" / "snapshots" / ("1" * 40)
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(base / name, snapshot / name)
+    (cache / "models--someone--tiny-bert" / "refs").mkdir()
+    (cache / "models--someone--tiny-bert" / "refs" / "main").write_text("1" * 40)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    want = fastbert.AutoModel.from_pretrained(base)
+    got = fastbert.AutoModel.from_pretrained("someone/tiny-bert", cache_dir=cache, local_files_only=True,
+                                             revision="main")
+    with torch.no_grad():
+        assert torch.equal(got(IDS).last_hidden_state, want(IDS).last_hidden_state)
+    with pytest.raises(FileNotFoundError, match="revision 'v2'.*local_files_only"):
+        fastbert.BertModel.from_pretrained("someone/tiny-bert", cache_dir=cache, local_files_only=True,
+                                           revision="v2")
