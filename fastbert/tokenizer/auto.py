@@ -76,13 +76,16 @@ def tokenizer_kind(directory) -> str:
     return _plan(Path(directory))[0]
 
 
-def local_dir(path) -> Path:
+def local_dir(path, **hub) -> Path:
     """The local directory for a checkpoint path or hub id (fastbert.hub's one resolver: the HF
-    cache first, then a download of the whole repository unless HF_HUB_OFFLINE is set). Errors
-    are OSErrors naming the path."""
+    cache first, then a download of the whole repository unless HF_HUB_OFFLINE is set; `hub`: its
+    revision, cache_dir, local_files_only and token). Errors are OSErrors naming the path."""
     from fastbert.hub import resolve_directory
 
-    return Path(resolve_directory(path, patterns=None))
+    return Path(resolve_directory(path, patterns=None, **hub))
+
+
+_HUB_ARGUMENTS = ("revision", "cache_dir", "local_files_only", "token")
 
 
 class AutoTokenizer:
@@ -93,7 +96,8 @@ class AutoTokenizer:
 
     @classmethod
     def from_pretrained(cls, path, **kwargs):
-        directory = local_dir(path)
+        # where a hub id comes from, as transformers takes it; the files then come from that directory
+        directory = local_dir(path, **{k: kwargs.pop(k) for k in _HUB_ARGUMENTS if k in kwargs})
         kind, overrides = _plan(directory)
         if kind == "wordpiece":
             return BertTokenizer.from_pretrained(str(directory), **{**overrides, **kwargs})
