@@ -199,10 +199,10 @@ class DebertaV2Layer(RelativeLayer):
 
     def attend(self, q, k, v, packing, output_attentions, dropout_p, backend):
         s = self.spec
+        if q.shape[0] == 0 and not output_attentions:  # no real token (an empty batch has no row for the kernel)
+            return q.new_zeros(q.shape), None
         if not s.relative and not output_attentions:
             scale = 1.0 / math.sqrt(q.shape[-1] * s.scale_factor)
-            if q.shape[0] == 0:
-                return q.new_zeros(q.shape), None
             return ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, scale=scale,
                                         dropout_p=dropout_p, backend=backend), None
         pos_key, pos_query = self._positional(packing.context["rel"]) if s.relative else (None, None)

@@ -156,7 +156,7 @@ class ModernBertEncoderLayer(nn.Module):
         tokens, hidden = x.shape
         h = layer_norm(x, self.attn_norm, backend)
         qkv = apply_linear(h, self.attn.Wqkv, backend)
-        qkv = qkv.view(tokens, 3, self.num_heads, -1)
+        qkv = qkv.view(tokens, 3, self.num_heads, hidden // self.num_heads)  # no -1: tokens may be 0
         cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
         q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
         v = qkv[:, 2]

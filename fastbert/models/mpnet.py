@@ -142,6 +142,8 @@ class MPNetLayer(RelativeLayer):
             (qp, kp, vp), mask, positions = self.padded_inputs(packing, q, k, v)
             out, probs = rel_ops.relative_bias_attention_padded(qp, kp, vp, mask, positions, table, **opts)
             return pack(out, packing), probs
+        if q.shape[0] == 0:  # no real token (an empty batch has no row for the kernel)
+            return q.new_zeros(q.shape), None
         return rel_ops.relative_bias_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, packing.positions,
                                                table, backend=backend, distances=packing.context["distances"],
                                                **opts), None
