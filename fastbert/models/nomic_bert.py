@@ -146,7 +146,7 @@ class NomicBertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False,
                 backend: str = "auto"):
-        tokens, hidden = x.shape
+        tokens = x.shape[0]
         a, m = self.self_attn, self.mlp
         qkv = fused_linear(x, (a.q_proj, a.k_proj, a.v_proj), self._qkv_cache, backend)
         qkv = qkv.view(tokens, 3, self.num_heads, self.head_dim)
@@ -164,7 +164,8 @@ class NomicBertLayer(nn.Module):
             ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop,
                                    backend=backend)
         hidden_p = self.hidden_dropout if train else 0.0
-        x = post_norm(ctx.reshape(tokens, hidden), a.o_proj, x, self.post_attention_layernorm, hidden_p, backend)
+        x = post_norm(ctx.reshape(tokens, self.num_heads * self.head_dim), a.o_proj, x, self.post_attention_layernorm,
+                      hidden_p, backend)
         gate, up = fused_linear(x, (m.gate_proj, m.up_proj), self._mlp_cache, backend).chunk(2, dim=-1)
         x = post_norm(self.act(gate) * up, m.down_proj, x, self.post_mlp_layernorm, hidden_p, backend)
         return x, probs
