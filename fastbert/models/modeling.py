@@ -37,6 +37,18 @@ _IGNORED_BUFFERS = re.compile(r"(^|\.)embeddings\.(position_ids|token_type_ids)$
 _POOLER = re.compile(r"(^|\.)pooler\.")
 
 
+# A traced graph would keep one batch's packing (lengths, longest row) as constants, and be wrong on
+# any other mask; torch.export stops at the data-dependent shapes. torch.compile handles both.
+_NOT_EXPORTABLE = (
+    "fastbert's forward removes padding by the values of the attention mask, so its shapes depend on the "
+    "data: torch.jit.trace and torch.onnx.export(dynamo=False) would keep one batch's layout (and give wrong "
+    "outputs on other masks), and torch.export cannot capture it. To export, use transformers' model with the "
+    "same weights (fastbert keeps transformers' parameter names): "
+    "transformers.AutoModel.from_config(model.config) (or the head's class), then "
+    ".load_state_dict(model.state_dict()); for a model changed by fastbert.optimize(), export it before "
+    "optimizing. torch.compile(model) works as it is.")
+
+
 class CheckpointError(ValueError):
     """A checkpoint whose keys or shapes do not fit the model."""
 
@@ -502,6 +514,8 @@ class EncoderModel(FastPreTrainedModel):
         """transformers' padded forward; one device-to-host sync (input ranges and mask lengths together)."""
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward got unexpected arguments {sorted(kwargs)}")
+        if torch.jit.is_tracing() or torch.compiler.is_exporting():
+            raise RuntimeError(_NOT_EXPORTABLE)
         if output_attentions is None:
             output_attentions = getattr(self.config, "output_attentions", False)
         if output_hidden_states is None:
