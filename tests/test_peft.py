@@ -85,3 +85,27 @@ def test_a_module_the_layer_cannot_use_is_named(tmp_path):
     inputs.pop("labels")
     with pytest.raises(ValueError, match=r"intermediate\.dense \(Sequential\) returned \(27, 7\)"):
         fast(**inputs)
+
+
+def test_lora_with_reentrant_checkpointing_gets_gradients(tmp_path):
+    """Found by use: Trainer(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant":
+    True}) on a LoRA model trained none of the encoder's adapters (the checkpointed layers' input, from
+    frozen embeddings, did not require grad). transformers makes the embeddings' output require grad
+    then; fastbert now does too, and the adapters get transformers' gradients."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    hf, fast = checkpoint(tmp_path)
+    lora = dict(r=4, lora_alpha=8, target_modules=["query", "value"], lora_dropout=0.0, init_lora_weights=False)
+    hf = peft.get_peft_model(hf, peft.LoraConfig(**lora))
+    fast = peft.get_peft_model(fast, peft.LoraConfig(**lora))
+    fast.load_state_dict(hf.state_dict(), strict=True)
+    grads = {}
+    for name, model in (("hf", hf), ("fast", fast)):
+        model.train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model(**batch()).loss.backward()
+        grads[name] = {n: p.grad for n, p in model.named_parameters() if "lora_" in n and "encoder" in n}
+    assert grads["fast"] and all(g is not None for g in grads["fast"].values()), "an adapter got no gradient"
+    for n, g in grads["fast"].items():
+        assert torch.allclose(g, grads["hf"][n], atol=1e-5), n
+    fast.base_model.model.disable_input_require_grads()
+    assert "_require_grads_hook" not in fast.base_model.model.__dict__
