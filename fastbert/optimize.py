@@ -36,6 +36,9 @@ _FAST_ARGS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "
 # transformers arguments the fast encoder cannot honour; accepted only at their "off" value
 _OFF_ARGS = ("head_mask", "encoder_hidden_states", "encoder_attention_mask", "past_key_values", "cache",
              "use_cache")
+# what transformers' heads pass down through **kwargs for their loss (Trainer's num_items_in_batch): the
+# encoder has no use for it, and transformers' own encoder ignores it too
+_LOSS_ARGS = ("num_items_in_batch",)
 
 
 _SUPPORTED = ("a transformers PreTrainedModel of a supported family (see fastbert.models), a fastbert model, "
@@ -237,7 +240,7 @@ class _OptimizedForward:
         for name, value in given.items():
             if name in _FAST_ARGS:
                 call[name] = value
-            elif value is None or (name in _OFF_ARGS and value is False):
+            elif value is None or name in _LOSS_ARGS or (name in _OFF_ARGS and value is False):
                 continue
             elif name in _OFF_ARGS:
                 raise ValueError(f"{type(owner).__name__} optimized by fastbert: {name} is not supported")

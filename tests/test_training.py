@@ -454,6 +454,52 @@ def test_transformers_trainer_drop_in(tmp_path):
     assert sum(got[-4:]) < 0.8 * sum(got[:4]), f"Trainer did not lower the loss: {got}"
 
 
+def test_trainer_on_an_optimized_transformers_model(tmp_path):
+    """Found by use: an optimize()d transformers model failed Trainer's first step, as its head passes
+    Trainer's num_items_in_batch down to the encoder. It now logs the losses of the model unchanged
+    (transformers' heads with Trainer's loss kwargs, both sides)."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
+    head = "ForSequenceClassification"
+    save_checkpoint("bert", head, tmp_path / "ckpt")
+    batch = make_batch(T.BertConfig.from_pretrained(tmp_path / "ckpt"), head, seed=0, batch=8)
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(8)]
+    histories = []
+    for name in ("hf", "optimized"):
+        model = T.BertForSequenceClassification.from_pretrained(tmp_path / "ckpt", attn_implementation="eager")
+        if name == "optimized":
+            fastbert.optimize(model)
+        args = T.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=6,
+                                   gradient_accumulation_steps=2, learning_rate=1e-2, logging_steps=1,
+                                   save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
+                                   dataloader_num_workers=0)
+        trainer = T.Trainer(model=model, args=args, train_dataset=rows)
+        trainer.train()
+        histories.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
+    want, got = histories
+    assert len(got) == 6
+    for step, (a, b) in enumerate(zip(want, got)):
+        assert_close(a, b, rtol=1e-4, what=f"Trainer loss at step {step}")
+
+
+@pytest.mark.parametrize("convert", ["native", "optimize"])
+def test_trainer_neftune_is_refused_by_name(convert, tmp_path):
+    """Found by use: TrainingArguments(neftune_noise_alpha=...) crashed in transformers' hook with an
+    IndexError (it reads the embeddings' output as (batch, seq, hidden)); it is refused by name, for a
+    fastbert model and an optimize()d one."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
+    head = "ForSequenceClassification"
+    save_checkpoint("bert", head, tmp_path / "ckpt")
+    hf, fast = load_both("bert", head, tmp_path / "ckpt")
+    model = fast if convert == "native" else fastbert.optimize(hf)
+    batch = make_batch(hf.config, head, seed=0, batch=4)
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(4)]
+    args = T.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=1,
+                               neftune_noise_alpha=5.0, save_strategy="no", report_to="none", use_cpu=True,
+                               disable_tqdm=True, dataloader_num_workers=0)
+    with pytest.raises(ValueError, match="NEFTune.*neftune_noise_alpha"):
+        T.Trainer(model=model, args=args, train_dataset=rows).train()
+
+
 BITFIT_FAMILIES = {**FAMILIES,
                    "deberta-v2": (T.DebertaV2Config, dict(SMALL, relative_attention=True, pos_att_type=["c2p", "p2c"],
                                                           max_relative_positions=8, **NO_DROPOUT), "DebertaV2"),
