@@ -534,6 +534,7 @@ class EncoderModel(FastPreTrainedModel):
             raise TypeError(f"{type(self).__name__}.forward got unexpected arguments {sorted(kwargs)}")
         if torch.jit.is_tracing() or torch.compiler.is_exporting():
             raise RuntimeError(_NOT_EXPORTABLE)
+        self._check_embedding_hooks()
         if output_attentions is None:
             output_attentions = getattr(self.config, "output_attentions", False)
         if output_hidden_states is None:
@@ -555,6 +556,14 @@ class EncoderModel(FastPreTrainedModel):
                                    if self.output_class is BaseModelOutputWithPooling else {}))
         return self._finish(out, return_dict)
 
+    def _check_embedding_hooks(self) -> None:
+        # transformers' Trainer(neftune_noise_alpha=...) hooks the input embeddings, expecting a
+        # (batch, seq, hidden) output whose seq is the padded length; fastbert embeds packed tokens
+        if self.training and getattr(self.get_input_embeddings(), "neftune_noise_alpha", None) is not None:
+            raise ValueError("NEFTune (TrainingArguments(neftune_noise_alpha=...)) is not supported: its noise is "
+                             "scaled by the padded sequence length of a (batch, seq, hidden) embedding output, and "
+                             "fastbert embeds only the real tokens, packed; train without neftune_noise_alpha")
+
     def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                        token_type_ids: Optional[torch.Tensor] = None,
                        position_ids: Optional[torch.Tensor] = None) -> BaseModelOutput:
@@ -567,6 +576,7 @@ class EncoderModel(FastPreTrainedModel):
         host), so torch.compile(fullgraph=True) and CUDA graphs can capture it; values are checked
         by `check_packed` (call it on the host copy before uploading)."""
         check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
+        self._check_embedding_hooks()
         tokens = input_ids.shape[0]
         packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
         x = self.embed(input_ids, token_type_ids, self.packed_positions(cu_seqlens, tokens, position_ids), None,
