@@ -1,5 +1,5 @@
-"""transformers' from_pretrained arguments on fastbert's models: each does what it does in transformers
-(checked against transformers loading the same checkpoint), or is refused by name."""
+"""transformers' from_pretrained and save_pretrained arguments on fastbert's models: each does what it
+does in transformers (checked against transformers loading the same checkpoint), or is refused by name."""
 import shutil
 from pathlib import Path
 
@@ -135,3 +135,31 @@ def test_auto_tokenizer_hub_arguments(tmp_path, monkeypatch):
     assert tok("Hello, world!")["input_ids"] == want("Hello, world!")["input_ids"]
     with pytest.raises(FileNotFoundError, match="revision 'v2'"):
         fastbert.AutoTokenizer.from_pretrained("someone/tok", cache_dir=cache, local_files_only=True, revision="v2")
+
+
+def test_save_pretrained_arguments(base, tmp_path):
+    fast = fastbert.AutoModel.from_pretrained(base)
+    with torch.no_grad():
+        want = fast(IDS).last_hidden_state
+    fast.save_pretrained(tmp_path / "not-main", is_main_process=False)
+    assert not (tmp_path / "not-main").exists()
+    out = tmp_path / "out"
+    fast.save_pretrained(out)
+    fast.save_pretrained(out, max_shard_size="20KB")  # over the single file: shards + index, the old file gone
+    files = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" not in files and "model.safetensors.index.json" in files
+    assert sum(name.startswith("model-") for name in files) > 1
+    for lib in (fastbert.AutoModel, T.AutoModel):
+        with torch.no_grad():
+            assert torch.allclose(lib.from_pretrained(out).eval()(IDS).last_hidden_state, want, atol=1e-6)
+    fast.save_pretrained(out, safe_serialization=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "pytorch_model.bin"]
+    with torch.no_grad():
+        assert torch.allclose(T.AutoModel.from_pretrained(out).eval()(IDS).last_hidden_state, want, atol=1e-6)
+    zeroed = {k: torch.zeros_like(v) if "pooler" in k else v for k, v in fast.state_dict().items()}
+    fast.save_pretrained(out, state_dict=zeroed)  # accelerate's gathered state dict: saved as given
+    assert fastbert.AutoModel.from_pretrained(out).pooler.dense.weight.abs().max() == 0
+    with pytest.raises(ValueError, match="push_to_hub"):
+        fast.save_pretrained(out, push_to_hub=True)
+    with pytest.raises(TypeError, match="save_function"):
+        fast.save_pretrained(out, save_function=torch.save)

@@ -12,6 +12,7 @@ assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
 import contextlib
 import copy
 import inspect
+import json
 import logging
 import os
 import re
@@ -35,6 +36,8 @@ logger = logging.getLogger("fastbert")
 # non-persistent buffers of transformers' embeddings, present in some older checkpoints
 _IGNORED_BUFFERS = re.compile(r"(^|\.)embeddings\.(position_ids|token_type_ids)$")
 _POOLER = re.compile(r"(^|\.)pooler\.")
+# what save_pretrained writes (and transformers reads): single files, shards and their indexes
+_WEIGHTS_FILE = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
 
 
 # A traced graph would keep one batch's packing (lengths, longest row) as constants, and be wrong on
@@ -318,18 +321,45 @@ class FastPreTrainedModel(nn.Module):
                     [k for k in out if not k.startswith(prefix)])
         return out, []
 
-    def save_pretrained(self, save_directory: str) -> None:
-        """config.json + model.safetensors that transformers' from_pretrained loads."""
+    def save_pretrained(self, save_directory: str, *, is_main_process: bool = True, state_dict=None,
+                        safe_serialization: bool = True, max_shard_size="50GB", push_to_hub: bool = False) -> None:
+        """config.json + model.safetensors that transformers' from_pretrained loads, with transformers'
+        arguments: only the main process writes (is_main_process); `state_dict` is saved instead of the
+        model's own (as accelerate's gathered one); safe_serialization=False writes pytorch_model.bin;
+        files above `max_shard_size` (an int of bytes or "500MB", "5GB") are split into shards with an
+        index, as transformers writes them. push_to_hub is refused (upload the folder yourself)."""
+        if push_to_hub:
+            raise ValueError("save_pretrained(push_to_hub=True) is not supported: save the folder, then upload it "
+                             "with huggingface_hub (HfApi().upload_folder)")
+        if not is_main_process:
+            return
+        from huggingface_hub import split_torch_state_dict_into_shards
         from safetensors.torch import save_file
 
         os.makedirs(save_directory, exist_ok=True)
         tied = set(self.tied_weights()) if getattr(self.config, "tie_word_embeddings", True) else set()
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if k not in tied}
+        source = self.state_dict() if state_dict is None else state_dict
+        state = {k: v.detach().contiguous().cpu() for k, v in source.items() if k not in tied}
         config = copy.deepcopy(self.config)
         config.architectures = [type(self).__name__]
         config.dtype = self.dtype
         config.save_pretrained(save_directory)
-        save_file(state, os.path.join(save_directory, "model.safetensors"), metadata={"format": "pt"})
+        pattern = "model{suffix}.safetensors" if safe_serialization else "pytorch_model{suffix}.bin"
+        split = split_torch_state_dict_into_shards(state, filename_pattern=pattern, max_shard_size=max_shard_size)
+        for old in os.listdir(save_directory):  # an earlier save's weights would be read instead of these
+            if _WEIGHTS_FILE.match(old) and old not in split.filename_to_tensors:
+                os.remove(os.path.join(save_directory, old))
+        for filename, keys in split.filename_to_tensors.items():
+            part = {k: state[k] for k in keys}
+            if safe_serialization:
+                save_file(part, os.path.join(save_directory, filename), metadata={"format": "pt"})
+            else:
+                torch.save(part, os.path.join(save_directory, filename))
+        if split.is_sharded:
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            name = "model.safetensors.index.json" if safe_serialization else "pytorch_model.bin.index.json"
+            with open(os.path.join(save_directory, name), "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2, sort_keys=True)
 
     # ---- training switches --------------------------------------------------------------------
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, every_n_layers: int = 1,
