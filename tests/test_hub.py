@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 import fastbert
 from fastbert.hub import CheckpointFileError
 from fastbert.models.config import ConfigError
+from hub_cache import cached_snapshot
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
               max_position_embeddings=64)
@@ -98,12 +99,7 @@ def test_no_weights_file(checkpoint):
 def test_hf_cache_offline(checkpoint, tmp_path, monkeypatch):
     hf, path = checkpoint
     cache = tmp_path / "hub"
-    snapshot = cache / "models--someone--tiny-bert" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(path / name, snapshot / name)
-    (cache / "models--someone--tiny-bert" / "refs").mkdir()
-    (cache / "models--someone--tiny-bert" / "refs" / "main").write_text("0" * 40)
+    cached_snapshot(cache, "someone/tiny-bert", path, ("config.json", "model.safetensors"), "0" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _same_output(hf, fastbert.AutoModel.from_pretrained("someone/tiny-bert"))

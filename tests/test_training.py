@@ -430,6 +430,21 @@ def test_kernel_attention_dropout_replays_under_checkpointing(tmp_path, triton_p
 
 
 # ---- transformers.Trainer ---------------------------------------------------------------------------------
+def _trainer_losses(model, rows, out_dir, **arguments):
+    """The losses transformers.Trainer logs at each step (CPU, seed 0, no checkpoints)."""
+    args = T.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=4, learning_rate=1e-2,
+                               logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+                               disable_tqdm=True, dataloader_num_workers=0, **arguments)
+    trainer = T.Trainer(model=model, args=args, train_dataset=rows)
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def _rows(config, head, n):
+    batch = make_batch(config, head, seed=0, batch=n)
+    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
 def test_transformers_trainer_drop_in(tmp_path):
     """fastbert's model in transformers.Trainer: trains, lowers the loss, and logs the same losses
     as the transformers model it was loaded from, step by step."""
@@ -437,17 +452,8 @@ def test_transformers_trainer_drop_in(tmp_path):
     head = "ForSequenceClassification"
     save_checkpoint("bert", head, tmp_path / "ckpt")
     hf, fast = load_both("bert", head, tmp_path / "ckpt")
-    batch = make_batch(hf.config, head, seed=0, batch=8)
-    rows = [{k: v[i] for k, v in batch.items()} for i in range(8)]
-    histories = []
-    for name, model in (("hf", hf), ("fast", fast)):
-        args = T.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=12,
-                                   learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none",
-                                   use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0)
-        trainer = T.Trainer(model=model, args=args, train_dataset=rows)
-        trainer.train()
-        histories.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
-    want, got = histories
+    rows = _rows(hf.config, head, 8)
+    want, got = (_trainer_losses(model, rows, tmp_path / name, max_steps=12) for name, model in (("hf", hf), ("fast", fast)))
     assert len(got) == 12
     for step, (a, b) in enumerate(zip(want, got)):
         assert_close(a, b, rtol=1e-4, what=f"Trainer loss at step {step}")
@@ -461,21 +467,14 @@ def test_trainer_on_an_optimized_transformers_model(tmp_path):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
     head = "ForSequenceClassification"
     save_checkpoint("bert", head, tmp_path / "ckpt")
-    batch = make_batch(T.BertConfig.from_pretrained(tmp_path / "ckpt"), head, seed=0, batch=8)
-    rows = [{k: v[i] for k, v in batch.items()} for i in range(8)]
-    histories = []
+    rows = _rows(T.BertConfig.from_pretrained(tmp_path / "ckpt"), head, 8)
+    losses = []
     for name in ("hf", "optimized"):
         model = T.BertForSequenceClassification.from_pretrained(tmp_path / "ckpt", attn_implementation="eager")
         if name == "optimized":
             fastbert.optimize(model)
-        args = T.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=6,
-                                   gradient_accumulation_steps=2, learning_rate=1e-2, logging_steps=1,
-                                   save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
-                                   dataloader_num_workers=0)
-        trainer = T.Trainer(model=model, args=args, train_dataset=rows)
-        trainer.train()
-        histories.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
-    want, got = histories
+        losses.append(_trainer_losses(model, rows, tmp_path / name, max_steps=6, gradient_accumulation_steps=2))
+    want, got = losses
     assert len(got) == 6
     for step, (a, b) in enumerate(zip(want, got)):
         assert_close(a, b, rtol=1e-4, what=f"Trainer loss at step {step}")
@@ -491,13 +490,8 @@ def test_trainer_neftune_is_refused_by_name(convert, tmp_path):
     save_checkpoint("bert", head, tmp_path / "ckpt")
     hf, fast = load_both("bert", head, tmp_path / "ckpt")
     model = fast if convert == "native" else fastbert.optimize(hf)
-    batch = make_batch(hf.config, head, seed=0, batch=4)
-    rows = [{k: v[i] for k, v in batch.items()} for i in range(4)]
-    args = T.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=1,
-                               neftune_noise_alpha=5.0, save_strategy="no", report_to="none", use_cpu=True,
-                               disable_tqdm=True, dataloader_num_workers=0)
     with pytest.raises(ValueError, match="NEFTune.*neftune_noise_alpha"):
-        T.Trainer(model=model, args=args, train_dataset=rows).train()
+        _trainer_losses(model, _rows(hf.config, head, 4), tmp_path / "out", max_steps=1, neftune_noise_alpha=5.0)
 
 
 BITFIT_FAMILIES = {**FAMILIES,
