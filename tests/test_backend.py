@@ -3,6 +3,7 @@
 family, against transformers; backend="torch" and the setter; the error without a kernel path.
 
 Tiny random fp32 models (hidden <= 48, 2 layers, seq 8) keep the interpreter fast."""
+import copy
 import os
 import sys
 
@@ -87,20 +88,34 @@ def kernel_launches():
 
 def match_transformers(hf, fast, ids, mask, grad_names, label):
     """Forward and backward of both models on one padded batch, with a loss on real tokens only: fast's
-    last hidden state within 1e-4 of hf's on real tokens, and each named parameter's gradient within
-    1e-4 relative to hf's largest entry."""
+    last hidden state within 1e-4 of hf's on real tokens, and each named parameter's gradient as close
+    to transformers' in float64 as transformers' own float32 gradient is (within 2x, or 1e-5 relative to
+    the largest entry). Some gradients are ill-conditioned in float32 (ALBERT's first query weight:
+    both libraries 6e-5 from float64, in opposite directions), so the two float32 results are not
+    compared with each other."""
     real = mask.bool()
     weight = torch.randn(*ids.shape, hf.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    exact = copy.deepcopy(hf).double()
     outs = []
     for model in (hf, fast):
         h = model(input_ids=ids, attention_mask=mask).last_hidden_state
         (h[real] * weight[real]).sum().backward()
         outs.append(h[real].detach())
     torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
+    # the same loss in float64, row by row on the real tokens only (right padding): transformers' float64
+    # attention turns padding into NaN that reaches the real tokens (0 * NaN), its float32 does not
+    for r, n in enumerate(real.sum(1).tolist()):
+        if n:
+            h = exact(input_ids=ids[r:r + 1, :n], attention_mask=mask[r:r + 1, :n]).last_hidden_state[0]
+            (h * weight[r, :n].double()).sum().backward()
     for name in grad_names:
-        want, got = hf.get_parameter(name).grad, fast.get_parameter(name).grad
-        err = (got - want).abs().max() / want.abs().max()
-        assert err < 1e-4, f"{label} {name}: relative gradient error {err:.2e}"
+        want = exact.get_parameter(name).grad
+
+        def error(model):
+            return ((model.get_parameter(name).grad.double() - want).abs().max() / want.abs().max()).item()
+
+        assert error(fast) <= max(2 * error(hf), 1e-5), \
+            f"{label} {name}: gradient error {error(fast):.2e} from float64, transformers' float32 {error(hf):.2e}"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
