@@ -9,9 +9,8 @@ import torch
 import transformers as T
 
 import fastbert
+from tiny_families import SMALL
 
-CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-              max_position_embeddings=64)
 IDS = torch.randint(5, 99, (2, 8), generator=torch.Generator().manual_seed(0))
 MASK = torch.tensor([[1] * 6 + [0] * 2, [1] * 8])
 
@@ -20,7 +19,7 @@ MASK = torch.tensor([[1] * 6 + [0] * 2, [1] * 8])
 def path(tmp_path_factory):
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("bert")
-    T.BertModel(T.BertConfig(**CONFIG)).save_pretrained(out)
+    T.BertModel(T.BertConfig(**SMALL)).save_pretrained(out)
     return out
 
 

@@ -7,10 +7,9 @@ import torch
 import transformers as T
 
 import fastbert
+from tiny_families import SMALL
 from hub_cache import cached_snapshot
 
-CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 IDS = torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(0))
 
 
@@ -18,7 +17,7 @@ IDS = torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(0))
 def base(tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("base")
-    T.BertModel(T.BertConfig(**CONFIG)).save_pretrained(path)
+    T.BertModel(T.BertConfig(**SMALL)).save_pretrained(path)
     return path
 
 
@@ -26,7 +25,7 @@ def base(tmp_path_factory):
 def two_labels(tmp_path_factory):
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("two_labels")
-    T.BertForSequenceClassification(T.BertConfig(**CONFIG, num_labels=2)).save_pretrained(path)
+    T.BertForSequenceClassification(T.BertConfig(**SMALL, num_labels=2)).save_pretrained(path)
     return path
 
 

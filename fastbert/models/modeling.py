@@ -234,10 +234,10 @@ class FastPreTrainedModel(nn.Module):
         new.weight.requires_grad_(old.weight.requires_grad)
         self.set_input_embeddings(new)
         tied = set(self.tied_weights()) if getattr(self.config, "tie_word_embeddings", True) else set()
-        head_prefix = "" if self.base_model is self else self.base_model_prefix + "."
-        for key, p in list(self.named_parameters(remove_duplicate=False)):
-            if key in tied or (head_prefix and key.startswith(head_prefix)) or not head_prefix:
-                continue
+        base = self.base_model_prefix + "."
+        heads = [] if self.base_model is self else [(k, p) for k, p in self.named_parameters(remove_duplicate=False)
+                                                     if not k.startswith(base) and k not in tied]
+        for key, p in heads:
             if p.dim() >= 1 and p.shape[0] == old_n:   # a vocabulary-sized head parameter (decoder, its bias)
                 with torch.no_grad():
                     grown = torch.empty((n, *p.shape[1:]), dtype=p.dtype, device=p.device)
