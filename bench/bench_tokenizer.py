@@ -16,7 +16,9 @@ where the wall-clock ratios do not. The pool's idle workers spin for up to 100 u
 parallel step before they sleep (csrc/thread_pool.h), and the process CPU of a parallel stage
 counts that spin too (also a spin left over from another tokenizer's call): read those stages, and
 the Amdahl bound built on them, as upper bounds. Lists of ids are built on the calling thread while
-the pool encodes the later chunks, so their building counts in "encode" there, not in "output".
+the pool encodes the later chunks, so their building counts in "encode" there, not in "output";
+so do arrays padded to max_length with truncation, which each thread fills right after the chunk it
+encoded (their shape is known before encoding).
 --scaling ends with the machine's own ceiling, measured in the same run: how much more plain C work
 (SHA-256, GIL released) 2 threads did than one; a virtual machine whose cores share a physical one,
 or a busy host, keeps it below 2x, and no thread pool gains more than it.

@@ -338,6 +338,21 @@ class PyTokenizer {
         ws.utf8.resize(ws.pending.size());
         if (!ws.pending.empty())
             hooks.prepare = [&ws, &bad_text](size_t begin, size_t end) { return to_utf8(ws, begin, end, bad_text); };
+        // Padded arrays whose shape is known before encoding (padding="max_length", rows cut to
+        // fit, one row per item) are filled by the thread that encoded each chunk, right after it and
+        // while its rows are in that core's cache, not in a second parallel pass after the batch.
+        py::dict out;
+        const bool fill_early = o.numpy && !o.packed && !o.overflow && !o.words &&
+                                o.padding == Padding::kMaxLength && o.truncation != Truncation::kNone;
+        const size_t early_width = fill_early ? padded_width(o, 0) : 0;
+        PadOut early;
+        if (fill_early) {
+            early = padded_arrays(n, early_width, o, out);
+            hooks.encoded = [&early, early_width, &o](size_t, const Rows& rs) {
+                if (rs.rows()) fill_padded_rows(rs, static_cast<size_t>(rs.item[0]), early_width, o, early);
+            };
+            clock.mark(stage_ns_, kOutputGil);
+        }
         // Lists whose shape is known before encoding (one row per item, a fixed width) are built
         // chunk by chunk on this thread, with the GIL taken back for each chunk, while the pool
         // encodes the chunks after it: building them was the largest serial step of a batch.
@@ -406,25 +421,14 @@ class PyTokenizer {
             tok_->parallel(count, o.num_threads, fn);
         };
         clock.mark(stage_ns_, kLayout);
-        py::dict out;
         if (o.packed) {
             pack(rows, layout, o, run, out);
+        } else if (fill_early && layout.rect && layout.rows == n && layout.width == early_width) {
+            // filled while encoding (a row longer than the width, e.g. max_length below the
+            // special tokens' count, leaves the layout ragged: the lists below then)
         } else if (o.numpy && layout.rect && !o.words) {
-            auto mk = [&](bool want, const py::str& key, bool pairs2 = false) -> int64_t* {
-                if (!want) return nullptr;
-                std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(layout.rows),
-                                               static_cast<py::ssize_t>(layout.width)};
-                if (pairs2) shape.push_back(2);
-                py::array_t<int64_t> a = pooled_array(pool_, shape);
-                out[key] = a;
-                return a.mutable_data();
-            };
-            PadOut po;
-            po.ids = mk(true, keys_.input_ids);
-            po.type_ids = mk(o.type_ids, keys_.token_type_ids);
-            po.attention = mk(o.attention_mask, keys_.attention_mask);
-            po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
-            po.offsets = mk(o.offsets, keys_.offset_mapping, true);
+            out = py::dict();
+            const PadOut po = padded_arrays(layout.rows, layout.width, o, out);
             clock.mark(stage_ns_, kOutputGil);
             without_gil([&] { fill_padded(rows, layout, o, po, run); });
             clock.mark(stage_ns_, kOutputThreads);
@@ -434,6 +438,7 @@ class PyTokenizer {
                                        std::to_string(builder->filled()) + " of them as lists");
             put_lists(builder->lists(), out);
         } else {
+            out = py::dict();
             lists(rows, layout, o, out);
         }
         clock.mark(stage_ns_, kOutputGil);
@@ -463,6 +468,31 @@ class PyTokenizer {
         }
         clock.mark(stage_ns_, kExtras);
         return py::make_tuple(out, layout.widest);
+    }
+
+    // The padded int64 arrays the options ask for, rows x width (offsets rows x width x 2), put in out.
+    PadOut padded_arrays(size_t rows, size_t width, const EncodeOptions& o, py::dict& out) {
+        try {
+            check_cells(rows, width);
+        } catch (const LayoutTooLarge& e) {
+            PyErr_SetString(PyExc_MemoryError, e.what());
+            throw py::error_already_set();
+        }
+        auto mk = [&](bool want, const py::str& key, bool pairs2 = false) -> int64_t* {
+            if (!want) return nullptr;
+            std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(width)};
+            if (pairs2) shape.push_back(2);
+            py::array_t<int64_t> a = pooled_array(pool_, shape);
+            out[key] = a;
+            return a.mutable_data();
+        };
+        PadOut po;
+        po.ids = mk(true, keys_.input_ids);
+        po.type_ids = mk(o.type_ids, keys_.token_type_ids);
+        po.attention = mk(o.attention_mask, keys_.attention_mask);
+        po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
+        po.offsets = mk(o.offsets, keys_.offset_mapping, true);
+        return po;
     }
 
     // The stages' CPU seconds summed since the last call (empty unless built with

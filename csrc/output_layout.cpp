@@ -65,36 +65,42 @@ void check_cells(size_t rows, size_t width) {
                              " tokens: the outputs would not fit in memory (check max_length / pad_to_multiple_of)");
 }
 
+bool fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out) {
+    bool all = true;
+    for (size_t r = 0; r < rs.rows(); ++r) {
+        const size_t len = rs.len(r), s0 = rs.start[r];
+        if (len > W) {
+            all = false;
+            continue;
+        }
+        const size_t lo = o.pad_left ? W - len : 0;  // first real position
+        const size_t base = (row0 + r) * W;
+        if (out.ids) {
+            const int32_t* v = rs.ids.data() + s0;
+            pad_row(out.ids + base, W, lo, len, o.pad_id, [v](size_t t) { return v[t]; });
+        }
+        if (out.type_ids) {
+            const uint8_t* v = rs.type_ids.data() + s0;
+            pad_row(out.type_ids + base, W, lo, len, 0, [v](size_t t) { return v[t]; });
+        }
+        if (out.attention) pad_row(out.attention + base, W, lo, len, 0, [](size_t) { return 1; });
+        if (out.special) {
+            const uint8_t* v = rs.special.data() + s0;
+            pad_row(out.special + base, W, lo, len, 1, [v](size_t t) { return v[t]; });
+        }
+        if (out.offsets) {
+            const uint32_t* v = rs.offsets.data() + 2 * s0;
+            pad_row(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
+        }
+    }
+    return all;
+}
+
 void fill_padded(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const PadOut& out,
                  const ParallelFor& run) {
     if (!layout.rect) throw std::logic_error("fill_padded: a row is longer than the padded width");
     const std::vector<size_t> first = first_rows(rows);
-    const size_t W = layout.width;
-    run(rows.size(), [&](size_t c) {
-        const Rows& rs = rows[c];
-        for (size_t r = 0; r < rs.rows(); ++r) {
-            const size_t len = rs.len(r), s0 = rs.start[r];
-            const size_t lo = o.pad_left ? W - len : 0;  // first real position
-            const size_t base = (first[c] + r) * W;
-            if (out.ids) {
-                const int32_t* v = rs.ids.data() + s0;
-                pad_row(out.ids + base, W, lo, len, o.pad_id, [v](size_t t) { return v[t]; });
-            }
-            if (out.type_ids) {
-                const uint8_t* v = rs.type_ids.data() + s0;
-                pad_row(out.type_ids + base, W, lo, len, 0, [v](size_t t) { return v[t]; });
-            }
-            if (out.attention) pad_row(out.attention + base, W, lo, len, 0, [](size_t) { return 1; });
-            if (out.special) {
-                const uint8_t* v = rs.special.data() + s0;
-                pad_row(out.special + base, W, lo, len, 1, [v](size_t t) { return v[t]; });
-            }
-            if (out.offsets) {
-                const uint32_t* v = rs.offsets.data() + 2 * s0;
-                pad_row(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
-            }
-        }
-    });
+    run(rows.size(), [&](size_t c) { fill_padded_rows(rows[c], first[c], layout.width, o, out); });
 }
 
 void fill_packed(const std::vector<Rows>& rows, const PackedOut& out, const ParallelFor& run) {

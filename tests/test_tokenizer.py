@@ -700,6 +700,32 @@ def test_repeated_chunks(vocab_dir):
             assert np.array_equal(got[key], want_np[key]), f"padded {key}, {label}"
 
 
+@pytest.mark.parametrize("kw", [
+    dict(max_length=48),
+    dict(max_length=33, padding_side="left", **ALL_FIELDS),
+    dict(max_length=40, pad_to_multiple_of=16, **ALL_FIELDS),
+    dict(max_length=20, truncation="only_second"),
+    dict(max_length=2),
+    dict(max_length=1),  # below the special tokens' count: rows longer than max_length, so ragged
+])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_padded_arrays_filled_while_encoding(vocab_dir, kw, pairs):
+    """padding="max_length" + truncation as arrays: the shape is known before encoding, so each worker
+    writes its chunk's rows as soon as it has encoded them. Many chunks on two threads (every row at its
+    own index, no row missed), pairs, left padding, every output; a row that does not fit the width
+    falls back to what HF gives (lists, or its error)."""
+    _, hf = pair(vocab_dir)
+    fb = fastbert.BertTokenizer.from_pretrained(vocab_dir, num_threads=2)
+    texts = [t[:300] for t in corpus.english_lines(60_000) + corpus.multilingual_texts(60_000)] + tc.EDGE_STRINGS
+    assert sum(len(t) for t in texts) > 16 * 4096  # many chunks on the pool
+    second = list(reversed(texts)) if pairs else None
+    for tensors in ("np", "pt"):
+        want = check_call(fb, hf, texts, second, padding="max_length", truncation=kw.get("truncation", True),
+                          return_tensors=tensors, **{k: v for k, v in kw.items() if k != "truncation"})
+        if not isinstance(want, Exception):
+            assert want["input_ids"].shape[0] == len(texts)
+
+
 def test_repeated_texts_cut_then_longer(vocab_dir):
     """Whole texts seen again (where a text cache may answer) after a call that truncated them: a
     later call with a longer limit, or none, must get the rest too; also texts split by an added
