@@ -158,3 +158,27 @@ def test_model_type_names_the_class(tmp_path):
     ours, theirs = fastbert.AutoTokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert isinstance(ours, fastbert.BertTokenizer)
     assert ours.tokenize(TEXTS[0]) == theirs.tokenize(TEXTS[0]) == ["unwanted", ",", "running"]
+
+
+@pytest.mark.parametrize("named_by, name, ours", [
+    ("tokenizer_class", "FunnelTokenizer", False),   # <cls>/<sep>, type id 2 for <cls>
+    ("tokenizer_class", "BertJapaneseTokenizer", False),
+    ("model_type", "funnel", False),
+    ("tokenizer_class", "ElectraTokenizerFast", True),  # transformers' BertTokenizer under another name
+    ("tokenizer_class", "LayoutLMTokenizer", True),
+    ("model_type", "electra", True),
+])
+def test_wordpiece_vocab_under_another_class(tmp_path, named_by, name, ours):
+    """A WordPiece vocab.txt is fastbert's only under a class that is BERT's: under Funnel's (other
+    special tokens and type ids) or BertJapanese's, transformers' own tokenizer, with its outputs."""
+    tokens = [t for t in (MODEL_DIR / "vocab.txt").read_text(encoding="utf-8").split("\n") if t]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens + ["<cls>", "<sep>", "<pad>", "<mask>", "<unk>"]) + "\n",
+                                        encoding="utf-8")
+    if named_by == "tokenizer_class":
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": name}))
+    else:
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": name}))
+    tok, theirs = fastbert.AutoTokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(tok, fastbert.BertTokenizer) == ours
+    assert tokenizer_kind(tmp_path) == ("wordpiece" if ours else "hf")
+    assert dict(tok(TEXTS, TEXTS[::-1])) == dict(theirs(TEXTS, TEXTS[::-1]))

@@ -10,6 +10,10 @@ which reads the same files. The choice is made from the files in the checkpoint 
                              WordPiece decoder, a Bert-, Roberta- or TemplateProcessing post-processor)
   only vocab.txt present  -> fastbert (a WordPiece vocabulary)
   anything else           -> transformers.AutoTokenizer
+and only where the tokenizer class transformers would build (tokenizer_config.json's, or the one
+config.json's model_type picks) is BERT's, DistilBERT's, MPNet's or a generic one: a WordPiece
+vocabulary under another class (Funnel's <cls>/<sep> and type id 2, BertJapanese's MeCab) goes to
+transformers.
 """
 import json
 from pathlib import Path
@@ -55,9 +59,40 @@ def generic_overrides(directory, data: dict | None = None) -> dict | str | None:
     return arguments
 
 
+# transformers' tokenizer classes that fastbert.BertTokenizer reproduces (DistilBERT's drops the token
+# type ids, MPNet's has its own template: files.read_pretrained applies both), "Fast" names included
+_SERVED_CLASSES = ("BertTokenizer", "DistilBertTokenizer", "MPNetTokenizer")
+
+
+def _served_class(name: str) -> bool:
+    """Whether the tokenizer class auto_class names is one fastbert.BertTokenizer reproduces: "" or
+    a generic class (tokenizer.json decides), one of _SERVED_CLASSES, or another name for BERT's
+    (transformers' ElectraTokenizer, LayoutLMTokenizer ... are BertTokenizer itself)."""
+    if name in ("",) + GENERIC_CLASSES:
+        return True
+    if name.startswith("model_type:"):
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+        model_type = name.split(":", 1)[1]
+        if model_type not in TOKENIZER_MAPPING_NAMES:  # not transformers' (remote code): the files decide
+            return True
+        named = TOKENIZER_MAPPING_NAMES[model_type]
+        named = next((n for n in named if n), None) if isinstance(named, (tuple, list)) else named
+        # a model type that names no class, or only the generic one, is left to transformers
+        return bool(named) and named not in GENERIC_CLASSES and _served_class(named)
+    name = name.removesuffix("Fast")
+    if name in _SERVED_CLASSES:
+        return True
+    import transformers
+
+    return getattr(transformers, name, None) is transformers.BertTokenizer
+
+
 def _plan(directory: Path) -> tuple[str, dict]:
     """("wordpiece" | "hf", BertTokenizer arguments that a generic tokenizer.json adds), with the
     file read once."""
+    if not _served_class(auto_class(directory)):
+        return "hf", {}
     tokenizer_json = directory / "tokenizer.json"
     if not tokenizer_json.is_file():
         return ("wordpiece" if (directory / "vocab.txt").is_file() else "hf"), {}
