@@ -365,6 +365,7 @@ def test_empty_pair_is_no_pair(toks):
     fb, hf = toks
     check_call(fb, hf, "hello world", "", **ALL_FIELDS)
     check_call(fb, hf, ["hello world"], [""], **ALL_FIELDS)
+    check_call(fb, hf, "hello world", [], **ALL_FIELDS)  # any empty pair, as transformers' truth test
 
 
 @pytest.mark.parametrize("return_tensors", [None, "np", "pt"])
@@ -825,6 +826,16 @@ def test_add_tokens_as_transformers(model_dir, tmp_path):
     assert fb.all_special_tokens == hf.all_special_tokens
     with pytest.raises(TypeError, match="str or AddedToken"):
         fb.add_tokens([3])
+    # an AddedToken added as special, its normalized flag unset: tokenizers makes it not normalized
+    # (matched in the raw text: "<SP>" is not "<sp>"); set explicitly, the flag stays
+    for lib in (fb, hf):
+        lib.add_special_tokens({"additional_special_tokens": [AddedToken("<sp>")]})
+        lib.add_tokens([AddedToken("<q>"), AddedToken("<r>", normalized=True)], special_tokens=True)
+    texts += ["a <SP> b <sp> <Q> <R>"]
+    assert fb.tokenize(texts[-1]) == hf.tokenize(texts[-1])
+    assert_same_encoding(fb(texts), hf(texts), "after AddedToken special tokens")
+    assert ({i: (a.content, a.normalized, a.special) for i, a in fb.added_tokens_decoder.items()} ==
+            {i: (a.content, a.normalized, a.special) for i, a in hf.added_tokens_decoder.items()})
     fb.save_pretrained(tmp_path)
     assert fastbert.BertTokenizer.from_pretrained(tmp_path)(texts)["input_ids"] == hf(texts)["input_ids"]
     assert pickle.loads(pickle.dumps(fb))(texts)["input_ids"] == hf(texts)["input_ids"]

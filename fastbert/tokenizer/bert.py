@@ -110,6 +110,25 @@ def _unzip_pairs(items, split_words: bool):
     return tuple(firsts), tuple(seconds)
 
 
+def _token_flags(token, special: bool) -> dict:
+    """lstrip, rstrip, single_word and normalized of an AddedToken-like object, as added with `special`.
+    tokenizers' AddedToken reports an unset `normalized` as `not token.special`, and adding it as a
+    special token makes that False (tokenizers sets `special` first): read the flags that way too."""
+    was = getattr(token, "special", None)
+    marked = special and was is False
+    if marked:
+        try:
+            token.special = True
+        except (AttributeError, TypeError):  # a read-only AddedToken-like object: its flags as they are
+            marked = False
+    try:
+        return {k: bool(getattr(token, k)) for k in ("lstrip", "rstrip", "single_word", "normalized")
+                if getattr(token, k, None) is not None}
+    finally:
+        if marked:
+            token.special = was
+
+
 def _batch_items(text, text_pair, split_words: bool):
     """(batched, texts, pairs) for every input form of transformers' __call__: a str (and a str pair),
     a list of str (and a list of pairs), a list of (text, text_pair) pairs, and with split_words the
@@ -122,7 +141,7 @@ def _batch_items(text, text_pair, split_words: bool):
             raise TypeError(f"text must be a str or a list of str, got {_kind(text)}")
     if not batched:
         wanted = (list, tuple) if split_words else str
-        if text_pair is not None and not isinstance(text_pair, wanted):
+        if text_pair and not isinstance(text_pair, wanted):  # an empty one is no pair, as in transformers
             raise TypeError(f"text_pair must be {'a list of words' if split_words else 'a str'} "
                             f"like text, got {_kind(text_pair)}")
         return False, [text], ([text_pair] if text_pair else None)
@@ -452,8 +471,7 @@ class BertTokenizer:
             elif isinstance(getattr(token, "content", None), str):
                 entry = {"content": token.content,
                          "special": bool(special_tokens or getattr(token, "special", False))}
-                entry.update({k: bool(getattr(token, k)) for k in ("lstrip", "rstrip", "single_word", "normalized")
-                              if getattr(token, k, None) is not None})
+                entry.update(_token_flags(token, entry["special"]))
             else:
                 raise TypeError(f"add_tokens takes str or AddedToken tokens, got {type(token).__name__}: {token!r}")
             if not entry["content"] or entry["content"] in known:
