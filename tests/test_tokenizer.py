@@ -404,10 +404,19 @@ def test_one_text_fast_path_checks_sides(vocab_dir):
         fb("a short text")
 
 
-def test_batch_encoding_to(vocab_dir):
-    fb, _ = pair(vocab_dir)
+def test_batch_encoding_to(vocab_dir, caplog):
+    """.to(device) moves the tensors; .to(dtype) (APEX and others call .to on every input) changes
+    nothing and warns, as transformers' BatchEncoding does."""
+    fb, hf = pair(vocab_dir)
     enc = fb(["a b", "c"], padding=True, return_tensors="pt").to("cpu")
     assert enc["input_ids"].device.type == "cpu" and enc.input_ids.dtype == torch.int64
+    assert fb(["a b"], return_tensors="pt").to(torch.device("cpu"), non_blocking=True).input_ids.dtype == torch.int64
+    for lib in (fb, hf):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            enc = lib(["a b", "c"], padding=True, return_tensors="pt").to(torch.float16)
+        assert enc.input_ids.dtype == torch.int64 and enc.attention_mask.dtype == torch.int64
+        assert "not supported" in caplog.text, type(lib).__name__
 
 
 @pytest.mark.parametrize("kwargs", [{}, dict(padding=True, truncation=True, max_length=8),

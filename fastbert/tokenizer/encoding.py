@@ -3,6 +3,7 @@ with the alignment methods of a fast tokenizer's output computed on first use (a
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from typing import Any
 
@@ -10,6 +11,8 @@ import numpy as np
 
 from fastbert.tokenizer.alignment import Aligner, CharSpan, Encoding, TokenSpan
 from fastbert.tokenizer.options import enum_value
+
+logger = logging.getLogger(__name__)
 
 
 class BatchEncoding(dict):
@@ -153,7 +156,15 @@ class BatchEncoding(dict):
         b, c = (0, batch_or_char_index) if char_index is None else (batch_or_char_index, char_index)
         return self._row("char_to_word", b).char_to_word(c, sequence_index)
 
-    def to(self, device, non_blocking: bool = False) -> "BatchEncoding":
+    def to(self, device, *, non_blocking: bool = False) -> "BatchEncoding":
+        """Every tensor to `device` (a str, torch.device or index). A dtype (APEX and others call .to on
+        every input) is refused with transformers' warning and changes nothing: cast ids to half and
+        they are no longer ids."""
+        import torch
+
+        if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
+            logger.warning(f"Attempting to cast a BatchEncoding to type {device}. This is not supported.")
+            return self
         for k, v in self.items():
             if hasattr(v, "to"):
                 self[k] = v.to(device=device, non_blocking=non_blocking)
