@@ -149,7 +149,10 @@ def cmd_bench(parser, args) -> int:
     output_dir = args.output_dir or suite.default_output_dir()
     if output_dir.exists() and not output_dir.is_dir():
         parser.error(f"--output-dir {output_dir}: exists and is not a directory")
-    only = tuple(args.only.split(",")) if args.only else None
+    only = None if args.only is None else tuple(part.strip() for part in args.only.split(",") if part.strip())
+    if only == ():  # --only "" is a mistake, not "everything"
+        parser.error(f"--only {args.only!r}: names no part; parts: "
+                     f"{', '.join(section.key for section in suite.SECTIONS)}")
     unknown = sorted(set(only or ()) - {section.key for section in suite.SECTIONS})
     if unknown:
         parser.error(f"--only {args.only}: unknown part(s) {unknown}; parts: "
@@ -217,7 +220,11 @@ def cmd_encode(parser, args) -> int:
 
     import fastbert
 
-    encoder = fastbert.Encoder.from_pretrained(model_dir, device=args.device)
+    try:
+        encoder = fastbert.Encoder.from_pretrained(model_dir, device=args.device)
+    except (OSError, ValueError) as exc:  # a checkpoint's own mistakes (bad config, no weights, no
+        message = str(exc)                  # tokenizer files): the message, not a traceback
+        parser.error(message if str(model_dir) in message else f"--model {model_dir}: {message}")
     if args.prompt_name is not None and args.prompt_name not in encoder.prompts:
         parser.error(f"--prompt-name {args.prompt_name}: not one of the checkpoint's prompts "
                      f"{sorted(encoder.prompts)}")

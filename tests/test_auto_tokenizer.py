@@ -88,6 +88,13 @@ def test_bad_paths_name_the_path(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(OSError, match="tokenizer.json"):
         fastbert.AutoTokenizer.from_pretrained(tmp_path)
+    # a model folder without tokenizer files: transformers builds BERT's class with its special
+    # tokens alone (every word [UNK]); fastbert says what is missing
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(OSError, match="no tokenizer files"):
+        fastbert.AutoTokenizer.from_pretrained(bare)
 
 
 def test_distilbert_checkpoint_returns_no_token_type_ids(model_dir, tmp_path):

@@ -71,6 +71,39 @@ def test_encode_bad_model_dir_exits_2(tmp_path, capsys):
     assert "config.json" in err and str(tmp_path) in err
 
 
+def _broken_checkpoints(root: Path) -> dict:
+    """Checkpoint folders with one thing wrong each, and what the error must say."""
+    import shutil
+
+    cases = {"bad_json": "not valid JSON", "no_weights": "no weights", "no_tokenizer": "no tokenizer files",
+             "gpt2": "gpt2"}
+    for name in cases:
+        (root / name).mkdir()
+        shutil.copy(MODEL_DIR / "config.json", root / name / "config.json")
+    (root / "bad_json" / "config.json").write_text("{not json")
+    (root / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    shutil.copy(MODEL_DIR / "model.safetensors", root / "no_tokenizer" / "model.safetensors")
+    return cases
+
+
+def test_encode_broken_checkpoint_exits_2_saying_what_is_wrong(tmp_path, capsys):
+    """A checkpoint folder's own mistakes end in one line naming the folder and the problem, exit 2;
+    without tokenizer files transformers would build a vocabulary of special tokens alone, and every
+    line would have been embedded as [UNK]s."""
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n", encoding="utf-8")
+    for name, says in _broken_checkpoints(tmp_path).items():
+        code, err = _exit_code_and_stderr(
+            capsys, ["encode", str(src), "-o", str(tmp_path / "o.npy"), "--model", str(tmp_path / name)])
+        assert code == 2 and says in err and str(tmp_path / name) in err, (name, err)
+        assert "Traceback" not in err and not (tmp_path / "o.npy").exists()
+
+
+def test_bench_only_nothing_exits_2(capsys):
+    code, err = _exit_code_and_stderr(capsys, ["bench", "--only", ""])
+    assert code == 2 and "names no part" in err
+
+
 def test_cuda_without_gpu_is_a_clear_error(tmp_path, capsys):
     import torch
     if torch.cuda.is_available():

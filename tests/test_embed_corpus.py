@@ -164,6 +164,24 @@ def test_bad_inputs_are_clear_errors(corpus, model_dir, tmp_path):
         embed_corpus([str(root / "c.txt")], tmp_path / "o", id_column="id", model=model_dir)
 
 
+def test_a_checkpoint_that_cannot_load_is_a_clear_error(corpus, model_dir, tmp_path):
+    """No tokenizer files, or a config.json that is not JSON: a CorpusError naming the folder, and no
+    output folder left behind to resume."""
+    import shutil
+
+    root, _ = corpus
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(Path(model_dir) / "config.json", model / "config.json")
+    shutil.copy(Path(model_dir) / "model.safetensors", model / "model.safetensors")
+    with pytest.raises(CorpusError, match="no tokenizer files"):
+        embed_corpus([str(root / "a.parquet")], tmp_path / "o", model=model, progress=False)
+    (model / "config.json").write_text("{not json")
+    with pytest.raises(CorpusError, match="not valid JSON"):
+        embed_corpus([str(root / "a.parquet")], tmp_path / "o", model=model, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
 class _InterruptOnThirdCall(Embedder):
     calls = 0
 

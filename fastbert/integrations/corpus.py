@@ -675,16 +675,25 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
               "column": column, "id_column": id_column, "shard_rows": shard_rows,
               "pooling": pooling, "normalize": normalize, "precision": precision,
               "truncate_dim": truncate_dim}
+    embedder_kwargs = {"model": str(model.resolve()), "column": column,
+                       "batch_tokens": batch_tokens or DEFAULT_BATCH_TOKENS, "pooling": pooling,
+                       "normalize": normalize, "precision": precision, "truncate_dim": truncate_dim,
+                       "device": device if ray is None else None, "stats": True,
+                       "keep_column": False}  # the texts need not travel back to the driver
+    embedder = None
+    if ray is None:
+        # loaded before OUTDIR is written: a checkpoint that cannot load (bad config.json, no
+        # weights, no tokenizer files) is the user's error to fix, with nothing left behind
+        try:
+            embedder = embedder_cls(**embedder_kwargs)
+        except (OSError, ValueError) as exc:
+            message = str(exc)
+            raise CorpusError(message if str(model) in message else f"model {model}: {message}") from exc
     with _ray_session(ray, num_workers, cpus_per_worker):  # joined before OUTDIR is written
         out = OutputDir(outdir, config, shards)
         todo = [s for s in shards if not out.done(s)]
         summary = Summary(shards_total=len(shards), shards_skipped=len(shards) - len(todo),
                           outdir=str(out.path))
-        embedder_kwargs = {"model": str(model.resolve()), "column": column,
-                           "batch_tokens": batch_tokens or DEFAULT_BATCH_TOKENS, "pooling": pooling,
-                           "normalize": normalize, "precision": precision, "truncate_dim": truncate_dim,
-                           "device": device if ray is None else None, "stats": True,
-                           "keep_column": False}  # the texts need not travel back to the driver
         if ray is not None and device == "cpu":
             embedder_kwargs["device"] = "cpu"
         if ray is not None and device != "cuda" and cpus_per_worker:
@@ -696,8 +705,7 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
                "num_workers": num_workers if ray else 1, "device": device, "shards_todo": len(todo)}
         try:
             if todo and ray is None:
-                _run_in_process(files, todo, embedder_cls(**embedder_kwargs), column, batch_rows,
-                                assembler)
+                _run_in_process(files, todo, embedder, column, batch_rows, assembler)
             elif todo:
                 _run_ray(files, todo, shards, embedder_cls, embedder_kwargs, column, batch_rows,
                          assembler, num_workers, device, cpus_per_worker)

@@ -106,6 +106,11 @@ def _plan(directory: Path) -> tuple[str, dict]:
     return ("hf", {}) if isinstance(overrides, str) else ("wordpiece", overrides or {})
 
 
+def _has_tokenizer_files(directory: Path) -> bool:
+    names = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer_config.json", "tekken.json")
+    return any((directory / name).is_file() for name in names) or any(directory.glob("*.model"))
+
+
 def tokenizer_kind(directory) -> str:
     """"wordpiece" when fastbert.BertTokenizer can serve `directory`, "hf" otherwise."""
     return _plan(Path(directory))[0]
@@ -136,5 +141,10 @@ class AutoTokenizer:
         kind, overrides = _plan(directory)
         if kind == "wordpiece":
             return BertTokenizer.from_pretrained(str(directory), **{**overrides, **kwargs})
+        if not _has_tokenizer_files(directory):
+            # transformers would build the model type's class with no vocabulary (only its special
+            # tokens), and every word would come out [UNK]
+            raise OSError(f"{directory}: no tokenizer files (tokenizer.json, vocab.txt, vocab.json, a "
+                          "SentencePiece .model or tokenizer_config.json); save the tokenizer next to the model")
         import transformers
         return transformers.AutoTokenizer.from_pretrained(str(directory), use_fast=True, **kwargs)
