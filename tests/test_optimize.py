@@ -255,6 +255,25 @@ def test_optimized_distilbert_ignores_token_type_ids_as_transformers():
         torch.testing.assert_close(model(**x).last_hidden_state, want, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["distilbert", "mpnet", "modernbert"])
+@pytest.mark.parametrize("auto", ["AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification"])
+def test_families_without_token_types_ignore_them_as_transformers(family, auto, tmp_path):
+    """A BERT tokenizer next to such a checkpoint returns token_type_ids and pipelines pass them on:
+    transformers' models take them and ignore them, so must fastbert's own models (they raised)."""
+    from tiny_families import CONFIGS
+
+    torch.manual_seed(0)
+    getattr(T, auto).from_config(CONFIGS[family]()).save_pretrained(tmp_path)
+    theirs, ours = getattr(T, auto).from_pretrained(tmp_path).eval(), getattr(fastbert, auto).from_pretrained(tmp_path)
+    ids = torch.randint(5, 90, (2, 6))
+    x = dict(input_ids=ids, attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2]), token_type_ids=torch.ones_like(ids))
+    with torch.no_grad():
+        want, got = theirs(**x)[0], ours.eval()(**x)[0]
+        torch.testing.assert_close(got, ours(input_ids=ids, attention_mask=x["attention_mask"])[0], atol=0, rtol=0)
+    keep = x["attention_mask"].bool() if got.dim() == 3 else slice(None)  # padding rows of hidden states are 0
+    torch.testing.assert_close(got[keep], want[keep], atol=TOL, rtol=0)
+
+
 @pytest.mark.parametrize("size", [120, 50])
 def test_resize_token_embeddings_after_optimize(size):
     """The id check follows the table transformers' resize_token_embeddings put in place, grown or

@@ -3,7 +3,7 @@ output_layer_norm), no token type embeddings, no pooler. Names are transformers'
 
     fast = DistilBertModel.from_hf_config(hf.config); fast.load_state_dict(hf.state_dict(), strict=True)
 
-works both ways. forward() takes no token_type_ids (a ValueError if given), as transformers'.
+works both ways. forward() takes token_type_ids and ignores them, as transformers' does.
 """
 from typing import List
 

@@ -567,6 +567,12 @@ class EncoderModel(FastPreTrainedModel):
         super().__init__(config)
         self._backend = "auto"
 
+    def token_types(self, token_type_ids):
+        """The token type ids the model reads: a family without token type embeddings (DistilBERT,
+        MPNet, ModernBERT) takes them and ignores them, as transformers' models do (a BERT tokenizer
+        next to such a checkpoint returns them, and pipelines pass them on)."""
+        return token_type_ids if self.has_token_types else None
+
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend: str) -> torch.Tensor:
         raise NotImplementedError
 
@@ -640,6 +646,7 @@ class EncoderModel(FastPreTrainedModel):
             output_attentions = getattr(self.config, "output_attentions", False)
         if output_hidden_states is None:
             output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        token_type_ids = self.token_types(token_type_ids)
         batch, seqlen, device, stats = check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids,
                                                     inputs_embeds)
         packing = unpad(attention_mask, batch, seqlen, device, host_stats=stats)
@@ -676,6 +683,7 @@ class EncoderModel(FastPreTrainedModel):
         last_hidden_state (tokens, hidden). Never waits for the device (no value is read on the
         host), so torch.compile(fullgraph=True) and CUDA graphs can capture it; values are checked
         by `check_packed` (call it on the host copy before uploading)."""
+        token_type_ids = self.token_types(token_type_ids)
         check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
         self._check_embedding_hooks()
         tokens = input_ids.shape[0]
@@ -733,6 +741,7 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
     """Shape and range checks -> (batch, seq, device, mask stats for unpad or None), with one host
     sync for all value ranges and the mask's lengths together (no device-side asserts)."""
     d = model.dims
+    token_type_ids = model.token_types(token_type_ids)
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
     if input_ids is not None:
@@ -747,8 +756,6 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has shape {shape}")
-    if token_type_ids is not None and not model.has_token_types:
-        raise ValueError(f"{type(model).__name__} has no token type embeddings; pass token_type_ids=None")
     if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[1] != shape[1]
                                      or position_ids.shape[0] not in (1, shape[0])):
         raise ValueError(f"position_ids must have shape (batch, seq) = {shape} or (1, seq), "
@@ -770,6 +777,7 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
 
 def check_packed_shapes(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids):
     """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints)."""
+    token_type_ids = model.token_types(token_type_ids)
     _check_integer("input_ids", input_ids, 1, "(tokens,) packed ids")
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 1:
         raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 1, got {cu_seqlens.dtype} "
@@ -789,8 +797,6 @@ def check_packed_shapes(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, 
             if t.shape != input_ids.shape or t.device != input_ids.device:
                 raise ValueError(f"{name} must match input_ids {tuple(input_ids.shape)} on {input_ids.device}, "
                                  f"got {tuple(t.shape)} on {t.device}")
-    if token_type_ids is not None and not model.has_token_types:
-        raise ValueError(f"{type(model).__name__} has no token type embeddings; pass token_type_ids=None")
     limit = model.max_sequence_length()
     if max_seqlen > limit and position_ids is None:
         raise ValueError(f"max_seqlen {max_seqlen} exceeds the model's limit of {limit} tokens "
@@ -800,6 +806,7 @@ def check_packed_shapes(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, 
 def check_packed(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_type_ids=None,
                  position_ids=None) -> None:
     """Every check of forward_packed's inputs, values included (reads them: one sync on a device)."""
+    token_type_ids = model.token_types(token_type_ids)
     check_packed_shapes(model, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
     checks = _range_checks(model, input_ids, token_type_ids, position_ids)
     if checks:

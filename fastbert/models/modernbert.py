@@ -275,7 +275,8 @@ class ModernBertForMaskedLM(_HeadNamed, TaskModel, ModernBertFamily):
         return self.decoder
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None,
+                token_type_ids=None):  # taken and ignored, as transformers' (no token types)
         out = self.encode(input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
                           output_hidden_states)
         h = out.last_hidden_state
@@ -294,7 +295,8 @@ class ModernBertForMaskedLM(_HeadNamed, TaskModel, ModernBertFamily):
 
 class ModernBertForSequenceClassification(_ModernBertTask):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None,
+                token_type_ids=None):  # taken and ignored, as transformers' (no token types)
         out = self.run(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
                        output_hidden_states)
         logits = self.logits_of(_pool(self.config, out.last_hidden_state, attention_mask, first_real=False))
@@ -305,7 +307,8 @@ class ModernBertForSequenceClassification(_ModernBertTask):
 
 class ModernBertForTokenClassification(_ModernBertTask):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None,
+                token_type_ids=None):  # taken and ignored, as transformers' (no token types)
         out = self.run(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
                        output_hidden_states)
         logits = self.logits_of(out.last_hidden_state)
@@ -319,7 +322,7 @@ class ModernBertForTokenClassification(_ModernBertTask):
 class ModernBertForQuestionAnswering(_ModernBertTask):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, start_positions=None,
                 end_positions=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None):
+                return_dict=None, token_type_ids=None):  # taken and ignored, as transformers'
         out = self.run(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
                        output_hidden_states)
         start_logits, end_logits = self.logits_of(out.last_hidden_state).split(1, dim=-1)
@@ -337,7 +340,8 @@ class ModernBertForMultipleChoice(_ModernBertTask):
         return 1
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None,
+                token_type_ids=None):  # taken and ignored, as transformers' (no token types)
         ref = input_ids if input_ids is not None else inputs_embeds
         if ref is None or ref.dim() < 3:
             raise ValueError("multiple choice inputs must be (batch, num_choices, seq), got shape "

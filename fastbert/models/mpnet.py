@@ -7,7 +7,7 @@ position ids (padding_idx 1). Names are transformers', so
 works both ways. As transformers does, the bias uses 32 buckets and a maximum distance of 128
 whatever `relative_attention_num_buckets` says (a table with fewer rows cannot be indexed, so such
 a config is refused), and distances are measured between padded columns (0..len-1 per sequence on
-packed input). No token type embeddings: forward takes token_type_ids=None only.
+packed input). No token type embeddings: forward takes token_type_ids and ignores them, as transformers'.
 
 The bias attention is fastbert.ops.relative_attention.relative_bias_attention (the flash kernel with
 the bias added tile by tile, or its blocked torch path), on the model's backend like the other ops.

@@ -262,6 +262,7 @@ class RotaryEncoderModel(RotaryFamily, EncoderModel):
         """EncoderModel.forward_packed's contract (no device-to-host sync; values checked by
         `check_packed` on the host copy): last_hidden_state (tokens, hidden). Sliding windows are
         measured in the offsets inside each packed sequence; rotary positions default to them."""
+        token_type_ids = self.token_types(token_type_ids)
         check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
         tokens = input_ids.shape[0]
         packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
