@@ -404,6 +404,26 @@ def test_one_text_fast_path_checks_sides(vocab_dir):
         fb("a short text")
 
 
+def test_no_max_length_anywhere_warns_once_per_line(vocab_dir):
+    """truncation / padding="max_length" with no max_length and no model_max_length: neither happens
+    (transformers 5's rule, and its output); a warning says so once for the calling line, not on every
+    call (a pipeline called it for every batch)."""
+    import warnings
+
+    fb, hf = pair(vocab_dir, model_max_length=int(1e30))
+    text = ["word " * 600]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            got = fb(text, truncation=True, padding="max_length")
+    assert got["input_ids"] == hf(text, truncation=True, padding="max_length")["input_ids"]
+    assert len(got["input_ids"][0]) == 602
+    said = [str(w.message) for w in caught]
+    assert sum("Default to no truncation" in m for m in said) == 1, said
+    assert sum("Default to no padding" in m for m in said) == 1, said
+    assert all(w.filename == __file__ for w in caught), [w.filename for w in caught]
+
+
 def test_batch_encoding_to(vocab_dir, caplog):
     """.to(device) moves the tensors; .to(dtype) (APEX and others call .to on every input) changes
     nothing and warns, as transformers' BatchEncoding does."""

@@ -3,13 +3,10 @@ and messages), and the named C++ options struct (`fastbert._C.EncodeOptions`) of
 per call signature and then shared (it is read-only)."""
 from __future__ import annotations
 
-import logging
 import operator
 import warnings
 
 from fastbert import _C
-
-logger = logging.getLogger(__name__)
 
 VERY_LARGE_INTEGER = int(1e30)  # transformers' "no maximum length"
 LARGE_INTEGER = int(1e20)
@@ -68,17 +65,20 @@ def resolve_strategies(padding, truncation, max_length, pad_to_multiple_of, mode
         raise ValueError(f"{truncation!r} is not a valid TruncationStrategy, please select one of "
                          f"{list(TRUNCATION)}")
     if max_length is None:
+        # No max_length and no model_max_length: transformers 5 then neither pads nor truncates, and
+        # says nothing. One warning per calling line (Python's default filter), not one per call:
+        # inside a pipeline this ran on every batch.
         if pad == "max_length":
             if model_max_length > LARGE_INTEGER:
-                logger.warning("Asking to pad to max_length but no maximum length is provided and the model "
-                               "has no predefined maximum length. Default to no padding.")
+                warnings.warn("Asking to pad to max_length but no maximum length is provided and the model "
+                              "has no predefined maximum length. Default to no padding.", stacklevel=3)
                 pad = "do_not_pad"
             else:
                 max_length = count("model_max_length", model_max_length)
         if trunc != "do_not_truncate":
             if model_max_length > LARGE_INTEGER:
-                logger.warning("Asking to truncate to max_length but no maximum length is provided and the "
-                               "model has no predefined maximum length. Default to no truncation.")
+                warnings.warn("Asking to truncate to max_length but no maximum length is provided and the "
+                              "model has no predefined maximum length. Default to no truncation.", stacklevel=3)
                 trunc = "do_not_truncate"
             else:
                 max_length = count("model_max_length", model_max_length)
