@@ -357,6 +357,44 @@ class Encoder:
             return a @ b.T
         return -torch.cdist(a, b, p=2.0 if self.similarity_fn_name == "euclidean" else 1.0)
 
+    def similarity_pairwise(self, embeddings1, embeddings2) -> torch.Tensor:
+        """sentence-transformers' SentenceTransformer.similarity_pairwise: the score of embeddings1[i]
+        with embeddings2[i], a (len,) float32 tensor, by similarity_fn_name as in `similarity`."""
+        a, b = (_as_matrix(e, name) for e, name in ((embeddings1, "embeddings1"), (embeddings2, "embeddings2")))
+        if a.shape != b.shape:
+            raise ValueError(f"embeddings1 has shape {tuple(a.shape)}, embeddings2 {tuple(b.shape)}: "
+                             "pairwise scores need one row of each per pair")
+        if self.similarity_fn_name == "cosine":
+            return (F.normalize(a, dim=1) * F.normalize(b, dim=1)).sum(dim=1)
+        if self.similarity_fn_name == "dot":
+            return (a * b).sum(dim=1)
+        return -(a - b).norm(p=2.0 if self.similarity_fn_name == "euclidean" else 1.0, dim=1)
+
+    def get_embedding_dimension(self) -> int:
+        """As sentence-transformers': the length of encode()'s vectors (the pooled width, or
+        truncate_dim when it is set and smaller)."""
+        dim = self.model.config.hidden_size * len(self.pooling)
+        return dim if self.truncate_dim is None else min(dim, self.truncate_dim)
+
+    get_sentence_embedding_dimension = get_embedding_dimension   # its name before sentence-transformers 6
+
+    def encode_query(self, sentences=None, prompt_name: Optional[str] = None, prompt: Optional[str] = None,
+                     **kwargs):
+        """sentence-transformers' encode_query: encode() with the "query" prompt when neither prompt
+        nor prompt_name is given ("" when the checkpoint has none: default_prompt_name does not apply)."""
+        if prompt_name is None and prompt is None:
+            prompt_name, prompt = ("query", None) if "query" in self.prompts else (None, "")
+        return self.encode(sentences, prompt_name=prompt_name, prompt=prompt, **kwargs)
+
+    def encode_document(self, sentences=None, prompt_name: Optional[str] = None, prompt: Optional[str] = None,
+                        **kwargs):
+        """sentence-transformers' encode_document: encode() with the first of the "document",
+        "passage" and "corpus" prompts the checkpoint has when neither prompt nor prompt_name is given."""
+        if prompt_name is None and prompt is None:
+            prompt_name = next((name for name in ("document", "passage", "corpus") if name in self.prompts), None)
+            prompt = "" if prompt_name is None else None
+        return self.encode(sentences, prompt_name=prompt_name, prompt=prompt, **kwargs)
+
     def _resolve_prompt(self, prompt: Optional[str], prompt_name: Optional[str]) -> Optional[str]:
         """sentence-transformers' rule: prompt wins over prompt_name, then default_prompt_name."""
         if prompt is not None:

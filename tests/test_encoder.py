@@ -140,6 +140,19 @@ def test_sentence_transformers_call_forms(encoder, st_model, lines, our_floats):
     torch.testing.assert_close(encoder.similarity(a[0], a[0]), torch.ones(1, 1), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="dimension 384, embeddings2 3"):
         encoder.similarity(a, np.ones((2, 3)))
+    c = st_model.encode(lines[9:14], convert_to_tensor=True)
+    for name in ("cosine", "dot", "euclidean", "manhattan"):
+        encoder.similarity_fn_name = st_model.similarity_fn_name = name
+        try:
+            got = encoder.similarity_pairwise(a, c)
+            assert got.shape == (5,)
+            torch.testing.assert_close(got, st_model.similarity_pairwise(torch.from_numpy(a), c), atol=1e-5, rtol=1e-5)
+        finally:
+            encoder.similarity_fn_name = st_model.similarity_fn_name = "cosine"
+    with pytest.raises(ValueError, match="one row of each per pair"):
+        encoder.similarity_pairwise(a, c[:2])
+    assert encoder.get_embedding_dimension() == st_model.get_embedding_dimension() == 384
+    assert encoder.get_sentence_embedding_dimension() == 384
 
 
 def test_str_list_and_output_types(encoder, lines):
@@ -268,6 +281,17 @@ def test_prompts_as_sentence_transformers(tmp_path, short_lines):
     no_prompt = enc.encode(short_lines, prompt="")
     assert float(_cosines(no_prompt, enc.encode(short_lines)).min()) < 0.999
     np.testing.assert_allclose(no_prompt, st.encode(short_lines, prompt=""), atol=1e-5)
+    # encode_query / encode_document: their own prompt (the checkpoint's "passage" for documents),
+    # not the default one; with prompts that name neither, no prompt at all
+    for kwargs in ({}, {"prompt_name": "passage"}, {"prompt": "Custom words: "}):
+        np.testing.assert_allclose(enc.encode_query(short_lines, **kwargs), st.encode_query(short_lines, **kwargs),
+                                   atol=1e-5, err_msg=f"query {kwargs}")
+        np.testing.assert_allclose(enc.encode_document(short_lines, **kwargs),
+                                   st.encode_document(short_lines, **kwargs), atol=1e-5, err_msg=f"document {kwargs}")
+    assert float(_cosines(enc.encode_document(short_lines), enc.encode_query(short_lines)).min()) < 0.999
+    enc.prompts = st.prompts = {"instruct": "Represent: "}
+    np.testing.assert_allclose(enc.encode_document(short_lines), no_prompt, atol=1e-5)
+    np.testing.assert_allclose(enc.encode_query(short_lines), no_prompt, atol=1e-5)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
@@ -297,6 +321,7 @@ def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines
     ref = st_lib.SentenceTransformer(str(MODEL_DIR), device="cpu", truncate_dim=32).encode(short_lines)
     np.testing.assert_allclose(enc.encode(short_lines), ref, atol=1e-5)
     assert enc.encode(short_lines, truncate_dim=16).shape == (len(short_lines), 16)   # call overrides
+    assert enc.get_embedding_dimension() == 32
 
 
 def test_quantize_embeddings_byte_for_byte_with_sentence_transformers(our_floats):
