@@ -65,14 +65,10 @@ void check_cells(size_t rows, size_t width) {
                              " tokens: the outputs would not fit in memory (check max_length / pad_to_multiple_of)");
 }
 
-bool fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out) {
-    bool all = true;
+void fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out) {
     for (size_t r = 0; r < rs.rows(); ++r) {
         const size_t len = rs.len(r), s0 = rs.start[r];
-        if (len > W) {
-            all = false;
-            continue;
-        }
+        if (len > W) continue;
         const size_t lo = o.pad_left ? W - len : 0;  // first real position
         const size_t base = (row0 + r) * W;
         if (out.ids) {
@@ -93,7 +89,6 @@ bool fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions
             pad_row(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
         }
     }
-    return all;
 }
 
 void fill_padded(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const PadOut& out,

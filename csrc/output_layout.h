@@ -49,8 +49,8 @@ struct PadOut {
 void fill_padded(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const PadOut& out,
                  const ParallelFor& run);
 // One chunk's rows as output rows row0, row0 + 1, ... of width W; a row longer than W is left
-// unwritten and makes it return false.
-bool fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out);
+// unwritten (plan_layout's rect says whether any is).
+void fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out);
 
 // Packed outputs: all real tokens back to back (offsets tokens x 2), position 0..len-1 within each
 // row, cu_seqlens[r] the first token of row r (rows + 1 entries). Any but cu_seqlens may be null.

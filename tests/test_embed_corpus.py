@@ -179,6 +179,8 @@ def test_a_checkpoint_that_cannot_load_is_a_clear_error(corpus, model_dir, tmp_p
     (model / "config.json").write_text("{not json")
     with pytest.raises(CorpusError, match="not valid JSON"):
         embed_corpus([str(root / "a.parquet")], tmp_path / "o", model=model, progress=False)
+    with pytest.raises(CorpusError, match="^pooling must be one of"):  # an option, not the checkpoint
+        embed_corpus([str(root / "a.parquet")], tmp_path / "o", model=model_dir, pooling="bogus", progress=False)
     assert not (tmp_path / "o").exists()
 
 

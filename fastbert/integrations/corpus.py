@@ -684,11 +684,15 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
     if ray is None:
         # loaded before OUTDIR is written: a checkpoint that cannot load (bad config.json, no
         # weights, no tokenizer files) is the user's error to fix, with nothing left behind
+        from fastbert.models.config import ConfigError
+
         try:
             embedder = embedder_cls(**embedder_kwargs)
-        except (OSError, ValueError) as exc:
+        except (OSError, ConfigError) as exc:
             message = str(exc)
             raise CorpusError(message if str(model) in message else f"model {model}: {message}") from exc
+        except ValueError as exc:  # an option the model refuses (pooling, truncate_dim, precision)
+            raise CorpusError(str(exc)) from exc
     with _ray_session(ray, num_workers, cpus_per_worker):  # joined before OUTDIR is written
         out = OutputDir(outdir, config, shards)
         todo = [s for s in shards if not out.done(s)]
