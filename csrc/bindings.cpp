@@ -348,7 +348,7 @@ class PyTokenizer {
         PadOut early;
         if (fill_early) {
             early = padded_arrays(n, early_width, o, out);
-            hooks.encoded = [&early, early_width, &o](size_t, const Rows& rs) {
+            hooks.encoded = [&early, early_width, &o](const Rows& rs) {
                 if (rs.rows()) fill_padded_rows(rs, static_cast<size_t>(rs.item[0]), early_width, o, early);
             };
             clock.mark(stage_ns_, kOutputGil);
@@ -423,11 +423,10 @@ class PyTokenizer {
         clock.mark(stage_ns_, kLayout);
         if (o.packed) {
             pack(rows, layout, o, run, out);
-        } else if (fill_early && layout.rect && layout.rows == n && layout.width == early_width) {
+        } else if (fill_early && layout.rect) {
             // filled while encoding (a row longer than the width, e.g. max_length below the
             // special tokens' count, leaves the layout ragged: the lists below then)
         } else if (o.numpy && layout.rect && !o.words) {
-            out = py::dict();
             const PadOut po = padded_arrays(layout.rows, layout.width, o, out);
             clock.mark(stage_ns_, kOutputGil);
             without_gil([&] { fill_padded(rows, layout, o, po, run); });
@@ -438,7 +437,7 @@ class PyTokenizer {
                                        std::to_string(builder->filled()) + " of them as lists");
             put_lists(builder->lists(), out);
         } else {
-            out = py::dict();
+            out = py::dict();  // without the arrays filled early, when the rows did not fit them
             lists(rows, layout, o, out);
         }
         clock.mark(stage_ns_, kOutputGil);

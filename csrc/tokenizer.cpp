@@ -439,7 +439,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
             }
             post_process(s.a, has_pair ? &s.b : nullptr, cfg, static_cast<int32_t>(i), rows);
         }
-        if (hooks.encoded) hooks.encoded(c, rows);
+        if (hooks.encoded) hooks.encoded(rows);
     }, hooks.consume ? &hooks.consume : nullptr);
 }
 

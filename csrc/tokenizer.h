@@ -87,9 +87,9 @@ class Tokenizer {
         // On the calling thread, for each chunk c in order as soon as out[0..c] are final, while the
         // pool still encodes the later chunks (ThreadPool::run).
         std::function<void(size_t c)> consume;
-        // On the thread that encoded chunk c, right after it (its rows are still in that core's
+        // On the thread that encoded a chunk, right after it, with its rows (still in that core's
         // cache): padded arrays whose shape was known before encoding are filled here.
-        std::function<void(size_t c, const Rows& rows)> encoded;
+        std::function<void(const Rows& rows)> encoded;
     };
     // Encodes and post-processes a batch; one Rows per chunk, in input order. The layout options
     // (padding, packed, numpy) play no part here: output_layout.h reads them.

@@ -741,7 +741,6 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
     """Shape and range checks -> (batch, seq, device, mask stats for unpad or None), with one host
     sync for all value ranges and the mask's lengths together (no device-side asserts)."""
     d = model.dims
-    token_type_ids = model.token_types(token_type_ids)
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
     if input_ids is not None:
@@ -776,8 +775,8 @@ def check_inputs(model: EncoderModel, input_ids, attention_mask, token_type_ids,
 
 
 def check_packed_shapes(model: EncoderModel, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids):
-    """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints)."""
-    token_type_ids = model.token_types(token_type_ids)
+    """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints); its
+    callers have passed token_type_ids through model.token_types."""
     _check_integer("input_ids", input_ids, 1, "(tokens,) packed ids")
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 1:
         raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 1, got {cu_seqlens.dtype} "
