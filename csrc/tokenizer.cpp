@@ -122,6 +122,8 @@ void Tokenizer::encode_cached(const char* text, size_t len, Scratch& s, Encoded&
 Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out,
                                              size_t limit) const {
     ChunkCache& cache = *s.chunks;
+    SharedChunkCache& shared = *s.short_chunks;
+    const uint64_t epoch = shared.epoch();
     auto tokenize_chunk = [&](const char* c, size_t n, bool whole) {
         pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
             wordpiece_.tokenize(w, out.ids, nullptr, *s.cache);
@@ -153,7 +155,7 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
                 while (x.n < len - i && !is_separator(c[x.n])) ++x.n;
                 x.key = x.n <= ShortChunk::kMax ? ShortChunk::of(c, x.n) : ShortChunk{};
             }
-            if (x.n <= ShortChunk::kMax) cache.prefetch(x.key);
+            if (x.n <= ShortChunk::kMax) shared.prefetch(x.key);
             i += x.n;
         }
         for (size_t k = 0; k < m && out.ids.size() <= limit; ++k) {
@@ -161,13 +163,16 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
             const size_t n = next[k].n;
             size_t count = 0;
             const size_t first = out.ids.size();
-            if (n <= ShortChunk::kMax) {
-                if (const int32_t* ids = cache.find(next[k].key, &count)) {
-                    for (size_t t = 0; t < count; ++t) out.ids.push_back(ids[t]);
-                } else {
-                    tokenize_chunk(c, n, true);
-                    cache.put(next[k].key, out.ids.data() + first, out.ids.size() - first);
-                }
+            using Found = SharedChunkCache::Found;
+            const Found found = n <= ShortChunk::kMax ? shared.find(next[k].key, epoch, out.ids) : Found::kNotKept;
+            if (found == Found::kHit) {
+                // its ids are in out
+            } else if (found == Found::kMiss) {
+                tokenize_chunk(c, n, true);
+                count = out.ids.size() - first;
+                shared.put(next[k].key, epoch, out.ids.data() + first, count);
+                // too many ids for the shared cache: it notes that this thread's own cache has them
+                if (count > SharedChunkCache::kMaxIds) cache.put(c, n, hash_bytes(c, n), out.ids.data() + first, count);
             } else if (n > ChunkCache::kMaxKey) {
                 tokenize_chunk(c, n, false);
                 if (out.ids.size() > limit) break;  // perhaps cut inside the chunk: not done
@@ -357,6 +362,7 @@ std::string Tokenizer::normalize(std::string_view text) const {
 
 void Tokenizer::clear_cache() {
     // emptied in place: their memory stays mapped, so the next batch does not pay to map it again
+    short_chunks_.clear();
     std::lock_guard<std::mutex> lock(cache_mu_);
     for (auto& c : caches_) {
         std::fill(c->words.slots.begin(), c->words.slots.end(), WordCache::Entry{});
@@ -413,6 +419,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
         s.split_words = in.split_words;
         s.cache = &tc->words;
         s.chunks = &tc->chunks;
+        s.short_chunks = &short_chunks_;
         s.texts = &tc->texts;
         struct Give {
             Tokenizer* t;

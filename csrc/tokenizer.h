@@ -14,6 +14,7 @@
 #include "normalizer.h"
 #include "post_processor.h"
 #include "pre_tokenizer.h"
+#include "shared_chunk_cache.h"
 #include "text_cache.h"
 #include "thread_pool.h"
 #include "vocab.h"
@@ -54,6 +55,7 @@ class Tokenizer {
         std::vector<uint32_t> spans;
         Encoded a, b;
         WordCache* cache = nullptr;
+        SharedChunkCache* short_chunks = nullptr;  // with chunks: the cached path
         ChunkCache* chunks = nullptr;
         TextCache* texts = nullptr;
         // word tracking (offset paths only): each word's tokens get split_words ? its segment
@@ -168,6 +170,7 @@ class Tokenizer {
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;
     std::vector<std::unique_ptr<ThreadCache>> caches_;  // idle word caches, one taken per running chunk
+    SharedChunkCache short_chunks_;  // the short chunks of every thread
     long pool_pid_ = 0;
     std::mutex pool_mu_;
 };

@@ -212,6 +212,25 @@ def test_threads_agree_with_serial(model_dir):
     assert not errors and all(r == ref for r in results)
 
 
+def test_short_chunks_with_many_ids_from_every_thread(model_dir):
+    # Chunks of at most 15 bytes go through one cache for all threads, which holds up to 10 ids
+    # and notes that a chunk with more is kept in each thread's own cache: chunks of 9 to 15 ids
+    # (one per punctuation mark), met first on one thread and then on others, and again in a later
+    # call, tokenize as transformers does.
+    hf = transformers.BertTokenizerFast.from_pretrained(model_dir)
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
+    marks = "!?.,;:()[]{}-+*"
+    chunks = ["".join(marks[(i + j) % len(marks)] for j in range(n)) for n in range(9, 16) for i in range(6)]
+    chunks += [c[:-1] + "a" for c in chunks]  # a letter at the end: one id fewer, some under the bar
+    assert {len(hf.tokenize(c)) for c in chunks} >= {10, 11, 15}
+    texts = [" ".join(chunks[(i * 7) % len(chunks):] + chunks[:3]) for i in range(400)]  # > 100 KB
+    want = hf(texts)["input_ids"]
+    assert tok(texts)["input_ids"] == want
+    assert tok(texts[::-1])["input_ids"] == want[::-1]
+    tok.clear_cache()
+    assert tok(texts[::-1])["input_ids"] == want[::-1]
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_uneven_batches_agree_with_serial(model_dir, threads):
     # the batch is cut into chunks by bytes, large first: one long text among short and empty ones,
