@@ -53,7 +53,7 @@ class SharedChunkCache {
     // kHit appends the chunk's ids to out; kNotKept: it has more than kMaxIds ids, which each
     // thread's own cache keeps.
     Found find(const ShortChunk& k, uint64_t epoch, std::vector<int32_t>& out) const {
-        const Slot& s = slots_[index(k)];
+        const Slot& s = slots_[slot_of(k)];
         const uint64_t meta = s.meta.load(std::memory_order_acquire);
         // not being written, of this epoch, this many bytes: one comparison
         if ((meta & kCheckMask) != (epoch | len_bits(k.n))) return Found::kMiss;
@@ -73,7 +73,7 @@ class SharedChunkCache {
     // Stores the chunk's ids (or, for more than kMaxIds, that they are not kept here); does
     // nothing while another thread writes the same slot.
     void put(const ShortChunk& k, uint64_t epoch, const int32_t* ids, size_t count) {
-        Slot& s = slots_[index(k)];
+        Slot& s = slots_[slot_of(k)];
         uint64_t meta = s.meta.load(std::memory_order_relaxed);
         if (meta & 1) return;
         const uint64_t seq = meta & kSeqMask;
@@ -91,7 +91,14 @@ class SharedChunkCache {
                      std::memory_order_release);
     }
 
-    void prefetch(const ShortChunk& k) const { __builtin_prefetch(&slots_[index(k)]); }
+    void prefetch(const ShortChunk& k) const { __builtin_prefetch(&slots_[slot_of(k)]); }
+
+    // The slot a chunk goes to (chunks with the same slot replace one another).
+    static size_t slot_of(const ShortChunk& k) {
+        // Fibonacci hashing: the top bits of the product depend on every key bit
+        const uint64_t x = k.a ^ (k.b * 0x9E3779B97F4A7C15ull) ^ k.n;
+        return static_cast<size_t>((x * 0xFF51AFD7ED558CCDull) >> (64 - 15));
+    }
 
     // Forgets every entry at once (a batch running meanwhile may still add some).
     void clear() { epoch_.fetch_add(uint64_t{1} << 24, std::memory_order_relaxed); }
@@ -111,12 +118,7 @@ class SharedChunkCache {
         std::atomic<int32_t> ids[kMaxIds] = {};
     };
     static_assert(sizeof(Slot) == 64, "a slot is one cache line");
-    static size_t index(const ShortChunk& k) {
-        // Fibonacci hashing: the top bits of the product depend on every key bit
-        const uint64_t x = k.a ^ (k.b * 0x9E3779B97F4A7C15ull) ^ k.n;
-        return static_cast<size_t>((x * 0xFF51AFD7ED558CCDull) >> (64 - 15));
-    }
-    static_assert(kSlots == size_t{1} << 15, "index() takes 15 bits");
+    static_assert(kSlots == size_t{1} << 15, "slot_of() takes 15 bits");
     // the clears so far, in meta's epoch bits; the epoch is 1 more (an all-zero slot is empty)
     std::atomic<uint64_t> epoch_{0};
     HugeVector<Slot> slots_ = HugeVector<Slot>(kSlots);

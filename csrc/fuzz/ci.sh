@@ -5,6 +5,8 @@
 #  3. an ASan+UBSan copy of fastbert._C, built in a temporary copy of the tree (the normal editable
 #     build is untouched), and the tokenizer tests run against it
 #  4. LeakSanitizer on the extension (leak_check.sh)
+#  5. the shared chunk cache's seqlock under contention, with ThreadSanitizer and without
+#     (stress_shared_chunk_cache.cpp)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-.venv/bin/python}
@@ -35,6 +37,13 @@ step "fuzz ${fuzz_s} s"
     -print_final_stats=1 -artifact_prefix="$work/" corpus seeds) >"$work/fuzz.log" 2>&1 || {
     tail -60 "$work/fuzz.log"; ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* 2>/dev/null; exit 1; }
 grep -E "^stat::number_of_executed_units|DONE" "$work/fuzz.log" || true
+
+step "shared chunk cache under contention (TSan, then -O2)"
+for mode in "-fsanitize=thread -O1 -g" "-O2"; do
+    # shellcheck disable=SC2086
+    clang++ -std=c++17 $mode -Icsrc -pthread csrc/fuzz/stress_shared_chunk_cache.cpp -o "$work/stress"
+    "$work/stress" "${STRESS_SECONDS:-3}"
+done
 
 step "wait for the sanitizer build"
 wait "$san_pid" || { tail -40 "$work/san.log"; exit 1; }
