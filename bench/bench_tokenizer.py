@@ -7,6 +7,8 @@
                                                             # "vs 1 thread" per text and path (+ JSON)
     python bench/bench_tokenizer.py --idle-gaps 0,1,3,10,30,100 --threads 1,2  # the same, each call after
                                                             # the machine idled that many ms (+ JSON)
+    python bench/bench_tokenizer.py --work [ids,padded128] [--threads 1,2]  # instructions per batch at
+                                                            # each count, under valgrind (+ JSON)
 
 --scaling also reports each stage's CPU time per call and the GIL-held (serial) share when the
 extension was built with the stage timers: in a copy of the tree,
@@ -19,6 +21,10 @@ the Amdahl bound built on them, as upper bounds. Lists of ids are built on the c
 the pool encodes the later chunks, so their building counts in "encode" there, not in "output";
 so do arrays padded to max_length with truncation, which each thread fills right after the chunk it
 encoded (their shape is known before encoding).
+--work counts work instead of time (fastbert.benchmarks.tokenizer_work): the C++ tokenizer's
+instructions per batch of new text at each thread count, under valgrind's cachegrind, which no other
+load on the machine changes; "vs 1 thread" there is the extra work that threads bring. It takes
+minutes (Python runs 20-50x slower under valgrind) and needs valgrind installed.
 --scaling ends with the machine's own ceiling, measured in the same run: how much more plain C work
 (SHA-256, GIL released) 2 threads did than one; a virtual machine whose cores share a physical one,
 or a busy host, keeps it below 2x, and no thread pool gains more than it.
@@ -41,6 +47,7 @@ from common import QUICK, RESULTS, model_dir, pytest, say, stamp, write_json
 
 from fastbert.benchmarks import tokenizer as tb
 from fastbert.benchmarks import tokenizer_latency as tl
+from fastbert.benchmarks import tokenizer_work as tw
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------
 
@@ -119,6 +126,9 @@ def main(argv=None) -> int:
     parser.add_argument("--idle-gaps", metavar="MS,...",
                         help="fastbert alone at each --threads count, each call after the machine idled this "
                              "many ms (e.g. 0,1,3,10,30,100): what an idle core costs a thread pool")
+    parser.add_argument("--work", nargs="?", const="padded128", metavar="PATH,...",
+                        help="instructions per batch at each --threads count, counted under valgrind, for these "
+                             "paths (ids, padded128; default padded128)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
     args = parser.parse_args(argv)
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
@@ -128,6 +138,13 @@ def main(argv=None) -> int:
         print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
         print(tb.format_idle_gaps(rows))
         print(f"JSON: {write_json(args.out, f'tokenizer-idle-gaps-{stamp(rows)}.json', rows)}")
+        return 0
+    if args.work:
+        rows = tw.thread_work(model_dir(), paths=tuple(args.work.split(",")), threads=threads, quick=args.quick,
+                              progress=say)
+        print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
+        print(tw.format_work(rows))
+        print(f"JSON: {write_json(args.out, f'tokenizer-work-{stamp(rows)}.json', rows)}")
         return 0
     if args.scaling:
         rows = tb.thread_scaling(model_dir(), quick=args.quick, threads=threads, progress=say)

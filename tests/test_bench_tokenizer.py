@@ -2,7 +2,10 @@
 every tokenizer gets the same texts in a round, and the output checked is a timed round's."""
 import itertools
 
+import pytest
+
 from fastbert.benchmarks import tokenizer as tb
+from fastbert.benchmarks import tokenizer_work as tw
 
 DOCS = ["The quick brown fox.", "Ünïcödé text, with accents.", "野口里佳 Noguchi Rika"]
 
@@ -78,3 +81,32 @@ def test_idle_gap_rows(model_dir):
     assert all(r["MB/s"] > 0 and r["ms per call"] > 0 for r in rows)
     assert all(r["vs 1 thread"] == 1.0 for r in rows if r["threads"] == 1)
     assert "idle gap" in tb.format_idle_gaps(rows).splitlines()[0]
+
+
+def test_work_counts_only_the_extensions_own_functions(tmp_path):
+    out = tmp_path / "cachegrind.out"
+    out.write_text("events: Ir\nfl=???\n"
+                   "fn=fastbert::Tokenizer::encode_chunks(char const*) const\n10 100\n11 20\n"
+                   "fn=PyEval_EvalFrameDefault\n5 1000\n"
+                   "fn=(anonymous namespace)::PyTokenizer::encode_batch(pybind11::object)\n7 3\n"
+                   "fn=fastbert::ThreadPool::worker_loop()\n3 500\n"
+                   "fn=void fastbert::(anonymous namespace)::spin_until<F>(F, long)\n4 700\n"
+                   "fn=fastbert::WordPiece::tokenize(fastbert::Word const&) const\n1 7\n")
+    counts = tw.extension_instructions(str(out))
+    assert counts == {"fastbert::Tokenizer::encode_chunks(char const*) const": 120,
+                      "(anonymous namespace)::PyTokenizer::encode_batch(pybind11::object)": 3,
+                      "fastbert::WordPiece::tokenize(fastbert::Word const&) const": 7}
+
+
+def test_work_refuses_unknown_text_path_and_batches(model_dir, monkeypatch):
+    # refused before any child runs, so a valgrind that is not there is never started
+    monkeypatch.setattr(tw.shutil, "which", lambda name: "/nonexistent/valgrind")
+    with pytest.raises(ValueError, match="path must be one of"):
+        tw.thread_work(model_dir, paths=("padded",))
+    with pytest.raises(ValueError, match="text must be one of"):
+        tw.thread_work(model_dir, texts=("klingon",))
+    with pytest.raises(ValueError, match="batches must be at least 1"):
+        tw.thread_work(model_dir, batches=0)
+    monkeypatch.setattr(tw.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs valgrind"):
+        tw.thread_work(model_dir)
