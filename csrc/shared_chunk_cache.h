@@ -100,8 +100,16 @@ class SharedChunkCache {
         return static_cast<size_t>((x * 0xFF51AFD7ED558CCDull) >> (64 - 15));
     }
 
-    // Forgets every entry at once (a batch running meanwhile may still add some).
-    void clear() { epoch_.fetch_add(uint64_t{1} << 24, std::memory_order_relaxed); }
+    // Forgets every entry at once (a batch running meanwhile may still add some). Then reads the
+    // table through: the next batch probes it right away and finds it in the CPU caches, as it
+    // finds the per-thread caches, which are emptied in place (without this, a batch after a clear
+    // started on a table gone out of the CPU caches).
+    void clear() {
+        epoch_.fetch_add(uint64_t{1} << 24, std::memory_order_relaxed);
+        uint64_t seen = 0;
+        for (const Slot& s : slots_) seen |= s.meta.load(std::memory_order_relaxed);
+        last_clear_seen_.store(seen, std::memory_order_relaxed);  // a use, so the reads are kept
+    }
 
  private:
     static constexpr size_t kNotKept = 255;
@@ -121,6 +129,7 @@ class SharedChunkCache {
     static_assert(kSlots == size_t{1} << 15, "slot_of() takes 15 bits");
     // the clears so far, in meta's epoch bits; the epoch is 1 more (an all-zero slot is empty)
     std::atomic<uint64_t> epoch_{0};
+    std::atomic<uint64_t> last_clear_seen_{0};
     HugeVector<Slot> slots_ = HugeVector<Slot>(kSlots);
 };
 
