@@ -122,7 +122,7 @@ void Tokenizer::encode_cached(const char* text, size_t len, Scratch& s, Encoded&
 Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scratch& s, Encoded& out,
                                              size_t limit) const {
     ChunkCache& cache = *s.chunks;
-    SharedChunkCache& shared = *s.short_chunks;
+    SharedChunkCache& shared = short_chunks_;
     const uint64_t epoch = shared.epoch();
     auto tokenize_chunk = [&](const char* c, size_t n, bool whole) {
         pre_.run(c, n, 0, false, s.pre, [&](const Word& w) {
@@ -419,7 +419,6 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
         s.split_words = in.split_words;
         s.cache = &tc->words;
         s.chunks = &tc->chunks;
-        s.short_chunks = &short_chunks_;
         s.texts = &tc->texts;
         struct Give {
             Tokenizer* t;

@@ -55,7 +55,6 @@ class Tokenizer {
         std::vector<uint32_t> spans;
         Encoded a, b;
         WordCache* cache = nullptr;
-        SharedChunkCache* short_chunks = nullptr;  // with chunks: the cached path
         ChunkCache* chunks = nullptr;
         TextCache* texts = nullptr;
         // word tracking (offset paths only): each word's tokens get split_words ? its segment
@@ -170,7 +169,7 @@ class Tokenizer {
     std::unique_ptr<ThreadPool> pool_;
     std::mutex cache_mu_;
     std::vector<std::unique_ptr<ThreadCache>> caches_;  // idle word caches, one taken per running chunk
-    SharedChunkCache short_chunks_;  // the short chunks of every thread
+    mutable SharedChunkCache short_chunks_;  // the short chunks of every thread (a cache: filled by const encodes)
     long pool_pid_ = 0;
     std::mutex pool_mu_;
 };

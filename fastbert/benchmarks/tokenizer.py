@@ -323,7 +323,8 @@ def time_interleaved(calls, rounds, min_repeats=3, min_seconds=1.0, max_repeats=
             (statistics.median(times[name]), len(times[name]), outs[name], first[name]) for name in calls}
 
 
-def _resolve_threads(threads) -> list[int]:
+def resolve_threads(threads) -> list[int]:
+    """Thread counts as ints, None meaning every core, without repeats."""
     cores = os.cpu_count() or 1
     return list(dict.fromkeys(cores if t is None else int(t) for t in threads))
 
@@ -360,13 +361,13 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     common = {"device": device(), "versions": versions(), "timestamp": stamp,
               "cpu_caches": "evicted before each call" if EVICT else "not evicted"}
     tags = itertools.count(1)  # one counter for the whole run: no two calls share a text
-    again = set(_resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else None
+    again = set(resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else None
     rows: list[dict] = []
     for text_name, docs in texts.items():
         say(f"{text_name}: reference output ({REFERENCE})")
         ref_peer = TransformersPeer(model_dir, 1)
         ref_peer.before_repeat()
-        for n_threads in _resolve_threads(threads):
+        for n_threads in resolve_threads(threads):
             built = {}
             base = {"text": text_name, "threads": n_threads, "docs": len(docs), **common}
             kinds = [("new each round", False)]
@@ -474,7 +475,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     say = progress or (lambda message: None)
     texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
     reps = _reps(quick, smoke)
-    threads = _resolve_threads(threads)
+    threads = resolve_threads(threads)
     tags = itertools.count(1)
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
@@ -558,7 +559,7 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
         if quick:
             texts = {"english": texts["english"]}
     repeats = 1 if smoke else 7 if quick else 15
-    threads = _resolve_threads(threads)
+    threads = resolve_threads(threads)
     tags = itertools.count(1)
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -85,7 +85,7 @@ def thread_work(model_dir, texts=("english", "multilingual"), paths=("padded128"
     thread", that count over the first thread count's. The two children of a count run at once."""
     say = progress or (lambda message: None)
     valgrind = _valgrind()
-    threads = tb._resolve_threads(threads)
+    threads = tb.resolve_threads(threads)
     for path in paths:
         if path not in tb.PATHS:
             raise ValueError(f"path must be one of {sorted(tb.PATHS)}, got {path!r}")
