@@ -504,6 +504,18 @@ class PyTokenizer {
         return d;
     }
 
+    // The thread pool's last batch: {"runs", "tasks", "worker_tasks", "worker_start_us"} (see
+    // ThreadPool::LastRun; worker_start_us None when the calling thread ran every task).
+    py::dict pool_last_run() {
+        const ThreadPool::LastRun r = tok_->last_pool_run();
+        py::dict d;
+        d["runs"] = r.runs;
+        d["tasks"] = r.tasks;
+        d["worker_tasks"] = r.worker_tasks;
+        d["worker_start_us"] = r.worker_start_us < 0 ? py::object(py::none()) : py::object(py::float_(r.worker_start_us));
+        return d;
+    }
+
     py::object id_to_token(int64_t id) const {
         if (id < 0 || !tok_->vocab().has_id(static_cast<size_t>(id))) return py::none();
         return py::str(tok_->vocab().token(static_cast<size_t>(id)));
@@ -865,6 +877,7 @@ PYBIND11_MODULE(_C, m) {
         .def("base_ids", &PyTokenizer::base_ids)
         .def("clear_cache", &PyTokenizer::clear_cache)
         .def("stage_times", &PyTokenizer::stage_times)
+        .def("pool_last_run", &PyTokenizer::pool_last_run)
         .def("normalize", &PyTokenizer::normalize, py::arg("text"))
         .def("__len__", &PyTokenizer::size);
 }

@@ -72,12 +72,24 @@ void ThreadPool::run_task(size_t i) {
     if (++finished_ == n_tasks_) done_.notify_all();
 }
 
-void ThreadPool::drain() {
+void ThreadPool::drain(bool worker) {
     for (;;) {
         const size_t i = next_.fetch_add(1);
         if (i >= n_tasks_) return;
+        if (worker && worker_tasks_.fetch_add(1, std::memory_order_relaxed) == 0) {
+            const auto waited = std::chrono::steady_clock::now() - started_;
+            worker_start_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
+                                   std::memory_order_relaxed);
+        }
         run_task(i);
     }
+}
+
+ThreadPool::LastRun ThreadPool::last_run() const {
+    // the workers wrote before they counted their tasks finished, under mu_, which run() waited for
+    const int64_t start_ns = worker_start_ns_.load(std::memory_order_relaxed);
+    return LastRun{runs_, n_tasks_, worker_tasks_.load(std::memory_order_relaxed),
+                   start_ns < 0 ? -1.0 : static_cast<double>(start_ns) * 1e-3};
 }
 
 void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
@@ -126,7 +138,7 @@ void ThreadPool::worker_loop() {
             ++active_;
         }
         spin = kIdleSpin;
-        drain();
+        drain(true);
         {
             std::lock_guard<std::mutex> lock(mu_);
             if (--active_ == 0) done_.notify_all();
@@ -150,12 +162,16 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn,
         finished_ = 0;
         failed_ = false;
         error_ = nullptr;
+        ++runs_;
+        worker_tasks_.store(0, std::memory_order_relaxed);
+        worker_start_ns_.store(-1, std::memory_order_relaxed);
+        started_ = std::chrono::steady_clock::now();
         ++generation_;
     }
     wake_.notify_all();
     auto all_done = [&] { return finished_.load() == n_tasks && active_.load() == 0; };
     auto join = [&] {
-        drain();  // what no one has taken yet (nothing, unless the consumer stopped early)
+        drain(false);  // what no one has taken yet (nothing, unless the consumer stopped early)
         spin_until(all_done, kJoinSpin);
         std::unique_lock<std::mutex> lock(mu_);
         done_.wait(lock, all_done);

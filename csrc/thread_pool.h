@@ -38,10 +38,20 @@ class ThreadPool {
     void wake();  // a batch is about to come: sleeping workers start spinning for it
     int size() const { return static_cast<int>(workers_.size()) + 1; }
 
+    // What the workers did in the last run(), read after it returned: how many of its tasks they
+    // ran, and how long after run() began the first of them started one (-1: none did; the caller
+    // ran them all). On a virtual machine a worker whose core idled can start milliseconds late.
+    struct LastRun {
+        size_t runs = 0;  // run() calls so far, to tell a new record from an old one
+        size_t tasks = 0, worker_tasks = 0;
+        double worker_start_us = -1;
+    };
+    LastRun last_run() const;
+
  private:
     void worker_loop();
     void run_task(size_t i);
-    void drain();
+    void drain(bool worker);  // takes tasks until none is left; worker: called by a worker
     void consume_in_order(const std::function<void(size_t)>& consume);
     void stop();  // ends and joins the workers
 
@@ -59,6 +69,11 @@ class ThreadPool {
     std::atomic<size_t> generation_{0};
     size_t wakes_ = 0;  // under mu_: calls of wake()
     std::atomic<bool> stop_{false};
+    // the last run's record (LastRun): set up with the batch, written by the workers' first tasks
+    size_t runs_ = 0;
+    std::chrono::steady_clock::time_point started_;
+    std::atomic<size_t> worker_tasks_{0};
+    std::atomic<int64_t> worker_start_ns_{-1};
     std::exception_ptr error_;
 };
 

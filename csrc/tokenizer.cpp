@@ -316,6 +316,11 @@ void Tokenizer::wake_pool(int num_threads) {
     if (lock.owns_lock()) pool(num_threads).wake();  // else the pool is busy: this call will not get it
 }
 
+ThreadPool::LastRun Tokenizer::last_pool_run() {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    return pool_ ? pool_->last_run() : ThreadPool::LastRun{};
+}
+
 Tokenizer::ThreadCache* Tokenizer::take_cache() {
     {
         std::lock_guard<std::mutex> lock(cache_mu_);

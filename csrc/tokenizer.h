@@ -115,6 +115,8 @@ class Tokenizer {
     // pool's sleeping workers now, so that they run by the time it comes (see ThreadPool::wake).
     static constexpr size_t kWakeBytes = 2 * 4096;
     void wake_pool(int num_threads);
+    // What the pool's workers did in its last batch (ThreadPool::LastRun; all zero before the first).
+    ThreadPool::LastRun last_pool_run();
 
     // Forgets every cached word (the caches of running batches are left alone).
     void clear_cache();

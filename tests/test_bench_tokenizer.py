@@ -80,7 +80,11 @@ def test_idle_gap_rows(model_dir):
         [(p, g, n) for p in tb.PATHS for g in (0, 5) for n in (1, 2)]
     assert all(r["MB/s"] > 0 and r["ms per call"] > 0 for r in rows)
     assert all(r["vs 1 thread"] == 1.0 for r in rows if r["threads"] == 1)
-    assert "idle gap" in tb.format_idle_gaps(rows).splitlines()[0]
+    # one thread never uses the pool; on two the record of every call is there
+    assert all(r["worker tasks"] is None and r["worker start ms"] is None for r in rows if r["threads"] == 1)
+    assert all(0 <= r["worker tasks"] <= 1 for r in rows if r["threads"] == 2)
+    assert all(r["worker start ms"] is None or r["worker start ms"] >= 0 for r in rows)
+    assert "worker start" in tb.format_idle_gaps(rows).splitlines()[0]
 
 
 def test_work_counts_only_the_extensions_own_functions(tmp_path):

@@ -125,6 +125,30 @@ print("ok")
 """
 
 
+def test_pool_record_of_the_last_batch(model_dir, texts):
+    """The pool's record of its last batch (what bench_tokenizer.py --idle-gaps reports): a new record
+    for each batch that went to the pool and none for one that did not; the workers ran some of a
+    large batch's tasks (each batch here takes milliseconds on one thread), and a worker start time is
+    given exactly when they ran any."""
+    serial = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1)
+    serial(texts)
+    assert serial._core.pool_last_run() == {"runs": 0, "tasks": 0, "worker_tasks": 0, "worker_start_us": None}
+    tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
+    records = []
+    for i in range(5):
+        want = serial([f"{i} {t}" for t in texts])["input_ids"]
+        assert tok([f"{i} {t}" for t in texts])["input_ids"] == want
+        records.append(tok._core.pool_last_run())
+    assert [r["runs"] for r in records] == [1, 2, 3, 4, 5]
+    tok(texts[:1])  # one text: no pool
+    assert tok._core.pool_last_run()["runs"] == 5
+    for r in records:
+        assert r["tasks"] >= 2 and 0 <= r["worker_tasks"] <= r["tasks"]
+        assert (r["worker_start_us"] is None) == (r["worker_tasks"] == 0)
+        assert r["worker_start_us"] is None or 0 <= r["worker_start_us"] < 60e6
+    assert any(r["worker_tasks"] for r in records), f"the worker ran no task of five batches: {records}"
+
+
 def test_pool_woken_for_a_batch_that_never_comes(model_dir):
     """The pool's worker is started while a large batch's inputs are read; a call that fails before
     the batch reaches the pool leaves it spinning for nothing. Later calls, and a fork, still work

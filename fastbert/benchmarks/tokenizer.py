@@ -552,7 +552,10 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
     One row per text, path, gap and count, with the median ms per call, MB/s and "vs 1 thread" (the first
     count's median over this one's, same gap). A thread pool gains only while its cores are running: a
     core that idled (here: a virtual CPU that its host put to sleep) takes time to run again, and that
-    falls on the worker that the call wakes."""
+    falls on the worker that the call wakes. Rows of more than one thread show it: "worker tasks" (the
+    share of the batches' tasks that the pool's workers ran; the calling thread ran the rest) and
+    "worker start ms" (median time from the start of a batch's tasks to a worker's first one, over the
+    calls where a worker ran any; None when none did)."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         texts = default_texts(quick=quick, smoke=smoke)
@@ -572,30 +575,49 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
             for gap in gaps_ms:
                 say(f"{text_name}: {path}, idle gap {gap} ms, threads {threads}")
                 seconds = {n: [] for n in threads}
+                pool_runs = {n: [] for n in threads}  # the pool's record of each call that used it
                 for _ in range(repeats):
                     texts_now = unseen(docs, next(tags))
                     for n, p in peers.items():
                         p.clear_cache()
                         if gap:
                             time.sleep(gap / 1e3)
+                        runs_before = p.tok._core.pool_last_run()["runs"]
                         start = time.perf_counter()
                         getattr(p, method)(texts_now)
                         seconds[n].append(time.perf_counter() - start)
+                        record = p.tok._core.pool_last_run()
+                        if record["runs"] != runs_before:
+                            pool_runs[n].append(record)
                 nbytes = corpus.total_bytes(texts_now)
                 first = statistics.median(seconds[threads[0]])
                 for n in threads:
                     median = statistics.median(seconds[n])
                     rows.append({"name": "fastbert", "text": text_name, "path": path, "idle gap ms": gap,
                                  "threads": n, "ms per call": 1e3 * median, "MB/s": nbytes / median / 1e6,
-                                 "vs 1 thread": first / median, "repeats": repeats, **common})
+                                 "vs 1 thread": first / median, "repeats": repeats,
+                                 **_worker_figures(pool_runs[n]), **common})
     return rows
+
+
+def _worker_figures(records: list[dict]) -> dict:
+    """idle_gaps' worker columns from the pool's records of a row's calls (none: the calls ran on the
+    calling thread alone, as one thread does)."""
+    if not records:
+        return {"worker tasks": None, "worker start ms": None}
+    starts = [r["worker_start_us"] / 1e3 for r in records if r["worker_start_us"] is not None]
+    return {"worker tasks": sum(r["worker_tasks"] for r in records) / sum(r["tasks"] for r in records),
+            "worker start ms": statistics.median(starts) if starts else None}
 
 
 def format_idle_gaps(rows: list[dict]) -> str:
     """Plain-text table of idle_gaps' rows."""
-    head = f"{'text':<13}{'path':<10}{'idle gap':>9}{'thr':>4}{'ms/call':>9}{'MB/s':>9}{'vs 1 thread':>13}"
+    head = (f"{'text':<13}{'path':<10}{'idle gap':>9}{'thr':>4}{'ms/call':>9}{'MB/s':>9}{'vs 1 thread':>13}"
+            f"{'worker tasks':>14}{'worker start':>14}")
     lines = [head, "-" * len(head)]
     for r in rows:
+        share = f"{r['worker tasks']:.0%}" if r.get("worker tasks") is not None else "-"
+        start = f"{r['worker start ms']:.3f} ms" if r.get("worker start ms") is not None else "-"
         lines.append(f"{r['text']:<13}{r['path']:<10}{r['idle gap ms']:>6} ms{r['threads']:>4}{r['ms per call']:>9.2f}"
-                     f"{r['MB/s']:>9.1f}{r['vs 1 thread']:>12.2f}x")
+                     f"{r['MB/s']:>9.1f}{r['vs 1 thread']:>12.2f}x{share:>14}{start:>14}")
     return "\n".join(lines)
