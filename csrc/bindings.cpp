@@ -491,6 +491,8 @@ class PyTokenizer {
         po.attention = mk(o.attention_mask, keys_.attention_mask);
         po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
         po.offsets = mk(o.offsets, keys_.offset_mapping, true);
+        const size_t arrays = 1 + o.type_ids + o.attention_mask + o.special_tokens_mask + 2 * o.offsets;
+        po.stream = rows * width * arrays * sizeof(int64_t) >= kStreamBytes;
         return po;
     }
 

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <string>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace fastbert {
 
 namespace {
@@ -11,13 +15,51 @@ namespace {
 // rows x width x 8 bytes) the allocation could never succeed
 constexpr size_t kMaxCells = size_t{1} << 40;
 
+template <bool Stream>
+inline void store(int64_t* d, int64_t v) {
+#if defined(__x86_64__)
+    if constexpr (Stream) {
+        _mm_stream_si64(reinterpret_cast<long long*>(d), v);
+        return;
+    }
+#endif
+    *d = v;
+}
+
 // One padded row: pad before (left padding), the values, pad after; each element written once
 // (filling the row first and then overwriting it doubled the stores to an output of many MB).
-template <class V>
+template <bool Stream, class V>
 inline void pad_row(int64_t* d, size_t width, size_t lo, size_t len, int64_t pad, V value) {
-    std::fill(d, d + lo, pad);
-    for (size_t t = 0; t < len; ++t) d[lo + t] = static_cast<int64_t>(value(t));
-    std::fill(d + lo + len, d + width, pad);
+    for (size_t t = 0; t < lo; ++t) store<Stream>(d + t, pad);
+    for (size_t t = 0; t < len; ++t) store<Stream>(d + lo + t, static_cast<int64_t>(value(t)));
+    for (size_t t = lo + len; t < width; ++t) store<Stream>(d + t, pad);
+}
+
+template <bool Stream>
+void fill_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out) {
+    for (size_t r = 0; r < rs.rows(); ++r) {
+        const size_t len = rs.len(r), s0 = rs.start[r];
+        if (len > W) continue;
+        const size_t lo = o.pad_left ? W - len : 0;  // first real position
+        const size_t base = (row0 + r) * W;
+        if (out.ids) {
+            const int32_t* v = rs.ids.data() + s0;
+            pad_row<Stream>(out.ids + base, W, lo, len, o.pad_id, [v](size_t t) { return v[t]; });
+        }
+        if (out.type_ids) {
+            const uint8_t* v = rs.type_ids.data() + s0;
+            pad_row<Stream>(out.type_ids + base, W, lo, len, 0, [v](size_t t) { return v[t]; });
+        }
+        if (out.attention) pad_row<Stream>(out.attention + base, W, lo, len, 0, [](size_t) { return 1; });
+        if (out.special) {
+            const uint8_t* v = rs.special.data() + s0;
+            pad_row<Stream>(out.special + base, W, lo, len, 1, [v](size_t t) { return v[t]; });
+        }
+        if (out.offsets) {
+            const uint32_t* v = rs.offsets.data() + 2 * s0;
+            pad_row<Stream>(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
+        }
+    }
 }
 
 }  // namespace
@@ -66,29 +108,14 @@ void check_cells(size_t rows, size_t width) {
 }
 
 void fill_padded_rows(const Rows& rs, size_t row0, size_t W, const EncodeOptions& o, const PadOut& out) {
-    for (size_t r = 0; r < rs.rows(); ++r) {
-        const size_t len = rs.len(r), s0 = rs.start[r];
-        if (len > W) continue;
-        const size_t lo = o.pad_left ? W - len : 0;  // first real position
-        const size_t base = (row0 + r) * W;
-        if (out.ids) {
-            const int32_t* v = rs.ids.data() + s0;
-            pad_row(out.ids + base, W, lo, len, o.pad_id, [v](size_t t) { return v[t]; });
-        }
-        if (out.type_ids) {
-            const uint8_t* v = rs.type_ids.data() + s0;
-            pad_row(out.type_ids + base, W, lo, len, 0, [v](size_t t) { return v[t]; });
-        }
-        if (out.attention) pad_row(out.attention + base, W, lo, len, 0, [](size_t) { return 1; });
-        if (out.special) {
-            const uint8_t* v = rs.special.data() + s0;
-            pad_row(out.special + base, W, lo, len, 1, [v](size_t t) { return v[t]; });
-        }
-        if (out.offsets) {
-            const uint32_t* v = rs.offsets.data() + 2 * s0;
-            pad_row(out.offsets + 2 * base, 2 * W, 2 * lo, 2 * len, 0, [v](size_t t) { return v[t]; });
-        }
+    if (!out.stream) {
+        fill_rows<false>(rs, row0, W, o, out);
+        return;
     }
+    fill_rows<true>(rs, row0, W, o, out);
+#if defined(__x86_64__)
+    _mm_sfence();  // streamed stores are weakly ordered: seen by any thread before this task counts as done
+#endif
 }
 
 void fill_padded(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const PadOut& out,

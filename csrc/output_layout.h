@@ -45,7 +45,13 @@ struct PadOut {
     int64_t* attention = nullptr;
     int64_t* special = nullptr;
     int64_t* offsets = nullptr;
+    // Written past the CPU caches (non-temporal stores, x86-64): for outputs too large to stay in a
+    // core's cache anyway, whose stores would otherwise evict the vocabulary and word caches that the
+    // threads still encoding need (see kStreamBytes).
+    bool stream = false;
 };
+// Padded outputs of at least this many bytes in all are streamed (PadOut::stream): a core's L2.
+constexpr size_t kStreamBytes = size_t{1} << 20;
 void fill_padded(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const PadOut& out,
                  const ParallelFor& run);
 // One chunk's rows as output rows row0, row0 + 1, ... of width W; a row longer than W is left

@@ -756,6 +756,21 @@ def test_padded_arrays_filled_while_encoding(vocab_dir, kw, pairs):
             assert want["input_ids"].shape[0] == len(texts)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kw", [
+    dict(padding="max_length", truncation=True, max_length=128),  # filled while encoding
+    dict(padding="longest", truncation=True, max_length=96, padding_side="left", **ALL_FIELDS),  # after it
+])
+def test_large_padded_arrays_match_hf(vocab_dir, threads, kw):
+    """Padded arrays of several MB are written past the CPU caches (non-temporal stores, from 1 MB in
+    all): every value still arrives, on one thread and on the pool, in both places that fill them."""
+    _, hf = pair(vocab_dir)
+    fb = fastbert.BertTokenizer.from_pretrained(vocab_dir, num_threads=threads)
+    texts = [t[:400] for t in corpus.english_lines(300_000) + corpus.multilingual_texts(200_000)]
+    want = check_call(fb, hf, texts, return_tensors="np", **kw)
+    assert sum(a.nbytes for a in want.values()) > 4 << 20, "the arrays are smaller than meant"
+
+
 def test_repeated_texts_cut_then_longer(vocab_dir):
     """Whole texts seen again (where a text cache may answer) after a call that truncated them: a
     later call with a longer limit, or none, must get the rest too; also texts split by an added
