@@ -509,7 +509,12 @@ class PyTokenizer {
     // The thread pool's last batch: {"runs", "tasks", "worker_tasks", "worker_start_us"} (see
     // ThreadPool::LastRun; worker_start_us None when the calling thread ran every task).
     py::dict pool_last_run() {
-        const ThreadPool::LastRun r = tok_->last_pool_run();
+        ThreadPool::LastRun r;
+        {
+            // the pool's lock may be held by a batch on another thread that waits for the GIL
+            py::gil_scoped_release release;
+            r = tok_->last_pool_run();
+        }
         py::dict d;
         d["runs"] = r.runs;
         d["tasks"] = r.tasks;

@@ -149,6 +149,37 @@ def test_pool_record_of_the_last_batch(model_dir, texts):
     assert any(r["worker_tasks"] for r in records), f"the worker ran no task of five batches: {records}"
 
 
+RECORD_CHILD = """
+import sys, threading
+import fastbert
+from fastbert.benchmarks import corpus
+
+tok = fastbert.BertTokenizer.from_pretrained(sys.argv[1], num_threads=2)
+lines = corpus.english_lines(200_000)
+done = threading.Event()
+
+def encode():
+    for i in range(30):  # lists: the batch takes the GIL back for each chunk while it holds the pool
+        tok([f"{i} {t}" for t in lines])
+    done.set()
+
+t = threading.Thread(target=encode)
+t.start()
+reads = 0
+while not done.is_set():
+    tok._core.pool_last_run()
+    reads += 1
+t.join()
+print("ok", reads)
+"""
+
+
+def test_pool_record_read_while_a_batch_runs(model_dir):
+    """Reading the pool's record from one thread while another thread's batch holds the pool and waits
+    for the GIL to build its lists: both go on (in a child, so a deadlock fails the test)."""
+    assert _run_child(RECORD_CHILD.replace("sys.argv[1]", repr(str(model_dir))), timeout=90).startswith("ok")
+
+
 def test_pool_woken_for_a_batch_that_never_comes(model_dir):
     """The pool's worker is started while a large batch's inputs are read; a call that fails before
     the batch reaches the pool leaves it spinning for nothing. Later calls, and a fork, still work
