@@ -337,7 +337,9 @@ def _reps(quick: bool, smoke: bool) -> dict:
         # fastbert 2-4 ms, so up to seven (the earlier setting) were some 20 ms of measurement, and
         # one burst of load on this kind of shared machine moved the median by 10-20%.
         return dict(min_repeats=15, min_seconds=0.0, max_repeats=15)
-    return dict(min_repeats=5, min_seconds=2.0, max_repeats=25)
+    # as many rounds for every tokenizer (a fast one given more rounds than the slow ones would time
+    # its later calls right after each other's, on warmer caches than the calls between the peers')
+    return dict(min_repeats=10, min_seconds=0.0, max_repeats=10)
 
 
 def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *, smoke=False,
