@@ -477,12 +477,14 @@ class PyTokenizer {
             PyErr_SetString(PyExc_MemoryError, e.what());
             throw py::error_already_set();
         }
+        size_t bytes = 0;
         auto mk = [&](bool want, const py::str& key, bool pairs2 = false) -> int64_t* {
             if (!want) return nullptr;
             std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(width)};
             if (pairs2) shape.push_back(2);
             py::array_t<int64_t> a = pooled_array(pool_, shape);
             out[key] = a;
+            bytes += static_cast<size_t>(a.nbytes());
             return a.mutable_data();
         };
         PadOut po;
@@ -491,8 +493,7 @@ class PyTokenizer {
         po.attention = mk(o.attention_mask, keys_.attention_mask);
         po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
         po.offsets = mk(o.offsets, keys_.offset_mapping, true);
-        const size_t arrays = 1 + o.type_ids + o.attention_mask + o.special_tokens_mask + 2 * o.offsets;
-        po.stream = rows * width * arrays * sizeof(int64_t) >= kStreamBytes;
+        po.stream = bytes >= kStreamBytes;
         return po;
     }
 

@@ -21,7 +21,7 @@ def test_rounds_are_new_text_and_the_same_for_every_tokenizer():
     seen, cleared = {}, []
     calls = {name: (_recorder(seen, name), lambda name=name: cleared.append(name)) for name in ("a", "b")}
     rounds = tb.Rounds(DOCS, itertools.count(1))
-    result = tb.time_interleaved(calls, rounds, min_repeats=3, min_seconds=0.0, max_repeats=3)
+    result = tb.time_interleaved(calls, rounds, repeats=3)
     for name in calls:
         _, first, *timed = seen[name]  # the primer, the first pass, then the timed rounds
         texts = [t for call in [first, *timed] for t in call]

@@ -265,17 +265,18 @@ def primer(docs: list[str]) -> list[str]:
     return [" ".join(word[::-1] for word in doc.split()) for doc in docs]
 
 
-def time_interleaved(calls, rounds, min_repeats=3, min_seconds=1.0, max_repeats=20):
+def time_interleaved(calls, rounds, repeats=3):
     """Median seconds of each ``fn(rounds(r))`` in ``calls`` ({name: (fn, before)}), timed in rounds that
     take every tokenizer in turn, so that load from elsewhere on the machine falls on all of them alike.
 
     Each first encodes ``primer`` of round 0's texts and then, timed once, round 0's texts: the first
-    pass of a tokenizer that has met as much text but none of these words. Then at
-    least ``min_repeats`` timed rounds (1, 2, ...), more (up to ``max_repeats``) until they add up to
-    ``min_seconds``. ``before`` runs outside the timed region ahead of each call (cache clearing, thread
-    settings). Returns {name: (median, repeats, round 1's output, first-pass seconds)} or
-    {name: exception} for a tokenizer that raised. The order rotates each round; with EVICT every timed
-    call also starts on evicted CPU caches (evict_cpu_caches)."""
+    pass of a tokenizer that has met as much text but none of these words. Then ``repeats`` timed
+    rounds (1, 2, ...), every tokenizer in each (a fast one given more rounds than the slow ones would
+    time its later calls right after each other's, on warmer caches than the calls between the peers').
+    ``before`` runs outside the timed region ahead of each call (cache clearing, thread settings).
+    Returns {name: (median, repeats, round 1's output, first-pass seconds)} or {name: exception} for a
+    tokenizer that raised. The order rotates each round; with EVICT every timed call also starts on
+    evicted CPU caches (evict_cpu_caches)."""
     times = {name: [] for name in calls}
     outs, first, failed = {}, {}, {}
 
@@ -300,22 +301,18 @@ def time_interleaved(calls, rounds, min_repeats=3, min_seconds=1.0, max_repeats=
         except Exception as exc:
             failed[name] = exc
 
-    def wants_more(name):
-        t = times[name]
-        return name not in failed and (len(t) < min_repeats or (sum(t) < min_seconds and len(t) < max_repeats))
-
     order = list(calls)
-    while any(wants_more(name) for name in calls):
+    for r in range(1, repeats + 1):
         # a different first tokenizer each round, so none always runs right after the same one
         # (after BertTokenizerFast's large working set, the CPU caches are cold)
         order = order[1:] + order[:1]
         for name in order:
-            if not wants_more(name):
+            if name in failed:
                 continue
             try:
-                seconds, out = timed(name, len(times[name]) + 1)
+                seconds, out = timed(name, r)
                 times[name].append(seconds)
-                if len(times[name]) == 1:
+                if r == 1:
                     outs[name] = out
             except Exception as exc:
                 failed[name] = exc
@@ -330,16 +327,10 @@ def resolve_threads(threads) -> list[int]:
 
 
 def _reps(quick: bool, smoke: bool) -> dict:
-    if smoke:
-        return dict(min_repeats=1, min_seconds=0.0, max_repeats=1)
-    if quick:
-        # Fifteen rounds for every tokenizer, each taking all of them in turn: a call of 200 KB takes
-        # fastbert 2-4 ms, so up to seven (the earlier setting) were some 20 ms of measurement, and
-        # one burst of load on this kind of shared machine moved the median by 10-20%.
-        return dict(min_repeats=15, min_seconds=0.0, max_repeats=15)
-    # as many rounds for every tokenizer (a fast one given more rounds than the slow ones would time
-    # its later calls right after each other's, on warmer caches than the calls between the peers')
-    return dict(min_repeats=10, min_seconds=0.0, max_repeats=10)
+    # Quick: a call of 200 KB takes fastbert 2-4 ms, so the 3-7 rounds of earlier versions were some
+    # 20 ms of measurement, and one burst of load on this kind of shared machine moved the median by
+    # 10-20%. Every tokenizer gets the same rounds (time_interleaved).
+    return dict(repeats=1 if smoke else 15 if quick else 10)
 
 
 def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *, smoke=False,
