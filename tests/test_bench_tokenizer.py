@@ -35,6 +35,30 @@ def test_rounds_are_new_text_and_the_same_for_every_tokenizer():
     assert seen["a"][1:] == seen["b"][1:]  # same texts, round by round
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_round_orders_put_every_tokenizer_after_every_other_equally_often(n):
+    names = [f"t{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = tb.round_orders(names, 2 * cycle)
+    assert len(orders) == 2 * cycle and all(sorted(o) == names for o in orders)
+    firsts = [o[0] for o in orders]
+    after = {(a, b): 0 for a in names for b in names if a != b}
+    for o in orders:
+        for a, b in zip(o, o[1:]):
+            after[a, b] += 1
+    assert len(set(firsts.count(x) for x in names)) == 1, firsts
+    # each ordered pair adjacent the same number of times (rotating one order repeats the same n pairs)
+    assert len(set(after.values())) <= 1, after
+
+
+def test_time_interleaved_takes_the_round_orders():
+    calls_in_order = []
+    calls = {name: ((lambda texts, name=name: calls_in_order.append(name)), None) for name in "abcd"}
+    tb.time_interleaved(calls, tb.Rounds(DOCS, itertools.count(1)), repeats=4)
+    timed = calls_in_order[8:]  # after each one's primer and first pass
+    assert [timed[i:i + 4] for i in range(0, 16, 4)] == tb.round_orders(list("abcd"), 4)
+
+
 def test_tags_never_repeat_across_cases_of_a_run():
     tags = itertools.count(1)
     a, b = tb.Rounds(DOCS, tags), tb.Rounds(DOCS, tags)

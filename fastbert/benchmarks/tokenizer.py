@@ -265,6 +265,28 @@ def primer(docs: list[str]) -> list[str]:
     return [" ".join(word[::-1] for word in doc.split()) for doc in docs]
 
 
+def round_orders(names: list, rounds: int) -> list[list]:
+    """The order of ``names`` in each of ``rounds`` rounds: rows of a balanced Latin square (Williams
+    design), so every name comes first equally often and right after each other name equally often.
+
+    What a call finds in the CPU caches depends on the call before it: after BertTokenizerFast's large
+    working set they are cold, and right after a tokenizer that read the same texts, the texts are warm.
+    Rotating one order keeps every name after the same one round after round (the first rotated to the
+    end still follows the last). The design repeats after len(names) rounds, 2 * len(names) when odd."""
+    n = len(names)
+    first, low, high = [0], 1, n - 1
+    while low <= high:  # 0, 1, n-1, 2, n-2, ...: the steps between neighbours are all different mod n
+        first.append(low)
+        low += 1
+        if low <= high:
+            first.append(high)
+            high -= 1
+    square = [[names[(i + shift) % n] for i in first] for shift in range(n)]
+    if n % 2:  # odd n: the mirrored rows give each ordered pair its second half
+        square += [row[::-1] for row in square]
+    return [square[r % len(square)] for r in range(rounds)] if n else [[] for _ in range(rounds)]
+
+
 def time_interleaved(calls, rounds, repeats=3):
     """Median seconds of each ``fn(rounds(r))`` in ``calls`` ({name: (fn, before)}), timed in rounds that
     take every tokenizer in turn, so that load from elsewhere on the machine falls on all of them alike.
@@ -275,8 +297,8 @@ def time_interleaved(calls, rounds, repeats=3):
     time its later calls right after each other's, on warmer caches than the calls between the peers').
     ``before`` runs outside the timed region ahead of each call (cache clearing, thread settings).
     Returns {name: (median, repeats, round 1's output, first-pass seconds)} or {name: exception} for a
-    tokenizer that raised. The order rotates each round; with EVICT every timed call also starts on
-    evicted CPU caches (evict_cpu_caches)."""
+    tokenizer that raised. Each round takes them in the order round_orders gives (each one after every
+    other equally often); with EVICT every timed call also starts on evicted CPU caches (evict_cpu_caches)."""
     times = {name: [] for name in calls}
     outs, first, failed = {}, {}, {}
 
@@ -301,11 +323,7 @@ def time_interleaved(calls, rounds, repeats=3):
         except Exception as exc:
             failed[name] = exc
 
-    order = list(calls)
-    for r in range(1, repeats + 1):
-        # a different first tokenizer each round, so none always runs right after the same one
-        # (after BertTokenizerFast's large working set, the CPU caches are cold)
-        order = order[1:] + order[:1]
+    for r, order in enumerate(round_orders(list(calls), repeats), start=1):
         for name in order:
             if name in failed:
                 continue
@@ -329,8 +347,9 @@ def resolve_threads(threads) -> list[int]:
 def _reps(quick: bool, smoke: bool) -> dict:
     # Quick: a call of 200 KB takes fastbert 2-4 ms, so the 3-7 rounds of earlier versions were some
     # 20 ms of measurement, and one burst of load on this kind of shared machine moved the median by
-    # 10-20%. Every tokenizer gets the same rounds (time_interleaved).
-    return dict(repeats=1 if smoke else 15 if quick else 10)
+    # 10-20%. Every tokenizer gets the same rounds (time_interleaved), a whole number of times through
+    # the orders of round_orders for the four peers.
+    return dict(repeats=1 if smoke else 16 if quick else 12)
 
 
 def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *, smoke=False,

@@ -5,12 +5,13 @@ Two calls, each against the peers that have it:
                   Tokenizer.encode(text).ids, BertTokenizerFast.encode;
   "model inputs"  the dict a model takes (input_ids, token_type_ids, attention_mask):
                   fastbert(text), BertTokenizerFast(text).
-Each round calls every peer once on every sentence, in turn (the order rotates from round to round),
-after clearing its caches, on the sentences under a tag no earlier round or call used (a number and a
-space before each, built before timing; tokenizer.Rounds): every text is new to every tokenizer, so no
-whole-text or word cache answers from an earlier round. The figure is the median over rounds of
-(round time / sentences), in microseconds per call; calls/s is its inverse. Every output is compared
-with BertTokenizerFast's ids for the same sentences, on the untimed first round (round 0).
+Each round calls every peer once on every sentence, in turn (in the orders of tokenizer.round_orders,
+each peer right after every other equally often), after clearing its caches, on the sentences under a
+tag no earlier round or call used (a number and a space before each, built before timing;
+tokenizer.Rounds): every text is new to every tokenizer, so no whole-text or word cache answers from
+an earlier round. The figure is the median over rounds of (round time / sentences), in microseconds
+per call; calls/s is its inverse. Every output is compared with BertTokenizerFast's ids for the same
+sentences, on the untimed first round (round 0).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import time
 
 from fastbert.benchmarks import corpus
 from fastbert.benchmarks.tokenizer import (REFERENCE, FastbertPeer, NanotokenPeer, Rounds, TokenizersPeer,
-                                           TransformersPeer, device, versions)
+                                           TransformersPeer, device, round_orders, versions)
 
 CALLS = ("ids", "model inputs")
 
@@ -47,7 +48,7 @@ def run(model_dir, quick=False, smoke=False, progress=None, texts=None, **_) -> 
     """One row per (call, tokenizer): us/call, calls/s, MB/s and whether the ids equal BertTokenizerFast's."""
     say = progress or (lambda message: None)
     docs = list(texts) if isinstance(texts, list) else sentences(40 if smoke else 500 if quick else 2000)
-    rounds = 1 if smoke else 5 if quick else 9
+    rounds = 1 if smoke else 8 if quick else 12  # whole cycles of round_orders for 4 peers
     say(f"one text per call: {len(docs)} sentences, reference ({REFERENCE})")
     peers = {}
     for cls in (FastbertPeer, NanotokenPeer, TokenizersPeer, TransformersPeer):
@@ -71,10 +72,8 @@ def run(model_dir, quick=False, smoke=False, progress=None, texts=None, **_) -> 
             peers[name].clear_cache()
             outputs[name] = [list(map(int, fn(text))) for text in texts(0)]
         times = {name: [] for name in fns}
-        order = list(fns)
-        for r in range(1, rounds + 1):
+        for r, order in enumerate(round_orders(list(fns), rounds), start=1):
             say(f"one text per call, {call}: round {r}/{rounds}")
-            order = order[1:] + order[:1]
             round_texts = texts(r)
             for name in order:
                 peers[name].before_repeat()
