@@ -7,6 +7,8 @@
                                                             # "vs 1 thread" per text and path (+ JSON)
     python bench/bench_tokenizer.py --idle-gaps 0,1,3,10,30,100 --threads 1,2  # the same, each call after
                                                             # the machine idled that many ms (+ JSON)
+    python bench/bench_tokenizer.py --after BertTokenizerFast --idle-gaps 0 --threads 1,2  # each call right
+                                                            # after that peer's call on other text (+ JSON)
     python bench/bench_tokenizer.py --work [ids,padded128] [--threads 1,2]  # instructions per batch at
                                                             # each count, under valgrind (+ JSON)
 
@@ -126,15 +128,20 @@ def main(argv=None) -> int:
     parser.add_argument("--idle-gaps", metavar="MS,...",
                         help="fastbert alone at each --threads count, each call after the machine idled this "
                              "many ms (e.g. 0,1,3,10,30,100): what an idle core costs a thread pool")
+    parser.add_argument("--after", metavar="PEER,...",
+                        help="like --idle-gaps, each call right after one of these peers' calls on other new text "
+                             "(nanotoken, tokenizers, BertTokenizerFast; serial for 1 thread, parallel for more): "
+                             "what another library's work costs the next call")
     parser.add_argument("--work", nargs="?", const="padded128", metavar="PATH,...",
                         help="instructions per batch at each --threads count, counted under valgrind, for these "
                              "paths (ids, padded128; default padded128)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
     args = parser.parse_args(argv)
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
-    if args.idle_gaps:
-        gaps = tuple(float(g) if "." in g else int(g) for g in args.idle_gaps.split(","))
-        rows = tb.idle_gaps(model_dir(), gaps_ms=gaps, threads=threads, quick=args.quick, progress=say)
+    if args.idle_gaps or args.after:
+        gaps = tuple(float(g) if "." in g else int(g) for g in args.idle_gaps.split(",")) if args.idle_gaps else ()
+        after = tuple(args.after.split(",")) if args.after else ()
+        rows = tb.idle_gaps(model_dir(), gaps_ms=gaps, threads=threads, quick=args.quick, progress=say, after=after)
         print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
         print(tb.format_idle_gaps(rows))
         print(f"JSON: {write_json(args.out, f'tokenizer-idle-gaps-{stamp(rows)}.json', rows)}")

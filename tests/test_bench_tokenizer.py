@@ -100,8 +100,8 @@ def test_idle_gap_rows(model_dir):
     """bench_tokenizer.py --idle-gaps: a row per text, path, gap and thread count, the first count's
     "vs 1 thread" exactly 1, every call timed after its gap (a call cannot take less than nothing)."""
     rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(0, 5), threads=(1, 2), smoke=True)
-    assert [(r["path"], r["idle gap ms"], r["threads"]) for r in rows] == \
-        [(p, g, n) for p in tb.PATHS for g in (0, 5) for n in (1, 2)]
+    assert [(r["path"], r["idle gap ms"], r["before"], r["threads"]) for r in rows] == \
+        [(p, g, f"idle {g} ms", n) for p in tb.PATHS for g in (0, 5) for n in (1, 2)]
     assert all(r["MB/s"] > 0 and r["ms per call"] > 0 for r in rows)
     assert all(r["vs 1 thread"] == 1.0 for r in rows if r["threads"] == 1)
     # one thread never uses the pool; on two the record of every call is there
@@ -109,6 +109,36 @@ def test_idle_gap_rows(model_dir):
     assert all(0 <= r["worker tasks"] <= 1 for r in rows if r["threads"] == 2)
     assert all(r["worker start ms"] is None or r["worker start ms"] >= 0 for r in rows)
     assert "worker start" in tb.format_idle_gaps(rows).splitlines()[0]
+
+
+def test_rows_after_a_peer_time_each_call_right_after_that_peers_call(model_dir, monkeypatch):
+    """bench_tokenizer.py --after: before every timed fastbert call, the named peer (at the same thread
+    count) encodes other new text; an unknown peer is refused by name."""
+    events = []
+
+    def recording(cls, method):
+        original = getattr(cls, method)
+
+        def call(self, texts):
+            events.append((cls.name, self.threads, texts[0]))
+            return original(self, texts)
+        monkeypatch.setattr(cls, method, call)
+
+    for cls in (tb.FastbertPeer, tb.TokenizersPeer):
+        for method in tb.PATHS.values():
+            recording(cls, method)
+    rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
+                        after=("tokenizers",))
+    assert [(r["path"], r["before"], r["idle gap ms"], r["threads"]) for r in rows] == \
+        [(p, "tokenizers", None, n) for p in tb.PATHS for n in (1, 2)]
+    assert all(r["MB/s"] > 0 for r in rows) and "tokenizers" in tb.format_idle_gaps(rows)
+    timed = [i for i, e in enumerate(events) if e[0] == "fastbert" and i > 0 and events[i - 1][0] == "tokenizers"]
+    assert len(timed) == len(rows)  # every timed call came right after the peer's
+    for i in timed:
+        assert events[i - 1][1] == events[i][1]  # the peer at the same thread count
+        assert events[i - 1][2] != events[i][2]  # on other text
+    with pytest.raises(ValueError, match="nope"):
+        tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("nope",))
 
 
 def test_work_counts_only_the_extensions_own_functions(tmp_path):

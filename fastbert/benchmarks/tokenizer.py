@@ -561,7 +561,7 @@ def format_scaling(rows: list[dict]) -> str:
 
 
 def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1, 2), quick=False, progress=None,
-              *, smoke=False) -> list[dict]:
+              *, smoke=False, after=()) -> list[dict]:
     """fastbert at each thread count when every call comes after the machine idled for a while: for each
     gap, rounds of (sleep the gap, then one call) for each count in turn, on text new to it every round.
     One row per text, path, gap and count, with the median ms per call, MB/s and "vs 1 thread" (the first
@@ -570,7 +570,12 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
     falls on the worker that the call wakes. Rows of more than one thread show it: "worker tasks" (the
     share of the batches' tasks that the pool's workers ran; the calling thread ran the rest) and
     "worker start ms" (median time from the start of a batch's tasks to a worker's first one, over the
-    calls where a worker ran any; None when none did)."""
+    calls where a worker ran any; None when none did).
+
+    after: names of peers (PEERS) whose call on as much other new text comes right before each timed
+    call instead of a gap, as in the peers' table: with fastbert's thread count (1: serial; more: the
+    peer's own parallel mode). Their rows have "before" set to the peer's name and no "idle gap ms";
+    they show what another library's work costs the next call (CPU caches, TLB, cores)."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         texts = default_texts(quick=quick, smoke=smoke)
@@ -578,25 +583,37 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
             texts = {"english": texts["english"]}
     repeats = 1 if smoke else 7 if quick else 15
     threads = resolve_threads(threads)
+    by_name = {cls.name: cls for cls in PEERS}
+    unknown = [name for name in after if name not in by_name]
+    if unknown:
+        raise ValueError(f"after: unknown peer(s) {unknown}; the peers are {list(by_name)}")
     tags = itertools.count(1)
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     peers = {n: FastbertPeer(model_dir, n) for n in threads}
+    before_peers = {name: {n: by_name[name](model_dir, n) for n in threads} for name in after}
+    conditions = [(f"idle {gap} ms", gap, None) for gap in gaps_ms] + [(name, None, name) for name in after]
     rows = []
     for text_name, docs in texts.items():
         for path, method in PATHS.items():
             for p in peers.values():
                 getattr(p, method)(primer(docs))  # threads started, buffers mapped
-            for gap in gaps_ms:
-                say(f"{text_name}: {path}, idle gap {gap} ms, threads {threads}")
+            for label, gap, peer_name in conditions:
+                say(f"{text_name}: {path}, before each call: {label}, threads {threads}")
                 seconds = {n: [] for n in threads}
                 pool_runs = {n: [] for n in threads}  # the pool's record of each call that used it
                 for _ in range(repeats):
                     texts_now = unseen(docs, next(tags))
+                    other = unseen(docs, next(tags)) if peer_name else None
                     for n, p in peers.items():
                         p.clear_cache()
                         if gap:
                             time.sleep(gap / 1e3)
+                        if peer_name:
+                            peer = before_peers[peer_name][n]
+                            peer.before_repeat()
+                            peer.clear_cache()
+                            getattr(peer, method)(other)
                         runs_before = p.tok._core.pool_last_run()["runs"]
                         start = time.perf_counter()
                         getattr(p, method)(texts_now)
@@ -608,9 +625,9 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
                 first = statistics.median(seconds[threads[0]])
                 for n in threads:
                     median = statistics.median(seconds[n])
-                    rows.append({"name": "fastbert", "text": text_name, "path": path, "idle gap ms": gap,
-                                 "threads": n, "ms per call": 1e3 * median, "MB/s": nbytes / median / 1e6,
-                                 "vs 1 thread": first / median, "repeats": repeats,
+                    rows.append({"name": "fastbert", "text": text_name, "path": path, "before": label,
+                                 "idle gap ms": gap, "threads": n, "ms per call": 1e3 * median,
+                                 "MB/s": nbytes / median / 1e6, "vs 1 thread": first / median, "repeats": repeats,
                                  **_worker_figures(pool_runs[n]), **common})
     return rows
 
@@ -627,12 +644,12 @@ def _worker_figures(records: list[dict]) -> dict:
 
 def format_idle_gaps(rows: list[dict]) -> str:
     """Plain-text table of idle_gaps' rows."""
-    head = (f"{'text':<13}{'path':<10}{'idle gap':>9}{'thr':>4}{'ms/call':>9}{'MB/s':>9}{'vs 1 thread':>13}"
-            f"{'worker tasks':>14}{'worker start':>14}")
+    head = (f"{'text':<13}{'path':<10}{'before each call':>19}{'thr':>4}{'ms/call':>9}{'MB/s':>9}"
+            f"{'vs 1 thread':>13}{'worker tasks':>14}{'worker start':>14}")
     lines = [head, "-" * len(head)]
     for r in rows:
         share = f"{r['worker tasks']:.0%}" if r.get("worker tasks") is not None else "-"
         start = f"{r['worker start ms']:.3f} ms" if r.get("worker start ms") is not None else "-"
-        lines.append(f"{r['text']:<13}{r['path']:<10}{r['idle gap ms']:>6} ms{r['threads']:>4}{r['ms per call']:>9.2f}"
+        lines.append(f"{r['text']:<13}{r['path']:<10}{r['before']:>19}{r['threads']:>4}{r['ms per call']:>9.2f}"
                      f"{r['MB/s']:>9.1f}{r['vs 1 thread']:>12.2f}x{share:>14}{start:>14}")
     return "\n".join(lines)
