@@ -59,6 +59,29 @@ def test_time_interleaved_takes_the_round_orders():
     assert [timed[i:i + 4] for i in range(0, 16, 4)] == tb.round_orders(list("abcd"), 4)
 
 
+def test_peers_table_times_every_thread_count_in_the_same_rounds(model_dir):
+    """The "vs 1 thread" of the peers' table compares calls of the same rounds, not two runs made one
+    after the other (on a shared machine the load changes between them)."""
+    calls = []
+
+    class Recording(tb.FastbertPeer):
+        def ids(self, texts):
+            calls.append(("ids", self.threads))
+            return super().ids(texts)
+
+        def padded(self, texts):
+            calls.append(("padded128", self.threads))
+            return super().padded(texts)
+
+    rows = tb.run(model_dir, {"mixed": DOCS * 20}, threads=(1, 2), smoke=True, peers=(Recording,))
+    assert sorted((r["path"], r["threads"]) for r in rows) == sorted((p, n) for p in tb.PATHS for n in (1, 2))
+    assert all(r["ids_match"] for r in rows)
+    first_path = [n for path, n in calls if path == "ids"]
+    # primer, first pass and the timed round of each count, all before the next path's calls
+    assert calls[:len(first_path)] == [("ids", n) for n in first_path] and sorted(set(first_path)) == [1, 2]
+    assert all(r["vs 1 thread"] > 0 for r in rows)
+
+
 def test_tags_never_repeat_across_cases_of_a_run():
     tags = itertools.count(1)
     a, b = tb.Rounds(DOCS, tags), tb.Rounds(DOCS, tags)

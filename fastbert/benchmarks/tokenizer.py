@@ -267,7 +267,8 @@ def primer(docs: list[str]) -> list[str]:
 
 def round_orders(names: list, rounds: int) -> list[list]:
     """The order of ``names`` in each of ``rounds`` rounds: rows of a balanced Latin square (Williams
-    design), so every name comes first equally often and right after each other name equally often.
+    design), so every name comes first equally often and, within the rounds, right after each other name
+    equally often (a round's first call follows the last round's last, which the design does not balance).
 
     What a call finds in the CPU caches depends on the call before it: after BertTokenizerFast's large
     working set they are cold, and right after a tokenizer that read the same texts, the texts are warm.
@@ -347,9 +348,9 @@ def resolve_threads(threads) -> list[int]:
 def _reps(quick: bool, smoke: bool) -> dict:
     # Quick: a call of 200 KB takes fastbert 2-4 ms, so the 3-7 rounds of earlier versions were some
     # 20 ms of measurement, and one burst of load on this kind of shared machine moved the median by
-    # 10-20%. Every tokenizer gets the same rounds (time_interleaved), a whole number of times through
-    # the orders of round_orders for the four peers.
-    return dict(repeats=1 if smoke else 16 if quick else 12)
+    # 10-20%. Every tokenizer at every thread count gets the same rounds (time_interleaved): 16 is a
+    # whole number of times through the orders of round_orders for four peers at one or two counts.
+    return dict(repeats=1 if smoke else 16)
 
 
 def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *, smoke=False,
@@ -359,7 +360,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     texts: None for the default English + multilingual corpora; a list replaces the English
     documents (`fastbert bench` passes corpus.english_lines(), the default); or {name: documents}
     to measure exactly those. threads: 1 = serial; None = all cores
-    (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone).
+    (the rayon peers can only run on 1 thread or on all cores; other counts measure fastbert alone);
+    every tokenizer at every count is timed in the same rounds.
     repeated: also measure each case on one text encoded again every round, caches kept (rows whose
     "text seen" is "repeated"; the headline rows' is "new each round"): True for every thread count,
     or the thread counts to do it at (1 for serial only; None = all cores), False for none."""
@@ -378,56 +380,64 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     tags = itertools.count(1)  # one counter for the whole run: no two calls share a text
     again = set(resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else None
     rows: list[dict] = []
+    counts = resolve_threads(threads)
     for text_name, docs in texts.items():
         say(f"{text_name}: reference output ({REFERENCE})")
         ref_peer = TransformersPeer(model_dir, 1)
         ref_peer.before_repeat()
-        for n_threads in resolve_threads(threads):
-            built = {}
-            base = {"text": text_name, "threads": n_threads, "docs": len(docs), **common}
-            kinds = [("new each round", False)]
-            if repeated is True or (again and n_threads in again):
-                kinds.append(("repeated", True))
+        # every tokenizer at every thread count, timed in the same rounds: "vs 1 thread" then compares
+        # calls made minutes apart on this kind of shared machine no more than any other ratio does
+        built, base = {}, {}
+        for n_threads in counts:
+            base[n_threads] = {"text": text_name, "threads": n_threads, "docs": len(docs), **common}
             for peer_cls in peers:
                 if peer_cls is not FastbertPeer and n_threads not in (1, cores):
                     continue  # rayon pools are sized once per process: 1 thread or all cores only
                 try:
-                    built[peer_cls.name] = peer_cls(model_dir, n_threads)
+                    built[peer_cls.name, n_threads] = peer_cls(model_dir, n_threads)
                 except Exception as exc:  # an unavailable peer is a row with a note, not a crash
-                    rows.extend({**base, "name": peer_cls.name, "path": path, "text seen": seen, "MB/s": None,
-                                 "tokens/s": None, "ids_match": None, "error": f"{type(exc).__name__}: {exc}"}
-                                for path in PATHS for seen, _ in kinds)
-            for seen, keep_caches in kinds:
-                for path, method in PATHS.items():
-                    say(f"{text_name}: {path}, {n_threads} thread(s), {seen}: {', '.join(built)}")
-                    rounds = Rounds(docs, tags, repeated=keep_caches)
-                    reference = getattr(ref_peer, method)(rounds(1))
-                    nbytes = corpus.total_bytes(rounds(1))
+                    rows.extend({**base[n_threads], "name": peer_cls.name, "path": path, "text seen": seen,
+                                 "MB/s": None, "tokens/s": None, "ids_match": None,
+                                 "error": f"{type(exc).__name__}: {exc}"}
+                                for path in PATHS for seen in ("new each round", "repeated")
+                                if seen == "new each round" or repeated is True or (again and n_threads in again))
+        kinds = [("new each round", False, counts)]
+        repeated_counts = counts if repeated is True else [n for n in counts if again and n in again]
+        if repeated_counts:
+            kinds.append(("repeated", True, repeated_counts))
+        for seen, keep_caches, kind_counts in kinds:
+            for path, method in PATHS.items():
+                in_kind = {key: peer for key, peer in built.items() if key[1] in kind_counts}
+                say(f"{text_name}: {path}, {seen}, thread(s) {', '.join(map(str, kind_counts))}: "
+                    f"{', '.join(dict.fromkeys(name for name, _ in in_kind))}")
+                rounds = Rounds(docs, tags, repeated=keep_caches)
+                reference = getattr(ref_peer, method)(rounds(1))
+                nbytes = corpus.total_bytes(rounds(1))
 
-                    def before_for(peer):
-                        def before():
-                            peer.before_repeat()
-                            if not keep_caches:
-                                peer.clear_cache()
-                        return before
+                def before_for(peer):
+                    def before():
+                        peer.before_repeat()
+                        if not keep_caches:
+                            peer.clear_cache()
+                    return before
 
-                    calls = {name: (getattr(peer, method), before_for(peer)) for name, peer in built.items()}
-                    for name, result in time_interleaved(calls, rounds, **reps).items():
-                        row = {**base, "name": name, "path": path, "text seen": seen, "bytes": nbytes}
-                        if isinstance(result, Exception):
-                            rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
-                                         "error": f"{type(result).__name__}: {result}"})
-                            continue
-                        seconds, repeats, out, first_pass = result
-                        match = same_output(path, out, reference)
-                        row.update({"MB/s": nbytes / seconds / 1e6, "tokens/s": count_tokens(path, out) / seconds,
-                                    "ids_match": match, "seconds": seconds, "repeats": repeats,
-                                    "tokens": count_tokens(path, out), "first pass MB/s": nbytes / first_pass / 1e6,
-                                    "vs first pass": first_pass / seconds})
-                        if not match:
-                            row["error"] = "output differs from BertTokenizerFast: " + \
-                                first_difference(path, out, reference, rounds(1))
-                        rows.append(row)
+                calls = {key: (getattr(peer, method), before_for(peer)) for key, peer in in_kind.items()}
+                for (name, n_threads), result in time_interleaved(calls, rounds, **reps).items():
+                    row = {**base[n_threads], "name": name, "path": path, "text seen": seen, "bytes": nbytes}
+                    if isinstance(result, Exception):
+                        rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
+                                     "error": f"{type(result).__name__}: {result}"})
+                        continue
+                    seconds, repeats, out, first_pass = result
+                    match = same_output(path, out, reference)
+                    row.update({"MB/s": nbytes / seconds / 1e6, "tokens/s": count_tokens(path, out) / seconds,
+                                "ids_match": match, "seconds": seconds, "repeats": repeats,
+                                "tokens": count_tokens(path, out), "first pass MB/s": nbytes / first_pass / 1e6,
+                                "vs first pass": first_pass / seconds})
+                    if not match:
+                        row["error"] = "output differs from BertTokenizerFast: " + \
+                            first_difference(path, out, reference, rounds(1))
+                    rows.append(row)
     order = {cls.name: i for i, cls in enumerate(peers)}
     texts_order = {name: i for i, name in enumerate(texts)}
     seen_order = ["new each round", "repeated"]
