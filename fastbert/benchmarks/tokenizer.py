@@ -24,6 +24,7 @@ a faster wrong answer is a failure row (ids_match False).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import itertools
 import os
 import statistics
@@ -76,6 +77,13 @@ class Peer:
 
     def clear_cache(self) -> None:
         """Forget cached words (if the tokenizer has such a cache)."""
+
+    def before_call(self, keep_caches: bool = False) -> None:
+        """What runs outside the timed region before each timed call: before_repeat(), then
+        clear_cache() unless the case keeps the caches (repeated text)."""
+        self.before_repeat()
+        if not keep_caches:
+            self.clear_cache()
 
 
 def _parallel_env(threads: int) -> None:
@@ -378,9 +386,13 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     common = {"device": device(), "versions": versions(), "timestamp": stamp,
               "cpu_caches": "evicted before each call" if EVICT else "not evicted"}
     tags = itertools.count(1)  # one counter for the whole run: no two calls share a text
-    again = set(resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else None
-    rows: list[dict] = []
     counts = resolve_threads(threads)
+    if repeated is True:
+        repeated_counts = counts
+    else:
+        again = set(resolve_threads(repeated)) if isinstance(repeated, (tuple, list)) else set()
+        repeated_counts = [n for n in counts if n in again]
+    rows: list[dict] = []
     for text_name, docs in texts.items():
         say(f"{text_name}: reference output ({REFERENCE})")
         ref_peer = TransformersPeer(model_dir, 1)
@@ -400,9 +412,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
                                  "MB/s": None, "tokens/s": None, "ids_match": None,
                                  "error": f"{type(exc).__name__}: {exc}"}
                                 for path in PATHS for seen in ("new each round", "repeated")
-                                if seen == "new each round" or repeated is True or (again and n_threads in again))
+                                if seen == "new each round" or n_threads in repeated_counts)
         kinds = [("new each round", False, counts)]
-        repeated_counts = counts if repeated is True else [n for n in counts if again and n in again]
         if repeated_counts:
             kinds.append(("repeated", True, repeated_counts))
         for seen, keep_caches, kind_counts in kinds:
@@ -414,14 +425,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
                 reference = getattr(ref_peer, method)(rounds(1))
                 nbytes = corpus.total_bytes(rounds(1))
 
-                def before_for(peer):
-                    def before():
-                        peer.before_repeat()
-                        if not keep_caches:
-                            peer.clear_cache()
-                    return before
-
-                calls = {key: (getattr(peer, method), before_for(peer)) for key, peer in in_kind.items()}
+                calls = {key: (getattr(peer, method), functools.partial(peer.before_call, keep_caches))
+                         for key, peer in in_kind.items()}
                 for (name, n_threads), result in time_interleaved(calls, rounds, **reps).items():
                     row = {**base[n_threads], "name": name, "path": path, "text seen": seen, "bytes": nbytes}
                     if isinstance(result, Exception):
@@ -621,8 +626,7 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
                             time.sleep(gap / 1e3)
                         if peer_name:
                             peer = before_peers[peer_name][n]
-                            peer.before_repeat()
-                            peer.clear_cache()
+                            peer.before_call()
                             getattr(peer, method)(other)
                         runs_before = p.tok._core.pool_last_run()["runs"]
                         start = time.perf_counter()

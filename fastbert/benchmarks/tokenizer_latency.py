@@ -76,8 +76,7 @@ def run(model_dir, quick=False, smoke=False, progress=None, texts=None, **_) -> 
             say(f"one text per call, {call}: round {r}/{rounds}")
             round_texts = texts(r)
             for name in order:
-                peers[name].before_repeat()
-                peers[name].clear_cache()
+                peers[name].before_call()
                 fn = fns[name]
                 start = time.perf_counter()
                 for text in round_texts:
