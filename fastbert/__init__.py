@@ -4,6 +4,7 @@ A C++ WordPiece tokenizer, fused Triton kernels and drop-in Hugging Face-compati
 Public names are imported lazily so `import fastbert` stays cheap.
 """
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,10 @@ _LAZY = {
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
+        # `from fastbert import _C` (or any submodule not imported yet) asks here first; the import
+        # system loads the submodule after an AttributeError, so torch and the models stay unloaded
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
         models = importlib.import_module("fastbert.models")
         if name in getattr(models, "__all__", ()):
             return getattr(models, name)

@@ -1,7 +1,10 @@
 """transformers' tokenizer API beyond encoding, as BertTokenizerFast gives it: add_special_tokens,
 get_added_vocab, added_tokens_decoder, max_len_single_sentence / max_len_sentences_pair,
-BatchEncoding.data, tokenize()'s ignored truncation, and save_pretrained's arguments."""
+BatchEncoding.data, tokenize()'s ignored truncation, and save_pretrained's arguments; and that the
+tokenizer alone loads neither torch nor the models."""
 import os
+import subprocess
+import sys
 
 import pytest
 import transformers
@@ -95,3 +98,17 @@ def test_save_pretrained_arguments(pair, tmp_path):
     with pytest.raises(TypeError, match="commit_message"):
         fb.save_pretrained(tmp_path / "x", commit_message="hi")
     assert not (tmp_path / "x").exists()
+
+
+def test_the_tokenizer_alone_imports_neither_torch_nor_the_models(model_dir):
+    """Found by use: `from fastbert import BertTokenizer` took seconds, as its `from fastbert import _C`
+    went through the package's lazy __getattr__, which imported every model (torch, transformers,
+    the Triton ops) to look for a name `_C` before the import system loaded the submodule."""
+    code = ("import sys; from fastbert import BertTokenizer; "
+            f"tok = BertTokenizer.from_pretrained({model_dir!r}); "
+            "out = tok(['hello world', 'a b'], padding=True, return_tensors='np'); "
+            "assert out['input_ids'].shape == (2, 4), out['input_ids'].shape; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'triton') "
+            "or m.startswith('fastbert.models')]; "
+            "assert not bad, sorted(bad)[:5]")
+    subprocess.run([sys.executable, "-c", code], check=True)
