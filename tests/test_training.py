@@ -494,6 +494,58 @@ def test_trainer_neftune_is_refused_by_name(convert, tmp_path):
         _trainer_losses(model, _rows(hf.config, head, 4), tmp_path / "out", max_steps=1, neftune_noise_alpha=5.0)
 
 
+def _trainer(model, rows, out_dir, **arguments):
+    args = T.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=4, learning_rate=1e-2,
+                               logging_steps=1, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
+                               dataloader_num_workers=0, **arguments)
+    return T.Trainer(model=model, args=args, train_dataset=rows)
+
+
+@pytest.mark.parametrize("head", ["ForMaskedLM", "ForSequenceClassification"])
+def test_trainer_checkpoints_load_in_both_libraries(head, tmp_path):
+    """Found by use: Trainer saved a fastbert model as a bare state dict without config.json (neither
+    library could load the folder), and a masked-LM one not at all (safetensors refused its tied
+    weights), so training stopped at the first checkpoint. A fastbert model is now a transformers
+    PreTrainedModel to Trainer, which saves it with its own save_pretrained: the checkpoints and
+    save_model()'s folder hold the trained weights, loaded equal by fastbert and by transformers."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
+    save_checkpoint("bert", head, tmp_path / "ckpt")
+    _, fast = load_both("bert", head, tmp_path / "ckpt")
+    trainer = _trainer(fast, _rows(fast.config, head, 8), tmp_path / "run", max_steps=4, save_strategy="steps",
+                       save_steps=2)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    trained = {k: v.detach().clone() for k, v in fast.state_dict().items()}
+    start = load_both("bert", head, tmp_path / "ckpt")[1].state_dict()
+    assert any(not torch.equal(start[k], v) for k, v in trained.items()), "training changed no weight"
+    for folder in (tmp_path / "run" / "checkpoint-4", tmp_path / "final"):
+        for loaded in (getattr(fastbert, "AutoModel" + head).from_pretrained(folder),
+                       getattr(T, "AutoModel" + head).from_pretrained(folder)):
+            state = loaded.state_dict()
+            for name, value in trained.items():
+                torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=f"{folder.name}: {name}")
+
+
+def test_trainer_resumes_a_fastbert_model_from_its_checkpoint(tmp_path):
+    """resume_from_checkpoint on a fastbert masked-LM model: the steps after the checkpoint log the
+    losses of a run that never stopped (weights, optimizer and scheduler state all restored)."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
+    head = "ForMaskedLM"
+    save_checkpoint("bert", head, tmp_path / "ckpt")
+    fresh = lambda: load_both("bert", head, tmp_path / "ckpt")[1]  # noqa: E731
+    rows = _rows(fresh().config, head, 8)
+    whole = _trainer(fresh(), rows, tmp_path / "whole", max_steps=6, save_strategy="no")
+    whole.train()
+    _trainer(fresh(), rows, tmp_path / "split", max_steps=6, save_strategy="steps", save_steps=3).train()
+    resumed = _trainer(fresh(), rows, tmp_path / "split", max_steps=6, save_strategy="no")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "split" / "checkpoint-3"))
+    want = [h["loss"] for h in whole.state.log_history if "loss" in h]
+    got = [h["loss"] for h in resumed.state.log_history if "loss" in h]
+    assert len(got) == len(want) == 6, (want, got)
+    for step, (a, b) in enumerate(zip(want, got), start=1):
+        assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: {a} without a stop, {b} resumed"
+
+
 BITFIT_FAMILIES = {**FAMILIES,
                    "deberta-v2": (T.DebertaV2Config, dict(SMALL, relative_attention=True, pos_att_type=["c2p", "p2c"],
                                                           max_relative_positions=8, **NO_DROPOUT), "DebertaV2"),

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
 
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.layers import FastLayer
@@ -60,8 +61,14 @@ def _fmt_shape(t) -> str:
     return str(tuple(t.shape))
 
 
-class FastPreTrainedModel(nn.Module):
-    """Base of every fastbert model (bare encoders and heads)."""
+class FastPreTrainedModel(PreTrainedModel):
+    """Base of every fastbert model (bare encoders and heads).
+
+    A transformers PreTrainedModel to the code that asks (`isinstance`), so that transformers.Trainer
+    saves its checkpoints with this class's save_pretrained (a folder both libraries load) instead of a
+    bare state dict. Built as a plain nn.Module: PreTrainedModel.__init__ would pick an attention
+    implementation and a loss for transformers' own modules, and fastbert runs neither. Everything
+    fastbert defines below (from_pretrained, save_pretrained, device, dtype, tie_weights, ...) is its own."""
 
     base_model_prefix = "bert"
     model_types: Tuple[str, ...] = ("bert",)
@@ -72,7 +79,7 @@ class FastPreTrainedModel(nn.Module):
     _keys_to_ignore_on_save = None
 
     def __init__(self, config):
-        super().__init__()
+        nn.Module.__init__(self)
         if isinstance(config, dict):
             config = config_from_dict(config)
         check_supported(config, type(self).__name__)
