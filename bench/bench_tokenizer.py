@@ -8,7 +8,8 @@
     python bench/bench_tokenizer.py --idle-gaps 0,1,3,10,30,100 --threads 1,2  # the same, each call after
                                                             # the machine idled that many ms (+ JSON)
     python bench/bench_tokenizer.py --after BertTokenizerFast --idle-gaps 0 --threads 1,2  # each call right
-                                                            # after that peer's call on other text (+ JSON)
+                                                            # after that peer's call on other text (+ JSON);
+                                                            # nanotoken/1: the peer serial before every call
     python bench/bench_tokenizer.py --work [ids,padded128] [--threads 1,2]  # instructions per batch at
                                                             # each count, under valgrind (+ JSON)
 
@@ -130,8 +131,9 @@ def main(argv=None) -> int:
                              "many ms (e.g. 0,1,3,10,30,100): what an idle core costs a thread pool")
     parser.add_argument("--after", metavar="PEER,...",
                         help="like --idle-gaps, each call right after one of these peers' calls on other new text "
-                             "(nanotoken, tokenizers, BertTokenizerFast; serial for 1 thread, parallel for more): "
-                             "what another library's work costs the next call")
+                             "(nanotoken, tokenizers, BertTokenizerFast, fastbert; serial for 1 thread, parallel for "
+                             "more; NAME/THREADS: at that count before every call, e.g. nanotoken/1): what another "
+                             "call's work costs the next call")
     parser.add_argument("--work", nargs="?", const="padded128", metavar="PATH,...",
                         help="instructions per batch at each --threads count, counted under valgrind, for these "
                              "paths (ids, padded128; default padded128)")

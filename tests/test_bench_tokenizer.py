@@ -164,6 +164,32 @@ def test_rows_after_a_peer_time_each_call_right_after_that_peers_call(model_dir,
         tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("nope",))
 
 
+def test_rows_after_a_peer_at_a_fixed_count_put_that_call_before_every_count(model_dir, monkeypatch):
+    """--after NAME/THREADS: the peer runs at that count before every timed call, a serial call before
+    each 2-thread one too (what the peers' table has half the time); a bad count is refused by name."""
+    events = []
+    for cls in (tb.FastbertPeer, tb.TokenizersPeer):
+        original = cls.ids
+
+        def call(self, texts, cls=cls, original=original):
+            events.append((cls.name, self.threads))
+            return original(self, texts)
+        monkeypatch.setattr(cls, "ids", call)
+    monkeypatch.setattr(tb, "PATHS", {"ids": "ids"})
+    rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
+                        after=("tokenizers/1", "fastbert/1"))
+    assert [(r["before"], r["threads"]) for r in rows] == \
+        [("tokenizers/1", 1), ("tokenizers/1", 2), ("fastbert/1", 1), ("fastbert/1", 2)]
+    fastbert_calls = [i for i, e in enumerate(events) if e[0] == "fastbert"]
+    # each timed call (the 2-thread ones included) right after a serial call of the named peer
+    pairs = {(events[i - 1], events[i][1]) for i in fastbert_calls[2:] if events[i - 1][0] == "tokenizers"}
+    assert pairs == {(("tokenizers", 1), 1), (("tokenizers", 1), 2)}
+    with pytest.raises(ValueError, match="tokenizers/3.*1 or"):
+        tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("tokenizers/3",))
+    with pytest.raises(ValueError, match="fastbert/x"):
+        tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("fastbert/x",))
+
+
 def test_work_counts_only_the_extensions_own_functions(tmp_path):
     out = tmp_path / "cachegrind.out"
     out.write_text("events: Ir\nfl=???\n"

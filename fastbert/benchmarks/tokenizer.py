@@ -589,8 +589,10 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
 
     after: names of peers (PEERS) whose call on as much other new text comes right before each timed
     call instead of a gap, as in the peers' table: with fastbert's thread count (1: serial; more: the
-    peer's own parallel mode). Their rows have "before" set to the peer's name and no "idle gap ms";
-    they show what another library's work costs the next call (CPU caches, TLB, cores)."""
+    peer's own parallel mode), or "NAME/THREADS" at that count before every call (a serial call before a
+    2-thread one, as the peers' table has it half the time; "fastbert/1" is fastbert's own). Their rows
+    have "before" set to the name as given and no "idle gap ms"; they show what another call's work
+    costs the next call (CPU caches, TLB, cores)."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         texts = default_texts(quick=quick, smoke=smoke)
@@ -598,15 +600,15 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
             texts = {"english": texts["english"]}
     repeats = 1 if smoke else 7 if quick else 15
     threads = resolve_threads(threads)
-    by_name = {cls.name: cls for cls in PEERS}
-    unknown = [name for name in after if name not in by_name]
-    if unknown:
-        raise ValueError(f"after: unknown peer(s) {unknown}; the peers are {list(by_name)}")
+    before_counts = {label: _before_count(label, threads) for label in after}
     tags = itertools.count(1)
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     peers = {n: FastbertPeer(model_dir, n) for n in threads}
-    before_peers = {name: {n: by_name[name](model_dir, n) for n in threads} for name in after}
+    by_name = {cls.name: cls for cls in PEERS}
+    # label -> {fastbert's count: the peer that runs before its calls}
+    before_peers = {label: {n: by_name[label.split("/")[0]](model_dir, fixed or n) for n in threads}
+                    for label, fixed in before_counts.items()}
     conditions = [(f"idle {gap} ms", gap, None) for gap in gaps_ms] + [(name, None, name) for name in after]
     rows = []
     for text_name, docs in texts.items():
@@ -644,6 +646,21 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
                                  "MB/s": nbytes / median / 1e6, "vs 1 thread": first / median, "repeats": repeats,
                                  **_worker_figures(pool_runs[n]), **common})
     return rows
+
+
+def _before_count(label: str, threads: list[int]) -> int | None:
+    """idle_gaps' "NAME" (None: the peer runs at fastbert's count) or "NAME/THREADS" (that count)."""
+    names = [cls.name for cls in PEERS]
+    name, _, count = label.partition("/")
+    if name not in names:
+        raise ValueError(f"after: unknown peer {name!r} in {label!r}; the peers are {names}")
+    if not count:
+        return None
+    cores = os.cpu_count() or 1
+    allowed = "a whole number from 1" if name == FastbertPeer.name else f"1 or {cores} (its pool takes all cores)"
+    if not count.isdigit() or int(count) < 1 or (name != FastbertPeer.name and int(count) not in (1, cores)):
+        raise ValueError(f"after: {label!r}: {name}'s thread count after '/' must be {allowed}")
+    return int(count)
 
 
 def _worker_figures(records: list[dict]) -> dict:
