@@ -118,6 +118,26 @@ def test_forward_packed_compiles_with_fullgraph():
                                    model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
 
 
+def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen():
+    """Found by use: the compiled forward_packed was compiled again for every new max_seqlen (each
+    time for seconds, then eager past torch's recompile limit), as operator.index in the ops' check
+    made the symbolic int a constant. Now one recompile (torch making the changed int symbolic), then
+    every length runs the same graph, with the eager outputs. (A batch of one sequence is one more:
+    torch specializes sizes of 1.)"""
+    from torch._dynamo.testing import CompileCounter
+
+    model = build("bert")
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward_packed, fullgraph=True, backend=counter)
+    for lengths in ((3, 2), (5, 1, 4), (7, 7), (9, 2, 6, 1), (4, 11)):
+        _, packed = padded_and_packed(model.config, lengths=lengths, seq=max(lengths))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(**packed).last_hidden_state,
+                                       model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
+    assert counter.frame_count == 2, f"compiled {counter.frame_count} times for 5 lengths"
+
+
 def test_a_model_loaded_as_users_do_compiles():
     """The default backend ("auto") runs CPU fp32 inference through oneDNN's fused linear, which
     torch.compile cannot trace: compiled, it must take the plain path (packed and padded forward)."""
