@@ -430,14 +430,23 @@ def test_kernel_attention_dropout_replays_under_checkpointing(tmp_path, triton_p
 
 
 # ---- transformers.Trainer ---------------------------------------------------------------------------------
-def _trainer_losses(model, rows, out_dir, **arguments):
-    """The losses transformers.Trainer logs at each step (CPU, seed 0, no checkpoints)."""
+def _trainer(model, rows, out_dir, **arguments):
+    """transformers.Trainer on CPU, seed 0, a loss logged at every step."""
     args = T.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=4, learning_rate=1e-2,
-                               logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
-                               disable_tqdm=True, dataloader_num_workers=0, **arguments)
-    trainer = T.Trainer(model=model, args=args, train_dataset=rows)
-    trainer.train()
+                               logging_steps=1, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
+                               dataloader_num_workers=0, **arguments)
+    return T.Trainer(model=model, args=args, train_dataset=rows)
+
+
+def _logged_losses(trainer):
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def _trainer_losses(model, rows, out_dir, **arguments):
+    """The losses transformers.Trainer logs at each step (no checkpoints)."""
+    trainer = _trainer(model, rows, out_dir, save_strategy="no", **arguments)
+    trainer.train()
+    return _logged_losses(trainer)
 
 
 def _rows(config, head, n):
@@ -494,13 +503,6 @@ def test_trainer_neftune_is_refused_by_name(convert, tmp_path):
         _trainer_losses(model, _rows(hf.config, head, 4), tmp_path / "out", max_steps=1, neftune_noise_alpha=5.0)
 
 
-def _trainer(model, rows, out_dir, **arguments):
-    args = T.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=4, learning_rate=1e-2,
-                               logging_steps=1, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
-                               dataloader_num_workers=0, **arguments)
-    return T.Trainer(model=model, args=args, train_dataset=rows)
-
-
 @pytest.mark.parametrize("head", ["ForMaskedLM", "ForSequenceClassification"])
 def test_trainer_checkpoints_load_in_both_libraries(head, tmp_path):
     """Found by use: Trainer saved a fastbert model as a bare state dict without config.json (neither
@@ -532,15 +534,16 @@ def test_trainer_resumes_a_fastbert_model_from_its_checkpoint(tmp_path):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test extras)")
     head = "ForMaskedLM"
     save_checkpoint("bert", head, tmp_path / "ckpt")
-    fresh = lambda: load_both("bert", head, tmp_path / "ckpt")[1]  # noqa: E731
+
+    def fresh():
+        return load_both("bert", head, tmp_path / "ckpt")[1]
+
     rows = _rows(fresh().config, head, 8)
-    whole = _trainer(fresh(), rows, tmp_path / "whole", max_steps=6, save_strategy="no")
-    whole.train()
+    want = _trainer_losses(fresh(), rows, tmp_path / "whole", max_steps=6)
     _trainer(fresh(), rows, tmp_path / "split", max_steps=6, save_strategy="steps", save_steps=3).train()
     resumed = _trainer(fresh(), rows, tmp_path / "split", max_steps=6, save_strategy="no")
     resumed.train(resume_from_checkpoint=str(tmp_path / "split" / "checkpoint-3"))
-    want = [h["loss"] for h in whole.state.log_history if "loss" in h]
-    got = [h["loss"] for h in resumed.state.log_history if "loss" in h]
+    got = _logged_losses(resumed)
     assert len(got) == len(want) == 6, (want, got)
     for step, (a, b) in enumerate(zip(want, got), start=1):
         assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: {a} without a stop, {b} resumed"
