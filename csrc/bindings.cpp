@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "encode_options.h"
@@ -33,9 +35,25 @@ using namespace fastbert;
 
 namespace {
 
-// Runs f with the GIL released. Deliberately not py::gil_scoped_release: at interpreter exit a
-// daemon thread that takes the GIL back is ended by a forced unwind (pthread_exit), which aborts
-// the process if it crosses a noexcept destructor such as gil_scoped_release's.
+// Takes the GIL back. During interpreter exit, Python 3.11-3.13 end a daemon thread that asks for
+// it with pthread_exit, a forced unwind. Unwinding the call would release its Python objects (the
+// lists built so far, the output dict) without the GIL while the main thread tears the interpreter
+// down, and crash the process. Such a thread is parked instead until the process ends (Python 3.14
+// parks daemon threads itself).
+void take_gil(PyThreadState* state) {
+#ifdef __GLIBCXX__
+    try {
+        PyEval_RestoreThread(state);
+    } catch (abi::__forced_unwind&) {
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+#else
+    PyEval_RestoreThread(state);
+#endif
+}
+
+// Runs f with the GIL released. Deliberately not py::gil_scoped_release, whose destructor takes the
+// GIL back without take_gil.
 template <class F>
 void without_gil(F&& f) {
     PyThreadState* state = PyEval_SaveThread();
@@ -44,12 +62,12 @@ void without_gil(F&& f) {
         f();
 #ifdef __GLIBCXX__
     } catch (abi::__forced_unwind&) {
-        throw;  // f took the GIL back at interpreter exit (list chunks do): the thread is ending
+        throw;  // a forced unwind must go on (catch (...) below would swallow it and abort)
 #endif
     } catch (...) {
         error = std::current_exception();
     }
-    PyEval_RestoreThread(state);
+    take_gil(state);
     if (error) std::rethrow_exception(error);
 }
 
@@ -370,8 +388,8 @@ class PyTokenizer {
             }
             PyThreadState* const state = PyThreadState_Get();
             hooks.consume = [&builder, &rows, gil_released, state](size_t c) {
-                // at interpreter exit this may not return (see without_gil): nothing to undo yet
-                if (gil_released) PyEval_RestoreThread(state);
+                // at interpreter exit this may not return (see take_gil): nothing to undo yet
+                if (gil_released) take_gil(state);
                 try {
                     GcPause pause;
                     builder->add(rows[c]);
