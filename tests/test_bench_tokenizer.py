@@ -134,22 +134,22 @@ def test_idle_gap_rows(model_dir):
     assert "worker start" in tb.format_idle_gaps(rows).splitlines()[0]
 
 
+def _record_calls(monkeypatch, classes) -> list:
+    """Every path call of these peers, in order: (name, threads, first text)."""
+    events = []
+    for cls in classes:
+        for method in tb.PATHS.values():
+            def call(self, texts, cls=cls, original=getattr(cls, method)):
+                events.append((cls.name, self.threads, texts[0]))
+                return original(self, texts)
+            monkeypatch.setattr(cls, method, call)
+    return events
+
+
 def test_rows_after_a_peer_time_each_call_right_after_that_peers_call(model_dir, monkeypatch):
     """bench_tokenizer.py --after: before every timed fastbert call, the named peer (at the same thread
     count) encodes other new text; an unknown peer is refused by name."""
-    events = []
-
-    def recording(cls, method):
-        original = getattr(cls, method)
-
-        def call(self, texts):
-            events.append((cls.name, self.threads, texts[0]))
-            return original(self, texts)
-        monkeypatch.setattr(cls, method, call)
-
-    for cls in (tb.FastbertPeer, tb.TokenizersPeer):
-        for method in tb.PATHS.values():
-            recording(cls, method)
+    events = _record_calls(monkeypatch, (tb.FastbertPeer, tb.TokenizersPeer))
     rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
                         after=("tokenizers",))
     assert [(r["path"], r["before"], r["idle gap ms"], r["threads"]) for r in rows] == \
@@ -167,17 +167,11 @@ def test_rows_after_a_peer_time_each_call_right_after_that_peers_call(model_dir,
 def test_rows_after_a_peer_at_a_fixed_count_put_that_call_before_every_count(model_dir, monkeypatch):
     """--after NAME/THREADS: the peer runs at that count before every timed call, a serial call before
     each 2-thread one too (what the peers' table has half the time); a bad count is refused by name."""
-    events = []
-    for cls in (tb.FastbertPeer, tb.TokenizersPeer):
-        original = cls.ids
-
-        def call(self, texts, cls=cls, original=original):
-            events.append((cls.name, self.threads))
-            return original(self, texts)
-        monkeypatch.setattr(cls, "ids", call)
     monkeypatch.setattr(tb, "PATHS", {"ids": "ids"})
+    recorded = _record_calls(monkeypatch, (tb.FastbertPeer, tb.TokenizersPeer))
     rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
                         after=("tokenizers/1", "fastbert/1"))
+    events = [e[:2] for e in recorded]  # (name, threads)
     assert [(r["before"], r["threads"]) for r in rows] == \
         [("tokenizers/1", 1), ("tokenizers/1", 2), ("fastbert/1", 1), ("fastbert/1", 2)]
     fastbert_calls = [i for i, e in enumerate(events) if e[0] == "fastbert"]

@@ -600,15 +600,13 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
             texts = {"english": texts["english"]}
     repeats = 1 if smoke else 7 if quick else 15
     threads = resolve_threads(threads)
-    before_counts = {label: _before_count(label, threads) for label in after}
+    before = {label: _before_peer(label) for label in after}  # label -> (peer class, its count or None)
     tags = itertools.count(1)
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     peers = {n: FastbertPeer(model_dir, n) for n in threads}
-    by_name = {cls.name: cls for cls in PEERS}
     # label -> {fastbert's count: the peer that runs before its calls}
-    before_peers = {label: {n: by_name[label.split("/")[0]](model_dir, fixed or n) for n in threads}
-                    for label, fixed in before_counts.items()}
+    before_peers = {label: {n: cls(model_dir, fixed or n) for n in threads} for label, (cls, fixed) in before.items()}
     conditions = [(f"idle {gap} ms", gap, None) for gap in gaps_ms] + [(name, None, name) for name in after]
     rows = []
     for text_name, docs in texts.items():
@@ -648,19 +646,20 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
     return rows
 
 
-def _before_count(label: str, threads: list[int]) -> int | None:
-    """idle_gaps' "NAME" (None: the peer runs at fastbert's count) or "NAME/THREADS" (that count)."""
-    names = [cls.name for cls in PEERS]
+def _before_peer(label: str) -> tuple[type, int | None]:
+    """idle_gaps' "NAME" -> (the peer's class, None: it runs at fastbert's count) or "NAME/THREADS"
+    -> (the class, that count)."""
+    by_name = {cls.name: cls for cls in PEERS}
     name, _, count = label.partition("/")
-    if name not in names:
-        raise ValueError(f"after: unknown peer {name!r} in {label!r}; the peers are {names}")
+    if name not in by_name:
+        raise ValueError(f"after: unknown peer {name!r} in {label!r}; the peers are {list(by_name)}")
     if not count:
-        return None
+        return by_name[name], None
     cores = os.cpu_count() or 1
     allowed = "a whole number from 1" if name == FastbertPeer.name else f"1 or {cores} (its pool takes all cores)"
     if not count.isdigit() or int(count) < 1 or (name != FastbertPeer.name and int(count) not in (1, cores)):
         raise ValueError(f"after: {label!r}: {name}'s thread count after '/' must be {allowed}")
-    return int(count)
+    return by_name[name], int(count)
 
 
 def _worker_figures(records: list[dict]) -> dict:

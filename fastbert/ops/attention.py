@@ -70,16 +70,17 @@ def seqlen_int(max_seqlen) -> int:
     would sync the device), a float, a str or a bool is refused, not converted."""
     if isinstance(max_seqlen, torch.Tensor):
         raise ValueError("max_seqlen must be a Python int, not a tensor (reading one would sync the device)")
-    if isinstance(max_seqlen, int) and not isinstance(max_seqlen, bool):
+    if isinstance(max_seqlen, bool):
+        n = None
+    elif isinstance(max_seqlen, int):
         # as it is: under torch.compile an int input becomes symbolic after its first change, and
         # operator.index would make it a constant again (one compilation per value)
-        if max_seqlen < 0:
-            raise ValueError(f"max_seqlen must be a Python int >= 0, got {max_seqlen!r}")
-        return max_seqlen
-    try:
-        n = operator.index(max_seqlen) if not isinstance(max_seqlen, bool) else None
-    except TypeError:
-        n = None
+        n = max_seqlen
+    else:
+        try:
+            n = operator.index(max_seqlen)
+        except TypeError:
+            n = None
     if n is None or n < 0:
         raise ValueError(f"max_seqlen must be a Python int >= 0, got {max_seqlen!r}")
     return n
