@@ -525,8 +525,9 @@ class PyTokenizer {
         return d;
     }
 
-    // The thread pool's last batch: {"runs", "tasks", "worker_tasks", "worker_start_us"} (see
-    // ThreadPool::LastRun; worker_start_us None when the calling thread ran every task).
+    // The thread pool's last batch: {"runs", "tasks", "worker_tasks", "worker_start_us", "caller_cpu"}
+    // (see ThreadPool::LastRun; worker_start_us None when the calling thread ran every task,
+    // caller_cpu None where the core is not known).
     py::dict pool_last_run() {
         ThreadPool::LastRun r;
         {
@@ -539,6 +540,7 @@ class PyTokenizer {
         d["tasks"] = r.tasks;
         d["worker_tasks"] = r.worker_tasks;
         d["worker_start_us"] = r.worker_start_us < 0 ? py::object(py::none()) : py::object(py::float_(r.worker_start_us));
+        d["caller_cpu"] = r.caller_cpu < 0 ? py::object(py::none()) : py::object(py::int_(r.caller_cpu));
         return d;
     }
 

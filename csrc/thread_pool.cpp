@@ -3,6 +3,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 namespace fastbert {
 
@@ -85,11 +89,37 @@ void ThreadPool::drain(bool worker) {
     }
 }
 
+int ThreadPool::place_workers() {
+#if defined(__linux__)
+    // The workers may run where the caller may, except on the caller's own core while there is
+    // another. On the 2-core guest of bench/results/tokenizer-worker-placement-20261203 (made by
+    // bench_tokenizer.py --quick --idle-gaps), after the machine idled 10-100 ms a worker started
+    // 2.1 ms late (median) and two threads ran a batch 0.98x as fast as one; kept off the caller's
+    // core, it started at once and two threads ran 1.52x as fast. The caller's cores are read for
+    // every batch (a syscall, against milliseconds of batch) so that a changed affinity (taskset,
+    // os.sched_setaffinity) is followed; the workers' are set only when that changes them.
+    const int cpu = sched_getcpu();
+    cpu_set_t allowed;
+    if (cpu < 0 || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+    cpu_set_t others = allowed;
+    CPU_CLR(cpu, &others);
+    const cpu_set_t& mask = CPU_COUNT(&others) ? others : allowed;
+    if (!CPU_EQUAL(&mask, &worker_cpus_)) {
+        // a refusal leaves that worker where it was: slower on such a machine, never wrong
+        for (std::thread& t : workers_) pthread_setaffinity_np(t.native_handle(), sizeof mask, &mask);
+        worker_cpus_ = mask;
+    }
+    return cpu;
+#else
+    return -1;
+#endif
+}
+
 ThreadPool::LastRun ThreadPool::last_run() const {
     // the workers wrote before they counted their tasks finished, under mu_, which run() waited for
     const int64_t start_ns = worker_start_ns_.load(std::memory_order_relaxed);
     return LastRun{runs_, n_tasks_, worker_tasks_.load(std::memory_order_relaxed),
-                   start_ns < 0 ? -1.0 : static_cast<double>(start_ns) * 1e-3};
+                   start_ns < 0 ? -1.0 : static_cast<double>(start_ns) * 1e-3, caller_cpu_};
 }
 
 void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
@@ -115,6 +145,7 @@ void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
 void ThreadPool::wake() {
     {
         std::lock_guard<std::mutex> lock(mu_);
+        place_workers();
         ++wakes_;
     }
     wake_.notify_all();
@@ -165,6 +196,7 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn,
         ++runs_;
         worker_tasks_.store(0, std::memory_order_relaxed);
         worker_start_ns_.store(-1, std::memory_order_relaxed);
+        caller_cpu_ = place_workers();
         started_ = std::chrono::steady_clock::now();
         ++generation_;
     }

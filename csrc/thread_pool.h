@@ -10,6 +10,11 @@
 // kIdleSpin before it sleeps, in time for the next step of the same call. wake() starts sleeping
 // workers ahead of a batch (while the caller still reads its inputs); they spin for up to
 // kWakeSpin waiting for it, then sleep again.
+//
+// On Linux the workers are kept off the caller's core (see place_workers): a scheduler that packs
+// woken threads onto busy cores (as a virtual machine's guest kernel may, to leave idle vCPUs
+// halted) otherwise queues a worker woken after an idle spell behind the caller on the caller's
+// core, and the two take turns there instead of running side by side.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -21,6 +26,9 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace fastbert {
 
@@ -45,6 +53,7 @@ class ThreadPool {
         size_t runs = 0;  // run() calls so far, to tell a new record from an old one
         size_t tasks = 0, worker_tasks = 0;
         double worker_start_us = -1;
+        int caller_cpu = -1;  // the core the caller ran on when the batch began (-1: not known)
     };
     LastRun last_run() const;
 
@@ -54,6 +63,7 @@ class ThreadPool {
     void drain(bool worker);  // takes tasks until none is left; worker: called by a worker
     void consume_in_order(const std::function<void(size_t)>& consume);
     void stop();  // ends and joins the workers
+    int place_workers();  // under mu_: the workers may run on the caller's cores but its own; the caller's core (-1: not known)
 
     std::vector<std::thread> workers_;
     std::mutex mu_;
@@ -74,6 +84,10 @@ class ThreadPool {
     std::chrono::steady_clock::time_point started_;
     std::atomic<size_t> worker_tasks_{0};
     std::atomic<int64_t> worker_start_ns_{-1};
+    int caller_cpu_ = -1;  // under mu_: the caller's core when the last batch began (-1: not known)
+#if defined(__linux__)
+    cpu_set_t worker_cpus_{};  // under mu_: the cores the workers were last given (none: never set)
+#endif
     std::exception_ptr error_;
 };
 

@@ -5,6 +5,7 @@ The fork and exit checks run in child processes with a timeout, so a deadlock fa
 instead of hanging pytest.
 """
 import os
+import json
 import random
 import string
 import threading
@@ -132,7 +133,8 @@ def test_pool_record_of_the_last_batch(model_dir, texts):
     given exactly when they ran any."""
     serial = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1)
     serial(texts)
-    assert serial._core.pool_last_run() == {"runs": 0, "tasks": 0, "worker_tasks": 0, "worker_start_us": None}
+    assert serial._core.pool_last_run() == {"runs": 0, "tasks": 0, "worker_tasks": 0, "worker_start_us": None,
+                                            "caller_cpu": None}
     tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
     records = []
     for i in range(5):
@@ -185,6 +187,57 @@ def test_pool_woken_for_a_batch_that_never_comes(model_dir):
     the batch reaches the pool leaves it spinning for nothing. Later calls, and a fork, still work
     (in a child, so a hang fails the test)."""
     assert _run_child(WAKE_CHILD.replace("sys.argv[1]", repr(str(model_dir)))).strip() == "ok"
+
+
+AFFINITY_CHILD = """
+import json, os, sys
+import fastbert
+
+def cores(tid):  # the cores a thread of this process may run on
+    with open(f"/proc/self/task/{tid}/status") as f:
+        field = next(line for line in f if line.startswith("Cpus_allowed_list:")).split(":")[1]
+    out = set()
+    for part in field.strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+tok = fastbert.BertTokenizer.from_pretrained(sys.argv[1], num_threads=3)
+serial = fastbert.BertTokenizer.from_pretrained(sys.argv[1], num_threads=1)
+before = set(os.listdir("/proc/self/task"))  # the pool starts at the first batch that needs it
+texts = [f"{i} the quick brown fox jumps over the lazy dog, tokenized again " * 8 for i in range(1500)]
+steps = []
+for step, pin in enumerate([None, "one", None]):
+    if pin == "one":  # the caller on a single core: the workers may only go there too
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    elif step:
+        os.sched_setaffinity(0, ALL)
+    else:
+        ALL = os.sched_getaffinity(0)
+    batch = [f"{step} {t}" for t in texts]
+    same = tok(batch)["input_ids"] == serial(batch)["input_ids"]
+    workers = sorted(set(os.listdir("/proc/self/task")) - before)
+    steps.append({"caller": tok._core.pool_last_run()["caller_cpu"], "caller_cores": sorted(os.sched_getaffinity(0)),
+                  "workers": [cores(t) for t in workers], "same": same})
+print(json.dumps(steps))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread affinity is set on Linux only")
+def test_pool_workers_kept_off_the_callers_core(model_dir):
+    """The pool's workers may run on the caller's cores except the one the caller is on, so that a
+    scheduler that packs woken threads onto busy cores (a virtual machine's guest kernel) cannot queue
+    them behind the caller; a caller limited to one core shares it; a widened caller is followed. The
+    results equal one thread's (in a child, whose affinity the test changes)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to keep the workers off the caller's")
+    steps = json.loads(_run_child(AFFINITY_CHILD.replace("sys.argv[1]", repr(str(model_dir)))))
+    for step, s in enumerate(steps):
+        assert s["same"], f"step {step}: the pool's ids differ from one thread's"
+        assert len(s["workers"]) == 2, f"step {step}: expected the pool's 2 worker threads, found {s}"
+        assert s["caller"] in s["caller_cores"], f"step {step}: {s}"
+        want = s["caller_cores"] if len(s["caller_cores"]) == 1 else [c for c in s["caller_cores"] if c != s["caller"]]
+        assert all(w == want for w in s["workers"]), f"step {step}: workers may run on {s['workers']}, want {want}: {s}"
 
 
 def _run_child(code: str, timeout=CHILD_TIMEOUT_S):
