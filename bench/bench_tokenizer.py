@@ -3,6 +3,8 @@
     pytest bench/bench_tokenizer.py --benchmark-only      # pytest-benchmark (FASTBERT_BENCH_QUICK=1: less text)
     python bench/bench_tokenizer.py [--quick] [--repeated] # table with ratios + JSON in bench/results/,
                                                             # then one text per call (tokenizer_latency)
+    python bench/bench_tokenizer.py --peers nanotoken       # the same table with fastbert and these peers only
+                                                            # ('none': fastbert alone, both thread counts)
     python bench/bench_tokenizer.py --scaling [--threads 1,2]  # fastbert alone, thread counts interleaved:
                                                             # "vs 1 thread" per text and path (+ JSON)
     python bench/bench_tokenizer.py --idle-gaps 0,1,3,10,30,100 --threads 1,2  # the same, each call after
@@ -137,8 +139,18 @@ def main(argv=None) -> int:
     parser.add_argument("--work", nargs="?", const="padded128", metavar="PATH,...",
                         help="instructions per batch at each --threads count, counted under valgrind, for these "
                              "paths (ids, padded128; default padded128)")
+    parser.add_argument("--peers", metavar="PEER,...",
+                        help="the tokenizers timed beside fastbert in the peers' table (nanotoken, tokenizers, "
+                             "BertTokenizerFast; 'none': fastbert alone; default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
     args = parser.parse_args(argv)
+    if args.peers is not None and (args.scaling or args.idle_gaps or args.after or args.work):
+        parser.error("--peers chooses the peers' table's tokenizers; --scaling, --idle-gaps, --after and --work "
+                     "time fastbert alone")
+    try:
+        peers = tb.PEERS if args.peers is None else tb.peer_classes(args.peers.split(","))
+    except ValueError as exc:
+        parser.error(str(exc))
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
     if args.idle_gaps or args.after:
         gaps = tuple(float(g) if "." in g else int(g) for g in args.idle_gaps.split(",")) if args.idle_gaps else ()
@@ -162,7 +174,7 @@ def main(argv=None) -> int:
         print(f"JSON: {write_json(args.out, f'tokenizer-scaling-{stamp(rows)}.json', rows)}")
         return 1 if any(r.get("error") for r in rows) else 0
     tb.EVICT = args.evict_caches
-    rows = tb.run(model_dir(), quick=args.quick, threads=threads, repeated=args.repeated, progress=say)
+    rows = tb.run(model_dir(), quick=args.quick, threads=threads, repeated=args.repeated, progress=say, peers=peers)
     print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
     print(tb.format_table(rows))
     suffix = ("-evict" if args.evict_caches else "") + ("-quick" if args.quick else "")

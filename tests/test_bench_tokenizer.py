@@ -82,6 +82,17 @@ def test_peers_table_times_every_thread_count_in_the_same_rounds(model_dir):
     assert all(r["vs 1 thread"] > 0 for r in rows)
 
 
+def test_peers_option_picks_the_tokenizers_beside_fastbert():
+    """bench_tokenizer.py --peers: fastbert and the named peers in the table's usual order; 'none' is
+    fastbert alone; an unknown name is refused by name, with the known ones."""
+    assert tb.peer_classes(["BertTokenizerFast", "nanotoken"]) == \
+        (tb.FastbertPeer, tb.NanotokenPeer, tb.TransformersPeer)
+    assert tb.peer_classes(["none"]) == tb.peer_classes([]) == (tb.FastbertPeer,)
+    assert tb.peer_classes(["fastbert", "tokenizers"]) == (tb.FastbertPeer, tb.TokenizersPeer)
+    with pytest.raises(ValueError, match="'nanotokn'.*nanotoken"):
+        tb.peer_classes(["nanotokn"])
+
+
 def test_tags_never_repeat_across_cases_of_a_run():
     tags = itertools.count(1)
     a, b = tb.Rounds(DOCS, tags), tb.Rounds(DOCS, tags)

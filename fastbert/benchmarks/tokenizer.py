@@ -646,6 +646,17 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
     return rows
 
 
+def peer_classes(names) -> tuple[type, ...]:
+    """The peers' table's tokenizers for these peer names: fastbert first, then the named peers in
+    PEERS' order ("none" or no names: fastbert alone). An unknown name is refused, with the known ones."""
+    by_name = {cls.name: cls for cls in PEERS}
+    names = [n.strip() for n in names if n.strip() and n.strip() != "none"]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"peers: unknown {', '.join(map(repr, unknown))}; the peers are {list(by_name)} or 'none'")
+    return (FastbertPeer, *(cls for cls in PEERS if cls is not FastbertPeer and cls.name in names))
+
+
 def _before_peer(label: str) -> tuple[type, int | None]:
     """idle_gaps' "NAME" -> (the peer's class, None: it runs at fastbert's count) or "NAME/THREADS"
     -> (the class, that count)."""
