@@ -63,7 +63,9 @@ class ThreadPool {
     void drain(bool worker);  // takes tasks until none is left; worker: called by a worker
     void consume_in_order(const std::function<void(size_t)>& consume);
     void stop();  // ends and joins the workers
-    int place_workers();  // under mu_: the workers may run on the caller's cores but its own; the caller's core (-1: not known)
+    // Under mu_: lets the workers run on the caller's cores but its own; returns the caller's core
+    // (-1: not known).
+    int place_workers();
 
     std::vector<std::thread> workers_;
     std::mutex mu_;
