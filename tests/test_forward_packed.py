@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 import fastbert
 from test_models import FAMILIES
+from tiny_families import CONFIGS
 
 OPS_DIR = os.path.join(os.path.dirname(fastbert.__file__), "ops") + os.sep
 FASTBERT_DIR = os.path.dirname(fastbert.__file__) + os.sep
@@ -136,6 +137,37 @@ def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen():
             torch.testing.assert_close(compiled(**packed).last_hidden_state,
                                        model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
     assert counter.frame_count == 2, f"compiled {counter.frame_count} times for 5 lengths"
+
+
+@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "modernbert", "nomic_bert"])
+def test_compiled_padded_forward_is_not_compiled_again_for_each_length(family):
+    """Found by use: torch.compile(model) on the padded forward of DeBERTa-v2, MPNet and ModernBERT was
+    compiled again for each new longest-row length (then ran eager past torch's recompile limit): the torch
+    paths of relative and sliding-window attention looped in Python over the symbolic length. After the
+    first shapes (torch making the changed sizes symbolic, and a batch without padding), new lengths and
+    batch sizes run the compiled graphs, with the eager outputs on real tokens. One attention path per
+    family: plain (BERT), relative (DeBERTa-v2, MPNet), sliding window (ModernBERT), rotary (NomicBERT)."""
+    from torch._dynamo.testing import CompileCounter
+
+    config = CONFIGS[family]()
+    torch.manual_seed(0)
+    model = fastbert.AutoModel.from_config(config, backend="torch").eval()
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    # the first shapes: new lengths, a new batch size, no padding at all
+    warm_up = [((25, 29, 14, 2, 9), 32), ((30, 26, 27, 10, 16), 32), ((20, 26), 28), ((7, 7), 7)]
+    new_lengths = [((18, 4, 12, 14, 11), 19), ((11, 29, 3), 31), ((5, 9, 2, 6), 12), ((24, 27), 30)]
+    frames = []
+    for lengths, seq in warm_up + new_lengths:
+        padded, _ = padded_and_packed(model.config, lengths=lengths, seq=seq)
+        with torch.no_grad():
+            got, want = compiled(**padded).last_hidden_state, model(**padded).last_hidden_state
+        real = padded["attention_mask"].bool()
+        torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+        frames.append(counter.frame_count)
+    assert frames[len(warm_up):] == [frames[len(warm_up) - 1]] * len(new_lengths), \
+        f"frames compiled after each batch: {frames} (new lengths after the first {len(warm_up)} compiled again)"
 
 
 def test_a_model_loaded_as_users_do_compiles():

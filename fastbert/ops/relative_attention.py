@@ -329,9 +329,12 @@ def _blocked(q, k, v, cu_seqlens, max_seqlen, positions, *, scale, dropout_p, po
     lut = lut.long() if lut is not None else None                          # gather's index dtype, expanded
     band = _saturation(lut, radius) if _banded_ok(pos, mask, lut, pos_key, pos_query, bias, q, k, v) else None
     heads = qh.shape[1]
-    rows = L if batch * heads * L * L <= BLOCK_BUDGET else max(16, BLOCK_BUDGET // (batch * heads * L))
+    # Traced: one block of all L rows. A Python loop over the symbolic L (or a test of its size) would make
+    # it a constant, and the compiled model would be compiled again for each new length.
+    compiling = torch.compiler.is_compiling()
+    rows = L if compiling or batch * heads * L * L <= BLOCK_BUDGET else max(16, BLOCK_BUDGET // (batch * heads * L))
     outs = []
-    for r0 in range(0, L, rows):
+    for r0 in ((0,) if compiling else range(0, L, rows)):
         qb = qh[:, :, r0:r0 + rows]                                      # (batch, heads, m, d)
         m = qb.shape[2]
         d = torch.clamp(pos[:, r0:r0 + rows, None] - pos[:, None, :], -radius, radius) + radius   # (b, m, L)

@@ -99,7 +99,8 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
         out[idx] = o.transpose(1, 2)
 
     lo, hi = -(-window // block), (tokens - block - window) // block + 1     # blocks with all keys real
-    if torch.compiler.is_compiling():          # no data-dependent shapes in a traced graph: all blocks gather
+    compiling = torch.compiler.is_compiling()
+    if compiling:          # no data-dependent shapes in a traced graph: all blocks gather
         lo, hi, rest = 0, 0, torch.arange(nb, device=q.device)
     else:
         rest = (~plain).nonzero().squeeze(1)                       # host sync (free on CPU)
@@ -107,8 +108,10 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
         b = min(hi, a + chunk)
         kv = [t[a * block - window:b * block + window].unfold(0, span, block).movedim(-1, 1) for t in (kc, vc)]
         attend(slice(a, b), qc[a * block:b * block].view(b - a, block, heads, dim), *kv, band)
-    for a in range(0, rest.numel(), chunk):
-        idx = rest[a:a + chunk]
+    # Traced: every block in one chunk. A Python loop over the symbolic block count would make it a
+    # constant, and the compiled model would be compiled again for each new length.
+    for a in ((0,) if compiling else range(0, rest.numel(), chunk)):
+        idx = rest if compiling else rest[a:a + chunk]
         kidx = (idx[:, None] * block - window + s).clamp(0, tokens - 1)      # (n, span), padding clamped
         qidx = kidx[:, window:window + block]
         # padding query rows (seq -2, pos 0) see the padding keys: finite, and dropped below
