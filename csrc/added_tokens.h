@@ -15,6 +15,7 @@ struct AddedToken {
     bool rstrip = false;
     bool single_word = false;
     bool normalized = false;  // matched in the normalized text (content normalized the same way)
+    bool special = false;     // split_special_tokens: not matched, the text is tokenized as any other
 };
 
 class AddedTokens {

@@ -249,7 +249,7 @@ class PyTokenizer {
  public:
     PyTokenizer(py::object vocab, bool lowercase, bool strip_accents, bool handle_chinese_chars, bool clean_text,
                 const std::string& unk_token, const std::string& prefix, size_t max_chars,
-                const std::vector<std::tuple<std::string, bool, bool, bool, bool>>& added) {
+                const std::vector<std::tuple<std::string, bool, bool, bool, bool, bool>>& added) {
         Vocab v;
         if (py::isinstance<py::str>(vocab)) {
             try {
@@ -276,6 +276,7 @@ class PyTokenizer {
             t.rstrip = std::get<2>(a);
             t.single_word = std::get<3>(a);
             t.normalized = std::get<4>(a);
+            t.special = std::get<5>(a);
             t.id = v.id(t.content);
             toks.push_back(t);
         }
@@ -801,6 +802,7 @@ struct OptionField {
 const OptionField kOptionFields[] = {
     {"split_words", &EncodeOptions::split_words, nullptr},
     {"add_special_tokens", &EncodeOptions::add_special_tokens, nullptr},
+    {"split_special_tokens", &EncodeOptions::split_special_tokens, nullptr},
     {"max_length", nullptr, &EncodeOptions::max_length},
     {"stride", nullptr, &EncodeOptions::stride},
     {"truncate_left", &EncodeOptions::truncate_left, nullptr},
@@ -891,7 +893,7 @@ PYBIND11_MODULE(_C, m) {
     }
     py::class_<PyTokenizer>(m, "Tokenizer")
         .def(py::init<py::object, bool, bool, bool, bool, const std::string&, const std::string&, size_t,
-                      const std::vector<std::tuple<std::string, bool, bool, bool, bool>>&>(),
+                      const std::vector<std::tuple<std::string, bool, bool, bool, bool, bool>>&>(),
              py::arg("vocab"), py::arg("lowercase"), py::arg("strip_accents"), py::arg("handle_chinese_chars"),
              py::arg("clean_text"), py::arg("unk_token"), py::arg("continuing_subword_prefix"),
              py::arg("max_input_chars_per_word"), py::arg("added_tokens"))

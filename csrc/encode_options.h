@@ -16,6 +16,7 @@ struct EncodeOptions {
     // input
     bool split_words = false;  // each item is a list of words (is_split_into_words)
     bool add_special_tokens = true;
+    bool split_special_tokens = false;  // special tokens in the text are text (HF's split_special_tokens)
     // truncation (max_length counts the special tokens, as the user gives it)
     Truncation truncation = Truncation::kNone;
     size_t max_length = 0;

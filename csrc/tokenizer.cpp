@@ -30,23 +30,22 @@ Tokenizer::Tokenizer(Vocab vocab, const TokenizerConfig& cfg, std::vector<AddedT
       pre_(Normalizer(cfg.normalizer)),
       wordpiece_(vocab_, require_unk(vocab_, cfg.unk_token), cfg.continuing_subword_prefix,
                  cfg.max_input_chars_per_word) {
-    std::vector<AddedToken> raw, normalized;
+    std::vector<AddedToken> raw, normalized, raw_plain, normalized_plain;
     for (AddedToken& t : added) {
         if (t.id < 0) t.id = vocab_.add(t.content);
-        if (!t.normalized) {
-            raw.push_back(t);
-            continue;
-        }
-        t.content = normalize(t.content);  // HF matches a normalized token by its normalized content
-        normalized.push_back(t);
+        if (t.normalized) t.content = normalize(t.content);  // HF matches it by its normalized content
+        (t.normalized ? normalized : raw).push_back(t);
+        if (!t.special) (t.normalized ? normalized_plain : raw_plain).push_back(t);
     }
     added_ = AddedTokens(std::move(raw));
     added_normalized_ = AddedTokens(std::move(normalized));
+    added_plain_ = AddedTokens(std::move(raw_plain));
+    added_normalized_plain_ = AddedTokens(std::move(normalized_plain));
 }
 
 bool Tokenizer::encode_piece(const char* text, size_t len, uint32_t char_base, bool offsets, Scratch& s,
                              Encoded& out, size_t limit) const {
-    if (!added_normalized_.empty()) {
+    if (!normalized_added(s).empty()) {
         encode_normalized(text, len, char_base, offsets, s, out, limit);
         return out.ids.size() <= limit;
     }
@@ -199,7 +198,7 @@ void Tokenizer::encode_normalized(const char* text, size_t len, uint32_t char_ba
     std::vector<uint32_t>& orig = s.norm_orig;
     normalize_into(text, len, char_base, s.marks, n, &orig);
     // 2. find the normalized added tokens; 3. split and WordPiece the rest (already normalized)
-    added_normalized_.find(n.data(), n.size(), s.norm_matches);
+    normalized_added(s).find(n.data(), n.size(), s.norm_matches);
     size_t pos = 0, chars = 0;
     auto region = [&](size_t b, size_t e, size_t char_at) {
         identity_pre_.run(n.data() + b, e - b, 0, true, s.pre, [&](const Word& w) {
@@ -248,11 +247,12 @@ void Tokenizer::encode(const std::string_view* segs, size_t nseg, bool offsets, 
         auto piece = [&](size_t begin, size_t end, uint32_t char_base) {
             encode_piece(text + begin, end - begin, char_base, offsets, s, out, limit);
         };
-        if (added_.empty()) {
+        const AddedTokens& added = raw_added(s);
+        if (added.empty()) {
             piece(0, len, 0);
             continue;
         }
-        added_.find(text, len, s.matches);
+        added.find(text, len, s.matches);
         size_t pos = 0;
         uint32_t chars = 0;
         for (const AddedTokens::Match& m : s.matches) {
@@ -422,6 +422,7 @@ void Tokenizer::encode_batch(const BatchInput& in, const EncodeOptions& opts, st
         Scratch& s = tc->scratch;
         s.words = cfg.words;
         s.split_words = in.split_words;
+        s.split_special = opts.split_special_tokens;
         s.cache = &tc->words;
         s.chunks = &tc->chunks;
         s.texts = &tc->texts;

@@ -60,6 +60,7 @@ class Tokenizer {
         // word tracking (offset paths only): each word's tokens get split_words ? its segment
         // index : a running count of pre-tokens and added tokens in the sequence
         bool words = false, split_words = false;
+        bool split_special = false;  // the special added tokens are not matched (split_special_tokens)
         int32_t next_word = 0, segment = 0;
         // Drops buffers grown past kKeepBytes by a long text, so an idle tokenizer does not hold them.
         void trim() {
@@ -142,6 +143,12 @@ class Tokenizer {
 
     AddedTokens added_;             // matched in the raw text
     AddedTokens added_normalized_;  // matched in the normalized text
+    // the same without the special tokens: what split_special_tokens matches
+    AddedTokens added_plain_, added_normalized_plain_;
+    const AddedTokens& raw_added(const Scratch& s) const { return s.split_special ? added_plain_ : added_; }
+    const AddedTokens& normalized_added(const Scratch& s) const {
+        return s.split_special ? added_normalized_plain_ : added_normalized_;
+    }
     Normalizer normalizer_;
     PreTokenizer identity_pre_;     // splits already-normalized text
     PreTokenizer pre_;

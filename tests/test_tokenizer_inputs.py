@@ -120,8 +120,65 @@ def test_transformers_extra_keywords(tok, hf):
         warnings.simplefilter("error")
         _both(tok, hf, LINES[:3], split_special_tokens=False)
         _both(tok, hf, LINES[:3], tokenizer_kwargs={"max_length": 5, "truncation": True})
-    with pytest.raises(ValueError, match="split_special_tokens"):
-        tok(LINES[:3], split_special_tokens=True)
+    _both(tok, hf, LINES[:3], split_special_tokens=True)
+
+
+SPECIAL_TEXTS = ["Hello [CLS] there [MASK] newword <special1> x[SEP]y", "[PAD][UNK] ok [cls] <sp2> Newword",
+                 "[SEP]", "plain text, no special token"] + LINES[:3]
+
+
+def _with_added(make):
+    from tokenizers import AddedToken
+
+    t = make()
+    t.add_tokens(["newword"])  # not special: still matched when the special tokens are split
+    t.add_special_tokens({"additional_special_tokens": ["<special1>", AddedToken("<sp2>", normalized=True)]})
+    return t
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_split_special_tokens(model_dir, split):
+    """split_special_tokens=True: special tokens written in the text (the template's, additional ones,
+    raw or normalized) are tokenized as text; non-special added tokens are still matched. Per call, through
+    tokenizer_kwargs, and as the tokenizer's own setting (from_pretrained, kept by save_pretrained and
+    pickle), with ids, offsets, masks, word ids and tokenize() as transformers gives them, on one thread
+    and on the pool."""
+    import pickle
+
+    fast = _with_added(lambda: fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2))
+    ref = _with_added(lambda: BertTokenizerFast.from_pretrained(model_dir))
+    many = [f"{i} {t}" for i in range(300) for t in SPECIAL_TEXTS]  # enough text for the pool
+    for texts in (SPECIAL_TEXTS, many):
+        a = fast(texts, split_special_tokens=split, **FIELDS)
+        b = ref(texts, split_special_tokens=split, **FIELDS)
+        _same(a, b)
+        assert all(a.word_ids(k) == b.word_ids(k) for k in range(len(texts)))
+    _same(fast(SPECIAL_TEXTS[:2], padding=True, return_tensors="np", split_special_tokens=split),
+          ref(SPECIAL_TEXTS[:2], padding=True, return_tensors="np", split_special_tokens=split))
+    _same(fast(SPECIAL_TEXTS[0], tokenizer_kwargs={"split_special_tokens": split}),
+          ref(SPECIAL_TEXTS[0], tokenizer_kwargs={"split_special_tokens": split}))
+    for text in SPECIAL_TEXTS[:3]:
+        assert fast.tokenize(text, split_special_tokens=split) == ref.tokenize(text, split_special_tokens=split)
+        assert fast.encode(text, split_special_tokens=split) == ref.encode(text, split_special_tokens=split)
+    split_fast = fastbert.BertTokenizer.from_pretrained(model_dir, split_special_tokens=True)
+    split_ref = BertTokenizerFast.from_pretrained(model_dir, split_special_tokens=True)
+    for t in (split_fast, pickle.loads(pickle.dumps(split_fast))):
+        assert t.split_special_tokens is True
+        assert t(SPECIAL_TEXTS[0])["input_ids"] == split_ref(SPECIAL_TEXTS[0])["input_ids"]
+        assert t.encode(SPECIAL_TEXTS[0]) == split_ref.encode(SPECIAL_TEXTS[0])
+        assert t(SPECIAL_TEXTS[0], split_special_tokens=split)["input_ids"] == \
+            split_ref(SPECIAL_TEXTS[0], split_special_tokens=split)["input_ids"]
+
+
+def test_split_special_tokens_saved_and_checked(model_dir, tmp_path):
+    fastbert.BertTokenizer.from_pretrained(model_dir, split_special_tokens=True).save_pretrained(tmp_path)
+    for loaded in (fastbert.BertTokenizer.from_pretrained(tmp_path), BertTokenizerFast.from_pretrained(tmp_path)):
+        assert loaded.split_special_tokens is True
+        assert loaded("a [CLS] b")["input_ids"][1:-1] == loaded("a [ cls ] b", add_special_tokens=False)["input_ids"]
+    with pytest.raises(TypeError, match="split_special_tokens must be a bool"):
+        fastbert.BertTokenizer.from_pretrained(model_dir, split_special_tokens="yes")
+    with pytest.raises(TypeError, match="split_special_tokens must be a bool"):
+        fastbert.BertTokenizer.from_pretrained(model_dir)("a", split_special_tokens=1)
 
 
 def test_batch_encode_plus_is_gone_as_in_transformers(tok, hf):

@@ -7,8 +7,8 @@ import pytest
 from fastbert import _C
 from fastbert.tokenizer.options import PADDING, TRUNCATION, OptionsCache
 
-FLAGS = ["split_words", "add_special_tokens", "truncate_left", "pad_left", "packed", "type_ids", "attention_mask",
-         "special_tokens_mask", "offsets", "length", "overflow", "numpy"]
+FLAGS = ["split_words", "add_special_tokens", "split_special_tokens", "truncate_left", "pad_left", "packed",
+         "type_ids", "attention_mask", "special_tokens_mask", "offsets", "length", "overflow", "numpy"]
 SIZES = ["max_length", "stride", "pad_to_multiple_of"]
 
 

@@ -29,7 +29,7 @@ _MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))  # a pool this size still st
 DEFAULT_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                     "cls_token": "[CLS]", "mask_token": "[MASK]"}
 # keyword arguments transformers' __call__ takes beyond its named parameters
-_HF_EXTRA_KWARGS = ("split_special_tokens", "tokenizer_kwargs", "max_target_length")
+_HF_EXTRA_KWARGS = ("tokenizer_kwargs", "max_target_length")
 # __call__ arguments transformers' tokenize() takes and ignores (it neither truncates nor pads)
 _TOKENIZE_IGNORES = ("truncation", "max_length", "stride", "padding", "pad_to_multiple_of", "padding_side",
                      "return_overflowing_tokens")
@@ -203,7 +203,8 @@ class BertTokenizer:
                  clean_up_tokenization_spaces: bool = False, added_tokens: Iterable[dict] | None = None,
                  additional_special_tokens: Iterable | None = None, num_threads: int | None = None,
                  clean_text: bool = True, name_or_path: str = "", bos_token=None, eos_token=None,
-                 post_processor: dict | None = None, model_input_names: Iterable[str] | None = None, **kwargs):
+                 post_processor: dict | None = None, model_input_names: Iterable[str] | None = None,
+                 split_special_tokens: bool = False, **kwargs):
         if vocab is None:
             if vocab_file is None:
                 raise ValueError("BertTokenizer needs a vocab_file (vocab.txt) or a vocab")
@@ -227,6 +228,11 @@ class BertTokenizer:
         self.padding_side = padding_side
         self.truncation_side = truncation_side
         self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
+        if not isinstance(split_special_tokens, bool):
+            raise TypeError(f"split_special_tokens must be a bool, got {split_special_tokens!r}")
+        # transformers' attribute: special tokens written in the text are tokenized as text (every call
+        # that does not say otherwise)
+        self.split_special_tokens = split_special_tokens
         self.name_or_path = name_or_path
         source_path = kwargs.pop("_source_path", None)  # tokenizer.json, for error messages
         self.init_kwargs = dict(kwargs)
@@ -290,7 +296,8 @@ class BertTokenizer:
             source, self.do_lower_case, resolved_strip, self.tokenize_chinese_chars, bool(clean_text),
             _token_str(unk_token) or "[UNK]", "##", 100,
             [(a["content"], bool(a.get("lstrip", False)), bool(a.get("rstrip", False)),
-              bool(a.get("single_word", False)), bool(a.get("normalized", not a.get("special", False))))
+              bool(a.get("single_word", False)), bool(a.get("normalized", not a.get("special", False))),
+              bool(a.get("special", False)))
              for a in self._added])
 
     # ----------------------------------------------------------------------------------- loading
@@ -340,6 +347,7 @@ class BertTokenizer:
                      additional_special_tokens=list(self.additional_special_tokens),
                      num_threads=self._num_threads, name_or_path=self.name_or_path,
                      post_processor=self._post_processor, model_input_names=list(self.model_input_names),
+                     split_special_tokens=self.split_special_tokens,
                      **{k: self._special[k] for k in SPECIAL_ATTRS}, **self.init_kwargs)
 
     def clear_cache(self) -> None:
@@ -699,15 +707,17 @@ class BertTokenizer:
                  padding_side: str | None = None, return_tensors=None, return_token_type_ids=None,
                  return_attention_mask=None, return_overflowing_tokens: bool = False,
                  return_special_tokens_mask: bool = False, return_offsets_mapping: bool = False,
-                 return_length: bool = False, verbose: bool = True, packed: bool = False, **kwargs) -> BatchEncoding:
+                 return_length: bool = False, verbose: bool = True, packed: bool = False,
+                 split_special_tokens: bool | None = None, **kwargs) -> BatchEncoding:
         """transformers' BertTokenizerFast.__call__ (same arguments, same outputs), plus `packed=True`:
         every sequence's real tokens back to back (input_ids, token_type_ids, position_ids, 1-D),
         `cu_seqlens` (int32, batch + 1: where each sequence starts) and `max_seqlen` (an int), for
-        varlen attention; no padding, no attention_mask."""
+        varlen attention; no padding, no attention_mask. split_special_tokens (None: the tokenizer's
+        own setting): special tokens written in the text are tokenized as text, as in transformers."""
         if (type(text) is str and text_pair is None and padding is False and truncation is None
                 and max_length is None and stride == 0 and not is_split_into_words and pad_to_multiple_of is None
                 and padding_side is None and return_tensors is None and not kwargs and not packed
-                and text_target is None and text_pair_target is None
+                and text_target is None and text_pair_target is None and split_special_tokens is None
                 and not (return_overflowing_tokens or return_special_tokens_mask or return_offsets_mapping
                          or return_length)
                 and self.padding_side in SIDES and self.truncation_side in SIDES):
@@ -747,8 +757,12 @@ class BertTokenizer:
                                  f"effective max length of {effective} (= {max_length} original max length - "
                                  f"{self.num_special_tokens_to_add(False)} added special tokens), ")
         want_types, want_attn = self._wanted_outputs(return_token_type_ids, return_attention_mask)
+        split = self.split_special_tokens if split_special_tokens is None else split_special_tokens
+        if not isinstance(split, bool):
+            raise TypeError(f"split_special_tokens must be a bool, got {split!r}")
         options = self._options.get(
-            split_words=bool(is_split_into_words), add_special_tokens=bool(add_special_tokens), truncation=trunc,
+            split_words=bool(is_split_into_words), add_special_tokens=bool(add_special_tokens),
+            split_special_tokens=split, truncation=trunc,
             max_length=max_length or 0, stride=stride, truncate_left=self.truncation_side == "left", padding=pad,
             pad_to_multiple_of=pad_to_multiple_of or 0, pad_left=side == "left", pad_id=int(self.pad_token_id or 0),
             packed=bool(packed), type_ids=want_types, attention_mask=want_attn and not packed,
@@ -790,14 +804,11 @@ class BertTokenizer:
 
     def _call_with_extras(self, args: dict, kwargs: dict) -> BatchEncoding:
         """__call__ with keyword arguments beyond the named ones, or with targets. transformers'
-        extras are honoured (tokenizer_kwargs, split_special_tokens=False, max_target_length);
+        extras are honoured (tokenizer_kwargs, max_target_length);
         any other name is ignored with a warning (BertTokenizerFast ignores it without one)."""
         kwargs = dict(kwargs)
         extra = kwargs.pop("tokenizer_kwargs", None)
         max_target_length = kwargs.pop("max_target_length", None)
-        if kwargs.pop("split_special_tokens", False):
-            raise ValueError("split_special_tokens=True is not supported by fastbert.BertTokenizer: special tokens "
-                             "in the text are always matched as tokens")
         if kwargs:
             warnings.warn(f"BertTokenizer: unknown keyword argument(s) {', '.join(sorted(kwargs))} ignored "
                           "(transformers' BertTokenizerFast ignores them too)", UserWarning, stacklevel=3)
@@ -807,8 +818,6 @@ class BertTokenizer:
                 warnings.warn(f"BertTokenizer: unknown tokenizer_kwargs {', '.join(unknown)} ignored "
                               "(transformers' BertTokenizerFast ignores them too)", UserWarning, stacklevel=3)
             args.update({k: v for k, v in extra.items() if k in args})
-            if extra.get("split_special_tokens"):
-                return self._call_with_extras(args, {"split_special_tokens": True})
             max_target_length = extra.get("max_target_length", max_target_length)
         text_target, text_pair_target = args.pop("text_target"), args.pop("text_pair_target")
         if text_target is None:
@@ -842,7 +851,11 @@ class BertTokenizer:
 
     def _encode_one_raw(self, text: str, add_special_tokens, want_types: bool, want_attn: bool, verbose):
         # the C++ output (rows of one) and the options it was made with
-        options = self._one_text[bool(add_special_tokens), want_types, want_attn]
+        if self.split_special_tokens:
+            options = self._options.get(add_special_tokens=bool(add_special_tokens), split_special_tokens=True,
+                                        type_ids=want_types, attention_mask=want_attn)
+        else:
+            options = self._one_text[bool(add_special_tokens), want_types, want_attn]
         out, longest = self._core.encode_batch((text,), None, options)
         if verbose:
             self._warn_if_long(longest)
@@ -894,7 +907,8 @@ class BertTokenizer:
                   "tokenize_chinese_chars": self.tokenize_chinese_chars, "model_max_length": self.model_max_length,
                   "padding_side": self.padding_side, "truncation_side": self.truncation_side,
                   "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
-                  **({} if self.clean_text else {"clean_text": False})}  # fastbert's own option
+                  **({} if self.clean_text else {"clean_text": False}),  # fastbert's own option
+                  **({"split_special_tokens": True} if self.split_special_tokens else {})}
         # vocab.txt holds no post-processor: the class name says which template to build
         single, pair = self._templates
         as_bert = template.build(None, self._core.token_to_id, self.cls_token, self.sep_token)

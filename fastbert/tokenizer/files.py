@@ -73,7 +73,7 @@ def added_entry(a, where: str, i=None) -> dict:
 def config_value(key: str, value, where: str):
     # tokenizer_config.json values, typed as transformers reads them: bool("no") would be True
     if key in ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces", "strip_accents",
-               "clean_text"):
+               "clean_text", "split_special_tokens"):
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
     elif key == "model_max_length":
@@ -143,7 +143,7 @@ def read_pretrained(path) -> dict[str, Any]:
     special_map = read_json(os.path.join(directory, "special_tokens_map.json")) or {}
     kwargs: dict[str, Any] = {}
     for k in ("do_lower_case", "tokenize_chinese_chars", "strip_accents", "model_max_length",
-              "padding_side", "truncation_side", "clean_up_tokenization_spaces", "clean_text"):
+              "padding_side", "truncation_side", "clean_up_tokenization_spaces", "clean_text", "split_special_tokens"):
         if k in config and config[k] is not None:
             kwargs[k] = config_value(k, config[k], config_path)
     if "strip_accents" in config:

@@ -103,18 +103,20 @@ class OptionsCache:
     def __init__(self):
         self._by_key: dict[tuple, _C.EncodeOptions] = {}
 
-    def get(self, *, split_words=False, add_special_tokens=True, truncation="do_not_truncate", max_length=0,
+    def get(self, *, split_words=False, add_special_tokens=True, split_special_tokens=False,
+            truncation="do_not_truncate", max_length=0,
             stride=0, truncate_left=False, padding="do_not_pad", pad_to_multiple_of=0, pad_left=False, pad_id=0,
             packed=False, type_ids=True, attention_mask=True, special_tokens_mask=False, offsets=False,
             length=False, overflow=False, numpy=False, num_threads=1) -> _C.EncodeOptions:
         # the key: every parameter, in signature order (locals() would do, at four times the cost)
-        key = (split_words, add_special_tokens, truncation, max_length, stride, truncate_left, padding,
+        key = (split_words, add_special_tokens, split_special_tokens, truncation, max_length, stride, truncate_left, padding,
                pad_to_multiple_of, pad_left, pad_id, packed, type_ids, attention_mask, special_tokens_mask, offsets,
                length, overflow, numpy, num_threads)
         options = self._by_key.get(key)
         if options is None:
             options = _C.EncodeOptions(
-                split_words=split_words, add_special_tokens=add_special_tokens, truncation=TRUNCATION[truncation],
+                split_words=split_words, add_special_tokens=add_special_tokens,
+                split_special_tokens=split_special_tokens, truncation=TRUNCATION[truncation],
                 max_length=max_length, stride=stride, truncate_left=truncate_left, padding=PADDING[padding],
                 pad_to_multiple_of=pad_to_multiple_of, pad_left=pad_left, pad_id=pad_id, packed=packed,
                 type_ids=type_ids, attention_mask=attention_mask, special_tokens_mask=special_tokens_mask,
