@@ -119,15 +119,18 @@ def test_forward_packed_compiles_with_fullgraph():
                                    model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
 
 
-def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen():
+@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "nomic_bert"])
+def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen(family):
     """Found by use: the compiled forward_packed was compiled again for every new max_seqlen (each
     time for seconds, then eager past torch's recompile limit), as operator.index in the ops' check
-    made the symbolic int a constant. Now one recompile (torch making the changed int symbolic), then
-    every length runs the same graph, with the eager outputs. (A batch of one sequence is one more:
-    torch specializes sizes of 1.)"""
+    made the symbolic int a constant, and for DeBERTa-v2 and MPNet also as relative attention's torch
+    path looped over it. Now one recompile (torch making the changed int symbolic), then every length
+    runs the same graph, with the eager outputs. (A batch of one sequence is one more: torch
+    specializes sizes of 1.)"""
     from torch._dynamo.testing import CompileCounter
 
-    model = build("bert")
+    torch.manual_seed(0)
+    model = fastbert.AutoModel.from_config(CONFIGS[family](), backend="torch").eval()
     counter = CompileCounter()
     torch._dynamo.reset()
     compiled = torch.compile(model.forward_packed, fullgraph=True, backend=counter)
