@@ -51,6 +51,12 @@ def build(family, backend="torch"):
     return fast.eval()
 
 
+def build_tiny(family):
+    """fastbert's model of tiny_families' config, random weights, on the torch path."""
+    torch.manual_seed(0)
+    return fastbert.AutoModel.from_config(CONFIGS[family](), backend="torch").eval()
+
+
 def padded_and_packed(config, lengths=(9, 0, 4, 1), seq=9):
     pad = config.pad_token_id if config.pad_token_id is not None else 0
     g = torch.Generator().manual_seed(3)
@@ -129,8 +135,7 @@ def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen(famil
     specializes sizes of 1.)"""
     from torch._dynamo.testing import CompileCounter
 
-    torch.manual_seed(0)
-    model = fastbert.AutoModel.from_config(CONFIGS[family](), backend="torch").eval()
+    model = build_tiny(family)
     counter = CompileCounter()
     torch._dynamo.reset()
     compiled = torch.compile(model.forward_packed, fullgraph=True, backend=counter)
@@ -152,9 +157,7 @@ def test_compiled_padded_forward_is_not_compiled_again_for_each_length(family):
     family: plain (BERT), relative (DeBERTa-v2, MPNet), sliding window (ModernBERT), rotary (NomicBERT)."""
     from torch._dynamo.testing import CompileCounter
 
-    config = CONFIGS[family]()
-    torch.manual_seed(0)
-    model = fastbert.AutoModel.from_config(config, backend="torch").eval()
+    model = build_tiny(family)
     counter = CompileCounter()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=counter)

@@ -195,6 +195,7 @@ class TransformersPeer(Peer):
 
 
 PEERS = (FastbertPeer, NanotokenPeer, TokenizersPeer, TransformersPeer)
+PEERS_BY_NAME = {cls.name: cls for cls in PEERS}
 
 
 # ---- output checks ----------------------------------------------------------------------------------
@@ -649,28 +650,27 @@ def idle_gaps(model_dir, texts=None, gaps_ms=(0, 1, 3, 10, 30, 100), threads=(1,
 def peer_classes(names) -> tuple[type, ...]:
     """The peers' table's tokenizers for these peer names: fastbert first, then the named peers in
     PEERS' order ("none" or no names: fastbert alone). An unknown name is refused, with the known ones."""
-    by_name = {cls.name: cls for cls in PEERS}
     names = [n.strip() for n in names if n.strip() and n.strip() != "none"]
-    unknown = [n for n in names if n not in by_name]
+    unknown = [n for n in names if n not in PEERS_BY_NAME]
     if unknown:
-        raise ValueError(f"peers: unknown {', '.join(map(repr, unknown))}; the peers are {list(by_name)} or 'none'")
+        raise ValueError(f"peers: unknown {', '.join(map(repr, unknown))}; the peers are {list(PEERS_BY_NAME)} "
+                         "or 'none'")
     return (FastbertPeer, *(cls for cls in PEERS if cls is not FastbertPeer and cls.name in names))
 
 
 def _before_peer(label: str) -> tuple[type, int | None]:
     """idle_gaps' "NAME" -> (the peer's class, None: it runs at fastbert's count) or "NAME/THREADS"
     -> (the class, that count)."""
-    by_name = {cls.name: cls for cls in PEERS}
     name, _, count = label.partition("/")
-    if name not in by_name:
-        raise ValueError(f"after: unknown peer {name!r} in {label!r}; the peers are {list(by_name)}")
+    if name not in PEERS_BY_NAME:
+        raise ValueError(f"after: unknown peer {name!r} in {label!r}; the peers are {list(PEERS_BY_NAME)}")
     if not count:
-        return by_name[name], None
+        return PEERS_BY_NAME[name], None
     cores = os.cpu_count() or 1
     allowed = "a whole number from 1" if name == FastbertPeer.name else f"1 or {cores} (its pool takes all cores)"
     if not count.isdigit() or int(count) < 1 or (name != FastbertPeer.name and int(count) not in (1, cores)):
         raise ValueError(f"after: {label!r}: {name}'s thread count after '/' must be {allowed}")
-    return by_name[name], int(count)
+    return PEERS_BY_NAME[name], int(count)
 
 
 def _worker_figures(records: list[dict]) -> dict:

@@ -47,6 +47,11 @@ def _decoder_cleanup(token: str) -> str:
     return _cleanup(token).replace(" do not", " don't")
 
 
+def _split_flag(value) -> bool:
+    """split_special_tokens as given (to the constructor or a call, or set as the attribute): a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"split_special_tokens must be a bool, got {value!r}")
+    return value
 
 
 def _token_str(v) -> str | None:
@@ -228,8 +233,6 @@ class BertTokenizer:
         self.padding_side = padding_side
         self.truncation_side = truncation_side
         self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
-        if not isinstance(split_special_tokens, bool):
-            raise TypeError(f"split_special_tokens must be a bool, got {split_special_tokens!r}")
         # transformers' attribute: special tokens written in the text are tokenized as text (every call
         # that does not say otherwise)
         self.split_special_tokens = split_special_tokens
@@ -285,11 +288,13 @@ class BertTokenizer:
         self._warned_long = False
         self._aligner = Aligner(self._core, self._added, self._special, template.gaps(single, pair))
         self._options = OptionsCache()
-        # the options of one text without padding or truncation, by (add_special_tokens,
-        # token_type_ids, attention_mask): what a loop over single texts calls
-        self._one_text = {(special, types, attn): self._options.get(add_special_tokens=special, type_ids=types,
-                                                                   attention_mask=attn)
-                          for special in (False, True) for types in (False, True) for attn in (False, True)}
+        # the options of one text without padding or truncation, by (split_special_tokens,
+        # add_special_tokens, token_type_ids, attention_mask): what a loop over single texts calls
+        self._one_text = {(split, special, types, attn): self._options.get(
+                              split_special_tokens=split, add_special_tokens=special, type_ids=types,
+                              attention_mask=attn)
+                          for split in (False, True) for special in (False, True) for types in (False, True)
+                          for attn in (False, True)}
 
     def _make_core(self, source, resolved_strip, clean_text, unk_token):
         return _C.Tokenizer(
@@ -355,6 +360,15 @@ class BertTokenizer:
         self._core.clear_cache()
 
     # ------------------------------------------------------------------------------ attributes
+    @property
+    def split_special_tokens(self) -> bool:
+        return self._split_special_tokens
+
+    @split_special_tokens.setter
+    def split_special_tokens(self, value) -> None:
+        # checked once here, not on every call that reads it
+        self._split_special_tokens = _split_flag(value)
+
     @property
     def _tokenizer(self):
         """What transformers' token-classification pipeline reads of a fast tokenizer's backend
@@ -757,9 +771,7 @@ class BertTokenizer:
                                  f"effective max length of {effective} (= {max_length} original max length - "
                                  f"{self.num_special_tokens_to_add(False)} added special tokens), ")
         want_types, want_attn = self._wanted_outputs(return_token_type_ids, return_attention_mask)
-        split = self.split_special_tokens if split_special_tokens is None else split_special_tokens
-        if not isinstance(split, bool):
-            raise TypeError(f"split_special_tokens must be a bool, got {split!r}")
+        split = self._split_special_tokens if split_special_tokens is None else _split_flag(split_special_tokens)
         options = self._options.get(
             split_words=bool(is_split_into_words), add_special_tokens=bool(add_special_tokens),
             split_special_tokens=split, truncation=trunc,
@@ -851,11 +863,7 @@ class BertTokenizer:
 
     def _encode_one_raw(self, text: str, add_special_tokens, want_types: bool, want_attn: bool, verbose):
         # the C++ output (rows of one) and the options it was made with
-        if self.split_special_tokens:
-            options = self._options.get(add_special_tokens=bool(add_special_tokens), split_special_tokens=True,
-                                        type_ids=want_types, attention_mask=want_attn)
-        else:
-            options = self._one_text[bool(add_special_tokens), want_types, want_attn]
+        options = self._one_text[self._split_special_tokens, bool(add_special_tokens), want_types, want_attn]
         out, longest = self._core.encode_batch((text,), None, options)
         if verbose:
             self._warn_if_long(longest)
