@@ -17,6 +17,10 @@ Containers are optimized through the transformers models inside them: a transfor
 (every transformers model in their modules, e.g. the `auto_model` of a Transformer or
 MLMTransformer); their other modules (Pooling, Dense, Normalize, SpladePooling, prompts, the
 CrossEncoder activation) are untouched. Every model inside is checked before any is changed.
+A peft PeftModel is optimized through the model it wraps, and an adapter layer already in a
+transformers model (a module with a `base_layer` of the kind it replaces, as peft's LoRA layers
+have) is moved into fastbert's encoder as it is, with its parameters: fastbert runs such a module
+itself (that projection unfused), so the adapter keeps working, training and merging.
 Unsupported models (another architecture, settings fastbert does not implement, decoders) raise
 fastbert.models.config.ConfigError, a ValueError, naming the setting; other objects raise
 TypeError naming their type and what is supported. Optimizing twice is a no-op.
@@ -42,8 +46,8 @@ _LOSS_ARGS = ("num_items_in_batch",)
 
 
 _SUPPORTED = ("a transformers PreTrainedModel of a supported family (see fastbert.models), a fastbert model, "
-              "a transformers Pipeline, or a sentence-transformers SentenceTransformer, CrossEncoder or "
-              "SparseEncoder")
+              "a transformers Pipeline, a peft PeftModel of one of those, or a sentence-transformers "
+              "SentenceTransformer, CrossEncoder or SparseEncoder")
 _SENTENCE_TRANSFORMERS_TYPES = ("SentenceTransformer", "CrossEncoder", "SparseEncoder")
 
 
@@ -55,6 +59,9 @@ def optimize(model):
     transformers models fastbert cannot run, naming the model type or setting."""
     if _is_pipeline(model):
         optimize(model.model)
+        return model
+    if _is_peft_model(model):
+        optimize(model.get_base_model())
         return model
     kind = _sentence_transformers_kind(model)
     if kind is not None:
@@ -116,6 +123,12 @@ def _is_pipeline(obj) -> bool:
     return pipelines is not None and isinstance(obj, pipelines.Pipeline)
 
 
+def _is_peft_model(obj) -> bool:
+    peft = sys.modules.get("peft")  # a PeftModel exists only once peft is imported
+    cls = getattr(peft, "PeftModel", None) if peft is not None else None
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
 def _sentence_transformers_kind(obj):
     """"SentenceTransformer", "CrossEncoder" or "SparseEncoder" for those objects, else None."""
     st = sys.modules.get("sentence_transformers")  # these exist only once sentence_transformers is imported
@@ -158,6 +171,7 @@ def _swap_encoder(base: nn.Module, config, source: str) -> None:
     pooled = getattr(base, "pooler", None) is not None
     with torch.device("meta"):                         # built without memory; every tensor comes from base
         fast = fast_cls(config, add_pooling_layer=pooled)
+    _move_adapters(fast, base)
     theirs = dict(base.named_parameters(remove_duplicate=False))
     ours = dict(fast.named_parameters(remove_duplicate=False))
     extra = sorted(set(theirs) - set(ours))
@@ -179,6 +193,21 @@ def _swap_encoder(base: nn.Module, config, source: str) -> None:
         setattr(base, name, child)
     base.__dict__["_fastbert_encoder"] = fast          # not a registered child: no duplicate keys
     base.forward = _OptimizedForward(base, signature, output_class)
+
+
+def _move_adapters(fast: nn.Module, base: nn.Module) -> None:
+    """Put into fast, at the same path, each module of base that wraps the kind of module fast has
+    there (an adapter such as peft's lora.Linear around an nn.Linear: its `base_layer`). fast then
+    holds the wrapper itself, with its parameters under transformers' names, and runs it as a module."""
+    ours = dict(fast.named_modules())
+    for name, module in base.named_modules():
+        inner = getattr(module, "base_layer", None)
+        target = ours.get(name)
+        if (not name or target is None or not isinstance(inner, nn.Module)
+                or type(module) is type(target) or type(inner) is not type(target)):
+            continue
+        parent, _, attr = name.rpartition(".")
+        setattr(fast.get_submodule(parent) if parent else fast, attr, module)
 
 
 def _follow_order(fast: nn.Module, hf: nn.Module) -> None:

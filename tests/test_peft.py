@@ -1,11 +1,13 @@
 """Swapped-in modules are honoured: a peft LoRA adapter on a fastbert model trains exactly as on the
 transformers model (losses, LoRA gradients, AdamW steps), forward hooks run, and a module whose
-output the layer cannot use raises naming it."""
+output the layer cannot use raises naming it. fastbert.optimize on a model that has adapters already
+keeps them, for every family."""
 import pytest
 import torch
 import transformers as T
 
 import fastbert
+from tiny_families import CONFIGS
 
 CONFIG = dict(vocab_size=67, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
               max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
@@ -109,3 +111,89 @@ def test_lora_with_reentrant_checkpointing_gets_gradients(tmp_path):
         assert torch.allclose(g, grads["hf"][n], atol=1e-5), n
     fast.base_model.model.disable_input_require_grads()
     assert "_require_grads_hook" not in fast.base_model.model.__dict__
+
+
+@pytest.mark.parametrize("given", ["PeftModel", "the model inside it"])
+def test_optimize_keeps_a_peft_adapter(tmp_path, given):
+    """fastbert.optimize on a model that already has LoRA adapters (a PeftModel, or the transformers
+    model peft wrapped): the adapters stay where peft put them and keep working: same outputs,
+    losses and adapter gradients as peft on the unoptimized model, adapters that can be disabled,
+    and merge_and_unload gives back plain Linears (the fused path) with the merged weights. Before,
+    a PeftModel was refused with a TypeError and its inner model with a ConfigError."""
+    import copy
+
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    hf, _ = checkpoint(tmp_path)
+    lora = dict(r=4, lora_alpha=8, target_modules=["query", "value"], lora_dropout=0.0, init_lora_weights=False)
+    ref = peft.get_peft_model(copy.deepcopy(hf), peft.LoraConfig(**lora))
+    model = peft.get_peft_model(hf, peft.LoraConfig(**lora))
+    model.load_state_dict(ref.state_dict(), strict=True)        # the same (random, non-zero) LoRA weights
+    keys = list(model.state_dict())
+    target = model if given == "PeftModel" else model.get_base_model()
+    assert fastbert.optimize(target) is target
+    base = model.get_base_model().bert
+    assert "_fastbert_encoder" in base.__dict__
+    query = base.encoder.layer[0].attention.self.query
+    assert isinstance(query, peft.tuners.lora.LoraLayer), type(query)
+    assert list(model.state_dict()) == keys                      # transformers' and peft's names, same order
+    inputs = batch()
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        with model.disable_adapter():
+            plain = model(**inputs).logits
+        adapted = model(**inputs).logits
+        assert (adapted - plain).abs().max() > 1e-3                # the adapter still acts ...
+        torch.testing.assert_close(adapted, ref(**inputs).logits, atol=1e-5, rtol=0)   # ... as peft's does
+    model.train(), ref.train()
+    opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (ref, model)]
+    for step in range(2):
+        losses = []
+        for m, opt in zip((ref, model), opts):
+            opt.zero_grad()
+            loss = m(**inputs).loss
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5, msg=f"loss at step {step}")
+        want = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                err = (p.grad - want[name].grad).abs().max() / want[name].grad.abs().max()
+                assert err < 1e-4, f"step {step} {name}: relative gradient error {err:.2e}"
+        for opt in opts:
+            opt.step()
+    merged, ref_merged = model.merge_and_unload().eval(), ref.merge_and_unload().eval()
+    assert type(merged.bert.encoder.layer[0].attention.self.query) is torch.nn.Linear
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).logits, ref_merged(**inputs).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_optimize_keeps_lora_on_every_linear_of_each_family(family):
+    """LoRA on every Linear (peft's "all-linear"), then fastbert.optimize: every adapter is still in
+    the model, and the encoder's output is peft's on the unoptimized model, for each family."""
+    import copy
+
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    torch.manual_seed(0)
+    config = CONFIGS[family]()
+    hf = T.AutoModel.from_config(config, attn_implementation="eager").eval()
+    lora = peft.LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False)
+    ref = peft.get_peft_model(copy.deepcopy(hf), lora).eval()
+    model = peft.get_peft_model(hf, lora).eval()
+    model.load_state_dict(ref.state_dict(), strict=True)
+    adapters = sum(isinstance(m, peft.tuners.lora.LoraLayer) for m in ref.modules())
+    fastbert.optimize(model)
+    assert "_fastbert_encoder" in model.get_base_model().__dict__
+    assert sum(isinstance(m, peft.tuners.lora.LoraLayer) for m in model.modules()) == adapters > 0
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    g = torch.Generator().manual_seed(2)
+    mask = (torch.arange(9)[None] < torch.tensor([9, 5, 2])[:, None]).long()
+    ids = torch.where(mask.bool(), torch.randint(pad + 3, config.vocab_size, (3, 9), generator=g), pad)
+    real = mask.bool()
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        with model.disable_adapter():
+            plain = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert (got - plain)[real].abs().max() > 1e-3
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
