@@ -23,11 +23,17 @@ class _AutoBase:
     def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto", *,
                         revision=None, cache_dir=None, local_files_only: bool = False, token=None, **kwargs):
         """The model class for config.json's model_type, loaded by its from_pretrained (which takes
-        transformers' arguments: torch_dtype, device_map, num_labels, ...)."""
-        from fastbert.hub import resolve_directory
+        transformers' arguments: torch_dtype, device_map, num_labels, ...). A peft adapter's folder
+        or hub id gives its base model with the adapter loaded (a peft.PeftModel)."""
+        from fastbert.hub import adapter_base, resolve_directory, with_adapter
 
         directory = resolve_directory(path_or_hub_id, revision=revision, cache_dir=cache_dir,
                                       local_files_only=local_files_only, token=token)
+        base = adapter_base(directory)
+        if base is not None:   # a peft adapter: its base model's class from its config, then the adapter
+            model = cls.from_pretrained(base, dtype=dtype, device=device, backend=backend, cache_dir=cache_dir,
+                                        local_files_only=local_files_only, token=token, **kwargs)
+            return with_adapter(model, directory)
         data = read_config_dict(os.path.join(directory, "config.json"))
         return cls.class_for(data["model_type"]).from_pretrained(directory, dtype=dtype, device=device,
                                                                  backend=backend, **kwargs)

@@ -15,7 +15,8 @@ from fastbert.models.config import load_config
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
-_PATTERNS = ["config.json", "*.safetensors", SAFETENSORS_INDEX, "*.bin", TORCH_BIN_INDEX]
+ADAPTER_CONFIG = "adapter_config.json"  # a peft adapter: its weights, and the name of its base model
+_PATTERNS = ["config.json", "*.safetensors", SAFETENSORS_INDEX, "*.bin", TORCH_BIN_INDEX, ADAPTER_CONFIG]
 
 
 class CheckpointFileError(ValueError):
@@ -118,6 +119,37 @@ def load_state(directory: str) -> Dict[str, torch.Tensor]:
             raise CheckpointFileError(f"{path} repeats keys of another shard: {dup[:5]}")
         state.update(part)
     return state
+
+
+def adapter_base(directory: str) -> Optional[str]:
+    """The base model of the peft adapter in `directory` (adapter_config.json's base_model_name_or_path)
+    when it holds an adapter and no config.json of its own; None for a model checkpoint."""
+    path = os.path.join(directory, ADAPTER_CONFIG)
+    if os.path.isfile(os.path.join(directory, "config.json")) or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            base = json.load(f).get("base_model_name_or_path")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise CheckpointFileError(f"{path} is not a valid adapter config (a JSON object): {e}") from e
+    if not isinstance(base, str) or not base:
+        raise CheckpointFileError(f"{path} names no base model (base_model_name_or_path is {base!r}): load the "
+                                  "base model with fastbert, then peft.PeftModel.from_pretrained(model, "
+                                  f"{directory!r})")
+    if os.path.isdir(base) and os.path.samefile(base, directory):
+        raise CheckpointFileError(f"{path} names its own folder as its base model")
+    return base
+
+
+def with_adapter(model, directory: str):
+    """peft.PeftModel.from_pretrained(model, directory): the adapter in `directory` on fastbert's model
+    (for inference, as peft loads it; is_trainable=True through peft itself to train it further)."""
+    try:
+        import peft
+    except ImportError as e:
+        raise ImportError(f"{directory} holds a peft adapter ({ADAPTER_CONFIG}); loading it needs peft "
+                          "(pip install peft)") from e
+    return peft.PeftModel.from_pretrained(model, directory)
 
 
 def load_checkpoint_files(path_or_hub_id: str, **hub):

@@ -197,3 +197,37 @@ def test_optimize_keeps_lora_on_every_linear_of_each_family(family):
         want = ref(input_ids=ids, attention_mask=mask).last_hidden_state
     assert (got - plain)[real].abs().max() > 1e-3
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+
+
+def test_from_pretrained_loads_a_peft_adapter_folder(tmp_path):
+    """A folder peft saved (adapter_config.json, adapter weights, no config.json) loads as transformers
+    loads it: the base model it names, then the adapter, with the classifier peft saved beside it
+    (modules_to_save); the logits are transformers'. Before, a FileNotFoundError for config.json. A
+    config that names no base model is refused naming the file."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    from fastbert.hub import CheckpointFileError
+
+    hf, _ = checkpoint(tmp_path / "base")
+    lora = peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"], init_lora_weights=False)
+    model = peft.get_peft_model(hf, lora)
+    with torch.no_grad():   # a trained classifier, saved with the adapter
+        model.base_model.model.classifier.modules_to_save["default"].weight.add_(0.5)
+    model.save_pretrained(tmp_path / "adapter")
+    assert not (tmp_path / "adapter" / "config.json").exists()
+    inputs = batch()
+    inputs.pop("labels")
+    ref = T.AutoModelForSequenceClassification.from_pretrained(tmp_path / "adapter", attn_implementation="eager")
+    with torch.no_grad():
+        want = ref.eval()(**inputs).logits
+        base = T.BertForSequenceClassification.from_pretrained(tmp_path / "base").eval()(**inputs).logits
+    assert (want - base).abs().max() > 1e-2                      # the adapter and its classifier count
+    for loader in (fastbert.AutoModelForSequenceClassification, fastbert.BertForSequenceClassification):
+        got = loader.from_pretrained(str(tmp_path / "adapter"))
+        assert isinstance(got, peft.PeftModel)
+        assert isinstance(got.get_base_model(), fastbert.BertForSequenceClassification)
+        with torch.no_grad():
+            torch.testing.assert_close(got(**inputs).logits, want, atol=1e-5, rtol=0)
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(config.read_text().replace('"base_model_name_or_path"', '"base_model"'))
+    with pytest.raises(CheckpointFileError, match=r"adapter_config\.json names no base model"):
+        fastbert.AutoModel.from_pretrained(str(tmp_path / "adapter"))

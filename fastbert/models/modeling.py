@@ -106,7 +106,10 @@ class FastPreTrainedModel(PreTrainedModel):
                         revision=None, cache_dir=None, local_files_only: bool = False, token=None,
                         low_cpu_mem_usage=None, trust_remote_code=None, attn_implementation=None, **kwargs):
         """Load a config.json + weights checkpoint (local dir, HF cache or hub); strict (see load_checkpoint).
-        `backend` ("auto" | "triton" | "torch") is the model's op backend (see `backend`).
+        `backend` ("auto" | "triton" | "torch") is the model's op backend (see `backend`). A peft adapter
+        (a folder or hub id with adapter_config.json and no config.json) loads its base model this way,
+        then the adapter on it: a peft.PeftModel around fastbert's model (transformers' from_pretrained
+        gives its own model with the adapter inside; both run the adapter).
 
         transformers' arguments mean what they mean there: `torch_dtype` is the old name of `dtype`;
         `device_map` names one device ("cpu", "cuda:1", a GPU index, or "auto": the GPU when there is
@@ -118,15 +121,22 @@ class FastPreTrainedModel(PreTrainedModel):
         and `trust_remote_code` change nothing: fastbert always builds on the meta device before
         loading, and never runs code from a checkpoint. `attn_implementation` is refused: fastbert's
         attention is its own."""
-        from fastbert.hub import load_checkpoint_files
+        from fastbert.hub import adapter_base, load_checkpoint_files, resolve_directory, with_adapter
 
         if attn_implementation is not None:
             raise ValueError(f"attn_implementation={attn_implementation!r}: fastbert runs its own attention "
                              "(on packed tokens, without padding) whatever transformers' setting; drop the argument")
         dtype = _dtype_argument(dtype, torch_dtype)
         device = _device_argument(device, device_map)
-        config, state, source = load_checkpoint_files(path_or_hub_id, revision=revision, cache_dir=cache_dir,
-                                                      local_files_only=local_files_only, token=token)
+        directory = resolve_directory(path_or_hub_id, revision=revision, cache_dir=cache_dir,
+                                      local_files_only=local_files_only, token=token)
+        base = adapter_base(directory)
+        if base is not None:   # a peft adapter: its base model (revision is the adapter's), then the adapter
+            model = cls.from_pretrained(base, dtype=dtype, device=device, backend=backend,
+                                        ignore_mismatched_sizes=ignore_mismatched_sizes, cache_dir=cache_dir,
+                                        local_files_only=local_files_only, token=token, **kwargs)
+            return with_adapter(model, directory)
+        config, state, source = load_checkpoint_files(directory)
         init_kwargs = cls._config_arguments(config, kwargs)
         return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source, backend=backend,
                                    ignore_mismatched_sizes=ignore_mismatched_sizes, **init_kwargs)
