@@ -15,6 +15,7 @@ per-token; in any other model every Linear is per-token (its roles are unknown).
 """
 import sys
 import types
+import warnings
 from typing import Iterable, Optional
 
 import numpy as np
@@ -116,8 +117,14 @@ def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
     unknown = sorted(skip - names)
     if unknown:
         raise ValueError(f"skip names modules that are not in the model: {unknown}")
-    targets = [(name, m) for name, m in model.named_modules()
-               if type(m) is nn.Linear and name and name not in skip]  # subclasses may carry their own forward
+    adapters = _adapter_wrappers(model)
+    inside = tuple(f"{name}." for name in adapters)
+    targets = [(name, m) for name, m in model.named_modules()   # subclasses may carry their own forward
+               if type(m) is nn.Linear and name and name not in skip and not name.startswith(inside)]
+    if adapters:
+        warnings.warn(f"fastbert.quantize: {len(adapters)} Linear(s) with an adapter stay float32 (an adapter "
+                      f"reads its base layer's weight, and its own Linears train): {adapters[:3]}; call the "
+                      "adapter model's merge_and_unload() first to quantize them too", UserWarning, stacklevel=2)
     if not targets:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize")
     bad = [name for name, m in targets if m.weight.device.type != "cpu" or m.weight.dtype != torch.float32]
@@ -132,6 +139,12 @@ def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
         choice = backend or chosen.get(id(linear), ql.DEFAULT_BACKEND)
         setattr(parent, child, QuantizedLinear.from_linear(linear, backend=choice))
     return model
+
+
+def _adapter_wrappers(model: nn.Module) -> list:
+    """Names of the modules that wrap a Linear with an adapter (peft's LoRA layers: a `base_layer`)."""
+    return [name for name, m in model.named_modules()
+            if name and isinstance(getattr(m, "base_layer", None), nn.Linear)]
 
 
 # ---- embedding precision: sentence-transformers' quantize_embeddings math, without importing it ----

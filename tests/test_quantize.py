@@ -196,3 +196,36 @@ def test_onnx_peer_is_skipped_with_its_reason_without_onnxruntime(monkeypatch, t
     monkeypatch.setitem(sys.modules, "onnxruntime", None)     # import onnxruntime -> ImportError
     with pytest.raises(RuntimeError, match="not available: needs onnxruntime"):
         bench._onnx_int8(MODEL_DIR, str(tmp_path))
+
+
+def test_linears_with_a_lora_adapter_stay_float32_and_the_adapter_works():
+    """quantize() on a model with LoRA adapters (on the PeftModel or on the model inside): the Linears
+    that carry an adapter stay float32 (their base layer and the adapter's own Linears, which peft
+    reads and trains), with a warning naming them; every other Linear is int8; the adapters still act,
+    and the output stays near float32's. Before, the adapters' Linears were replaced too and the
+    forward failed with an AttributeError inside peft."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 6251, 102], [101, 2460, 102, 0, 0, 0, 0]])
+    mask = (ids != 0).long()
+    lora = peft.LoraConfig(r=8, target_modules=["query", "value"], init_lora_weights=False)
+    for target in ("PeftModel", "the model inside it"):
+        torch.manual_seed(0)
+        model = peft.get_peft_model(fastbert.AutoModel.from_pretrained(MODEL_DIR), lora).eval()
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        with pytest.warns(UserWarning, match=r"12 Linear\(s\) with an adapter stay float32.*merge_and_unload"):
+            quantize(model if target == "PeftModel" else model.get_base_model())
+        layer = model.get_base_model().encoder.layer[0]
+        query = layer.attention.self.query
+        assert isinstance(query, peft.tuners.lora.LoraLayer) and type(query.base_layer) is nn.Linear
+        assert type(query.lora_A["default"]) is nn.Linear
+        assert isinstance(layer.attention.self.key, QuantizedLinear)
+        assert isinstance(layer.intermediate.dense, QuantizedLinear)
+        real = mask.bool()
+        with torch.no_grad():
+            got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            with model.disable_adapter():
+                plain = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (got - plain)[real].abs().max() > 1e-2, target              # the adapters still act
+        cos = torch.nn.functional.cosine_similarity(got[real], want[real], dim=-1)
+        assert cos.min() > 0.99, (target, cos.min())
