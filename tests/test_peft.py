@@ -231,3 +231,24 @@ def test_from_pretrained_loads_a_peft_adapter_folder(tmp_path):
     config.write_text(config.read_text().replace('"base_model_name_or_path"', '"base_model"'))
     with pytest.raises(CheckpointFileError, match=r"adapter_config\.json names no base model"):
         fastbert.AutoModel.from_pretrained(str(tmp_path / "adapter"))
+
+
+def test_an_adapter_saved_from_a_fastbert_model_loads_in_both_libraries(tmp_path):
+    """peft writes the model's name_or_path into a saved adapter as its base model: fastbert's
+    from_pretrained records it as transformers does, so an adapter trained on a fastbert model loads
+    back with fastbert and with transformers, to the same output. Before, the adapter named no base."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    _, fast = checkpoint(tmp_path / "base")
+    assert fast.name_or_path == str(tmp_path / "base") == fast.config.name_or_path
+    lora = peft.LoraConfig(r=4, target_modules=["query", "value"], init_lora_weights=False)
+    model = peft.get_peft_model(fast.bert, lora).eval()
+    model.save_pretrained(tmp_path / "adapter")
+    inputs = batch()
+    inputs.pop("labels")
+    with torch.no_grad():
+        want = model(**inputs).last_hidden_state
+        for loaded in (fastbert.AutoModel.from_pretrained(str(tmp_path / "adapter")),
+                       T.AutoModel.from_pretrained(tmp_path / "adapter", attn_implementation="eager")):
+            got = loaded.eval()(**inputs).last_hidden_state
+            real = inputs["attention_mask"].bool()
+            torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)

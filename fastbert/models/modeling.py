@@ -87,6 +87,7 @@ class FastPreTrainedModel(PreTrainedModel):
             raise ValueError(f"{type(self).__name__} needs a config with model_type in {self.model_types}, "
                              f"got {config.model_type!r}")
         self.config = config
+        self.name_or_path = getattr(config, "name_or_path", "")   # transformers': where it was loaded from
         self.dims = resolve(config)
         self.gradient_checkpointing = False
         self._checkpoint_options = ({"use_reentrant": False}, 1, False)  # (checkpoint kwargs, every n, offload)
@@ -137,6 +138,8 @@ class FastPreTrainedModel(PreTrainedModel):
                                         local_files_only=local_files_only, token=token, **kwargs)
             return with_adapter(model, directory)
         config, state, source = load_checkpoint_files(directory)
+        # as transformers records it (peft writes it into a saved adapter as its base model)
+        config.name_or_path = str(path_or_hub_id)
         init_kwargs = cls._config_arguments(config, kwargs)
         return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source, backend=backend,
                                    ignore_mismatched_sizes=ignore_mismatched_sizes, **init_kwargs)
