@@ -27,6 +27,28 @@ def batch():
     return dict(input_ids=ids * mask, attention_mask=mask, labels=torch.tensor([0, 2, 1, 2]))
 
 
+def train_alike(ref, model, inputs, steps):
+    """AdamW steps on the trainable parameters of both models (both left in train mode): the same
+    loss at each step, and each trainable parameter's gradient within 1e-4 of ref's (relative)."""
+    ref.train(), model.train()
+    opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (ref, model)]
+    for step in range(steps):
+        losses = []
+        for m, opt in zip((ref, model), opts):
+            opt.zero_grad()
+            loss = m(**inputs).loss
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5, msg=f"loss at step {step}")
+        want = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                err = (p.grad - want[name].grad).abs().max() / want[name].grad.abs().max()
+                assert err < 1e-4, f"step {step} {name}: relative gradient error {err:.2e}"
+        for opt in opts:
+            opt.step()
+
+
 def test_lora_trains_like_peft_on_transformers(tmp_path):
     peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
     hf, fast = checkpoint(tmp_path)
@@ -46,24 +68,7 @@ def test_lora_trains_like_peft_on_transformers(tmp_path):
         ref = hf(**inputs, output_hidden_states=True)          # ... as peft's does on transformers
         torch.testing.assert_close(adapted.hidden_states[-1][real], ref.hidden_states[-1][real], atol=1e-5, rtol=0)
         torch.testing.assert_close(adapted.logits, ref.logits, atol=1e-5, rtol=0)
-    hf.train(), fast.train()
-    opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (hf, fast)]
-    for step in range(3):
-        losses = []
-        for model, opt in zip((hf, fast), opts):
-            opt.zero_grad()
-            loss = model(**inputs).loss
-            loss.backward()
-            losses.append(loss.detach())
-        torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5, msg=f"loss at step {step}")
-        hf_grads = dict(hf.named_parameters())
-        for name, p in fast.named_parameters():
-            if p.requires_grad:
-                want = hf_grads[name].grad
-                err = (p.grad - want).abs().max() / want.abs().max()
-                assert err < 1e-4, f"step {step} {name}: relative gradient error {err:.2e}"
-        for opt in opts:
-            opt.step()
+    train_alike(hf, fast, inputs, steps=3)
     fast.eval(), hf.eval()
     with torch.no_grad():
         torch.testing.assert_close(fast(**inputs).logits, hf(**inputs).logits, atol=1e-5, rtol=0)
@@ -144,23 +149,7 @@ def test_optimize_keeps_a_peft_adapter(tmp_path, given):
         adapted = model(**inputs).logits
         assert (adapted - plain).abs().max() > 1e-3                # the adapter still acts ...
         torch.testing.assert_close(adapted, ref(**inputs).logits, atol=1e-5, rtol=0)   # ... as peft's does
-    model.train(), ref.train()
-    opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (ref, model)]
-    for step in range(2):
-        losses = []
-        for m, opt in zip((ref, model), opts):
-            opt.zero_grad()
-            loss = m(**inputs).loss
-            loss.backward()
-            losses.append(loss.detach())
-        torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5, msg=f"loss at step {step}")
-        want = dict(ref.named_parameters())
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                err = (p.grad - want[name].grad).abs().max() / want[name].grad.abs().max()
-                assert err < 1e-4, f"step {step} {name}: relative gradient error {err:.2e}"
-        for opt in opts:
-            opt.step()
+    train_alike(ref, model, inputs, steps=2)
     merged, ref_merged = model.merge_and_unload().eval(), ref.merge_and_unload().eval()
     assert type(merged.bert.encoder.layer[0].attention.self.query) is torch.nn.Linear
     with torch.no_grad():
