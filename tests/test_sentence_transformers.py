@@ -147,7 +147,7 @@ def test_sentence_transformer_dense_normalize_prompts(ckpt, pooling, tmp_path):
 
 
 def test_unsupported_objects_name_their_type_and_what_is_supported(ckpt):
-    supported = "Pipeline, or a sentence-transformers SentenceTransformer, CrossEncoder or SparseEncoder"
+    supported = "a peft PeftModel of one of those, or a sentence-transformers SentenceTransformer, CrossEncoder or SparseEncoder"
     for obj, name in [(torch.nn.Linear(2, 2), "torch.nn.modules.linear.Linear"), ("bert", "got str"),
                       (object(), "got object")]:
         with pytest.raises(TypeError, match=name) as info:
