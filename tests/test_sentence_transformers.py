@@ -175,3 +175,22 @@ def test_unsupported_model_inside_leaves_the_object_untouched(ckpt, tmp_path):
     with pytest.raises(ValueError, match=r"unpad_inputs = False"):
         fastbert.optimize(flattened)
     assert type(flattened[0].auto_model.bert.encoder).__module__.startswith("transformers")
+
+
+def test_sentence_transformer_with_a_lora_adapter(ckpt):
+    """A SentenceTransformer whose transformers model was wrapped by peft (get_peft_model on
+    auto_model, as LoRA fine-tuning recipes do): optimize finds the model inside the PeftModel and
+    keeps the adapters, so the embeddings are the adapted ones, not the base model's."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
+    lora = dict(r=4, target_modules=["query", "value"], init_lora_weights=False)
+    ref, model = _sentence_transformer(ckpt["base"], "mean"), _sentence_transformer(ckpt["base"], "mean")
+    plain = ref.encode(TEXTS, convert_to_tensor=True)
+    for obj in (ref, model):
+        torch.manual_seed(2)  # the same adapter weights for both
+        obj[0].auto_model = peft.get_peft_model(obj[0].auto_model, peft.LoraConfig(**lora))
+    want = ref.encode(TEXTS, convert_to_tensor=True)
+    assert (want - plain).abs().max() > 1e-3                     # the adapter changes the embeddings
+    assert fastbert.optimize(model) is model
+    assert any("_fastbert_encoder" in m.__dict__ for m in model.modules())
+    assert sum(isinstance(m, peft.tuners.lora.LoraLayer) for m in model.modules()) == 4
+    assert_embeddings_close(want, model.encode(TEXTS, convert_to_tensor=True))
