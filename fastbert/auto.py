@@ -25,15 +25,16 @@ class _AutoBase:
         """The model class for config.json's model_type, loaded by its from_pretrained (which takes
         transformers' arguments: torch_dtype, device_map, num_labels, ...). A peft adapter's folder
         or hub id gives its base model with the adapter loaded (a peft.PeftModel)."""
-        from fastbert.hub import adapter_base, resolve_directory, with_adapter
+        from fastbert.hub import load_adapter, resolve_directory
 
         directory = resolve_directory(path_or_hub_id, revision=revision, cache_dir=cache_dir,
                                       local_files_only=local_files_only, token=token)
-        base = adapter_base(directory)
-        if base is not None:   # a peft adapter: its base model's class from its config, then the adapter
-            model = cls.from_pretrained(base, dtype=dtype, device=device, backend=backend, cache_dir=cache_dir,
-                                        local_files_only=local_files_only, token=token, **kwargs)
-            return with_adapter(model, directory)
+        # a peft adapter: its base model, of the class its own config names, then the adapter
+        adapted = load_adapter(directory, lambda base: cls.from_pretrained(
+            base, dtype=dtype, device=device, backend=backend, cache_dir=cache_dir,
+            local_files_only=local_files_only, token=token, **kwargs))
+        if adapted is not None:
+            return adapted
         data = read_config_dict(os.path.join(directory, "config.json"))
         return cls.class_for(data["model_type"]).from_pretrained(directory, dtype=dtype, device=device,
                                                                  backend=backend, **kwargs)

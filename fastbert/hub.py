@@ -141,15 +141,19 @@ def adapter_base(directory: str) -> Optional[str]:
     return base
 
 
-def with_adapter(model, directory: str):
-    """peft.PeftModel.from_pretrained(model, directory): the adapter in `directory` on fastbert's model
-    (for inference, as peft loads it; is_trainable=True through peft itself to train it further)."""
+def load_adapter(directory: str, load_base):
+    """None for a model checkpoint; for a peft adapter (adapter_base), peft.PeftModel.from_pretrained of
+    `load_base(base)` and `directory`: the adapter on fastbert's model (for inference, as peft loads it;
+    is_trainable=True through peft itself to train it further)."""
+    base = adapter_base(directory)
+    if base is None:
+        return None
     try:
         import peft
     except ImportError as e:
         raise ImportError(f"{directory} holds a peft adapter ({ADAPTER_CONFIG}); loading it needs peft "
                           "(pip install peft)") from e
-    return peft.PeftModel.from_pretrained(model, directory)
+    return peft.PeftModel.from_pretrained(load_base(base), directory)
 
 
 def load_checkpoint_files(path_or_hub_id: str, **hub):

@@ -199,12 +199,12 @@ def _move_adapters(fast: nn.Module, base: nn.Module) -> None:
     """Put into fast, at the same path, each module of base that wraps the kind of module fast has
     there (an adapter such as peft's lora.Linear around an nn.Linear: its `base_layer`). fast then
     holds the wrapper itself, with its parameters under transformers' names, and runs it as a module."""
+    from fastbert.models.layers import adapter_base_layer
+
     ours = dict(fast.named_modules())
     for name, module in base.named_modules():
-        inner = getattr(module, "base_layer", None)
-        target = ours.get(name)
-        if (not name or target is None or not isinstance(inner, nn.Module)
-                or type(module) is type(target) or type(inner) is not type(target)):
+        inner, target = adapter_base_layer(module), ours.get(name)
+        if not name or target is None or inner is None or type(inner) is not type(target):
             continue
         parent, _, attr = name.rpartition(".")
         setattr(fast.get_submodule(parent) if parent else fast, attr, module)

@@ -142,9 +142,10 @@ def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
 
 
 def _adapter_wrappers(model: nn.Module) -> list:
-    """Names of the modules that wrap a Linear with an adapter (peft's LoRA layers: a `base_layer`)."""
-    return [name for name, m in model.named_modules()
-            if name and isinstance(getattr(m, "base_layer", None), nn.Linear)]
+    """Names of the modules that wrap a Linear with an adapter (peft's LoRA layers)."""
+    from fastbert.models.layers import adapter_base_layer
+
+    return [name for name, m in model.named_modules() if name and isinstance(adapter_base_layer(m), nn.Linear)]
 
 
 # ---- embedding precision: sentence-transformers' quantize_embeddings math, without importing it ----

@@ -2,6 +2,8 @@
 transformers model (losses, LoRA gradients, AdamW steps), forward hooks run, and a module whose
 output the layer cannot use raises naming it. fastbert.optimize on a model that has adapters already
 keeps them, for every family."""
+import copy
+
 import pytest
 import torch
 import transformers as T
@@ -125,8 +127,6 @@ def test_optimize_keeps_a_peft_adapter(tmp_path, given):
     losses and adapter gradients as peft on the unoptimized model, adapters that can be disabled,
     and merge_and_unload gives back plain Linears (the fused path) with the merged weights. Before,
     a PeftModel was refused with a TypeError and its inner model with a ConfigError."""
-    import copy
-
     peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
     hf, _ = checkpoint(tmp_path)
     lora = dict(r=4, lora_alpha=8, target_modules=["query", "value"], lora_dropout=0.0, init_lora_weights=False)
@@ -160,8 +160,6 @@ def test_optimize_keeps_a_peft_adapter(tmp_path, given):
 def test_optimize_keeps_lora_on_every_linear_of_each_family(family):
     """LoRA on every Linear (peft's "all-linear"), then fastbert.optimize: every adapter is still in
     the model, and the encoder's output is peft's on the unoptimized model, for each family."""
-    import copy
-
     peft = pytest.importorskip("peft", reason="peft is not installed (pip install fastbert[test])")
     torch.manual_seed(0)
     config = CONFIGS[family]()

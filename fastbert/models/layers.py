@@ -47,6 +47,12 @@ def is_plain(module: nn.Module, cls: type, bias_required: bool = True) -> bool:
                                                        "_backward_pre_hooks"))
 
 
+def adapter_base_layer(module: nn.Module) -> Optional[nn.Module]:
+    """The module an adapter wraps (peft's LoRA layers keep it as `base_layer`), or None."""
+    inner = getattr(module, "base_layer", None)
+    return inner if isinstance(inner, nn.Module) else None
+
+
 def call_module(module: nn.Module, x: torch.Tensor, width: Optional[int] = None,
                 owner: Optional[nn.Module] = None) -> torch.Tensor:
     """module(x) for a module the layer cannot look inside: it must give a tensor of x's rows and

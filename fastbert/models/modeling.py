@@ -122,7 +122,7 @@ class FastPreTrainedModel(PreTrainedModel):
         and `trust_remote_code` change nothing: fastbert always builds on the meta device before
         loading, and never runs code from a checkpoint. `attn_implementation` is refused: fastbert's
         attention is its own."""
-        from fastbert.hub import adapter_base, load_checkpoint_files, resolve_directory, with_adapter
+        from fastbert.hub import load_adapter, load_checkpoint_files, resolve_directory
 
         if attn_implementation is not None:
             raise ValueError(f"attn_implementation={attn_implementation!r}: fastbert runs its own attention "
@@ -131,12 +131,12 @@ class FastPreTrainedModel(PreTrainedModel):
         device = _device_argument(device, device_map)
         directory = resolve_directory(path_or_hub_id, revision=revision, cache_dir=cache_dir,
                                       local_files_only=local_files_only, token=token)
-        base = adapter_base(directory)
-        if base is not None:   # a peft adapter: its base model (revision is the adapter's), then the adapter
-            model = cls.from_pretrained(base, dtype=dtype, device=device, backend=backend,
-                                        ignore_mismatched_sizes=ignore_mismatched_sizes, cache_dir=cache_dir,
-                                        local_files_only=local_files_only, token=token, **kwargs)
-            return with_adapter(model, directory)
+        # a peft adapter: its base model (revision is the adapter's), then the adapter
+        adapted = load_adapter(directory, lambda base: cls.from_pretrained(
+            base, dtype=dtype, device=device, backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,
+            cache_dir=cache_dir, local_files_only=local_files_only, token=token, **kwargs))
+        if adapted is not None:
+            return adapted
         config, state, source = load_checkpoint_files(directory)
         # as transformers records it (peft writes it into a saved adapter as its base model)
         config.name_or_path = str(path_or_hub_id)
