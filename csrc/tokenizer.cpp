@@ -325,6 +325,11 @@ Tokenizer::ThreadCache* Tokenizer::take_cache() {
     {
         std::lock_guard<std::mutex> lock(cache_mu_);
         if (!caches_.empty()) {
+            const std::thread::id me = std::this_thread::get_id();
+            size_t pick = caches_.size() - 1;
+            for (size_t i = 0; i < caches_.size(); ++i)
+                if (caches_[i]->last_user == me) pick = i;
+            std::swap(caches_[pick], caches_.back());
             ThreadCache* c = caches_.back().release();
             caches_.pop_back();
             return c;
@@ -334,6 +339,7 @@ Tokenizer::ThreadCache* Tokenizer::take_cache() {
 }
 
 void Tokenizer::give_cache(ThreadCache* c) {
+    c->last_user = std::this_thread::get_id();
     std::lock_guard<std::mutex> lock(cache_mu_);
     caches_.emplace_back(c);
 }

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "added_tokens.h"
@@ -160,7 +161,11 @@ class Tokenizer {
         WordCache words;
         ChunkCache chunks;
         TextCache texts;
+        std::thread::id last_user;  // the thread that gave it back last
     };
+    // The idle cache this thread used last, if any (it is still in this core's CPU caches; the
+    // tasks of a batch go to whichever thread is free, so without this the caches moved from core
+    // to core within one batch), else any.
     ThreadCache* take_cache();
     void give_cache(ThreadCache* c);
     // encode_piece without offsets: through the text cache, then chunk by chunk through the chunk cache.
