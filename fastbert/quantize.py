@@ -99,6 +99,15 @@ def _default_backends(model: nn.Module) -> dict:
     return out
 
 
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel, from the function calling this, of the first frame outside this
+    file: the user's line, also when the call came through the callable module (fastbert.quantize)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
              backend: Optional[str] = None) -> nn.Module:
     """Replaces each nn.Linear in `model` by a QuantizedLinear, in place, and returns `model`.
@@ -124,7 +133,8 @@ def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
     if adapters:
         warnings.warn(f"fastbert.quantize: {len(adapters)} Linear(s) with an adapter stay float32 (an adapter "
                       f"reads its base layer's weight, and its own Linears train): {adapters[:3]}; call the "
-                      "adapter model's merge_and_unload() first to quantize them too", UserWarning, stacklevel=2)
+                      "adapter model's merge_and_unload() first to quantize them too", UserWarning,
+                      stacklevel=_caller_stacklevel())
     if not targets:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize")
     bad = [name for name, m in targets if m.weight.device.type != "cpu" or m.weight.dtype != torch.float32]

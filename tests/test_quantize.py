@@ -213,8 +213,12 @@ def test_linears_with_a_lora_adapter_stay_float32_and_the_adapter_works():
         model = peft.get_peft_model(fastbert.AutoModel.from_pretrained(MODEL_DIR), lora).eval()
         with torch.no_grad():
             want = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        with pytest.warns(UserWarning, match=r"12 Linear\(s\) with an adapter stay float32.*merge_and_unload"):
-            quantize(model if target == "PeftModel" else model.get_base_model())
+        with pytest.warns(UserWarning, match=r"12 Linear\(s\) with an adapter stay float32.*merge_and_unload") as seen:
+            if target == "PeftModel":   # through the callable module, one frame deeper
+                fastbert.quantize(model)
+            else:
+                quantize(model.get_base_model())
+        assert seen[0].filename == __file__, (target, seen[0].filename)  # the warning names the caller's line
         layer = model.get_base_model().encoder.layer[0]
         query = layer.attention.self.query
         assert isinstance(query, peft.tuners.lora.LoraLayer) and type(query.base_layer) is nn.Linear
