@@ -99,15 +99,6 @@ def _default_backends(model: nn.Module) -> dict:
     return out
 
 
-def _caller_stacklevel() -> int:
-    """warnings.warn's stacklevel, from the function calling this, of the first frame outside this
-    file: the user's line, also when the call came through the callable module (fastbert.quantize)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
              backend: Optional[str] = None) -> nn.Module:
     """Replaces each nn.Linear in `model` by a QuantizedLinear, in place, and returns `model`.
@@ -134,7 +125,7 @@ def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
         warnings.warn(f"fastbert.quantize: {len(adapters)} Linear(s) with an adapter stay float32 (an adapter "
                       f"reads its base layer's weight, and its own Linears train): {adapters[:3]}; call the "
                       "adapter model's merge_and_unload() first to quantize them too", UserWarning,
-                      stacklevel=_caller_stacklevel())
+                      stacklevel=2)
     if not targets:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize")
     bad = [name for name, m in targets if m.weight.device.type != "cpu" or m.weight.dtype != torch.float32]
@@ -227,10 +218,11 @@ def quantize_embeddings(embeddings, precision: str, ranges: Optional[np.ndarray]
 
 class _CallableModule(types.ModuleType):
     """`fastbert.quantize` names both this module and the function: importing the module makes
-    the package attribute the module, so the module itself calls through to the function."""
+    the package attribute the module, so the module itself calls through to the function. The
+    function is the call itself, not wrapped: no frame in between, so a warning's stacklevel=2 (and
+    a traceback) names the user's line."""
 
-    def __call__(self, model, dtype: str = "int8", skip: Iterable[str] = (), backend: Optional[str] = None):
-        return quantize(model, dtype, skip=skip, backend=backend)
+    __call__ = staticmethod(quantize)
 
 
 sys.modules[__name__].__class__ = _CallableModule
