@@ -27,13 +27,12 @@ The model is anything with forward_packed(input_ids, cu_seqlens, max_seqlen, tok
 position_ids=None) returning a tensor (tokens, ...), a tuple of them, or a ModelOutput. Inference
 only: the calls run under torch.inference_mode()."""
 import bisect
-import sys
-import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from fastbert._callable_module import make_callable
 from fastbert.ops.attention import check_cu_seqlens, seqlen_int
 
 TOKEN_BUCKETS = tuple(sorted({m << k for k in range(4, 17) for m in (2, 3)}))  # 32, 48, 64, 96, ... 196608
@@ -276,12 +275,4 @@ def cuda_graphs(model, **options) -> CudaGraphs:
     return CudaGraphs(model, **options)
 
 
-class _CallableModule(types.ModuleType):
-    """`fastbert.cuda_graphs` names both this module and the function (as fastbert.optimize does):
-    importing the module makes the package attribute the module, so the module calls the function."""
-
-    def __call__(self, model, **options):
-        return cuda_graphs(model, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, cuda_graphs)

@@ -27,12 +27,12 @@ TypeError naming their type and what is supported. Optimizing twice is a no-op.
 """
 import inspect
 import sys
-import types
 import typing
 
 import torch
 from torch import nn
 
+from fastbert._callable_module import make_callable
 from fastbert.models.config import ConfigError, check_supported
 
 _FAST_ARGS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds",
@@ -288,12 +288,4 @@ class _OptimizedForward:
         return out if return_dict else out.to_tuple()
 
 
-class _CallableModule(types.ModuleType):
-    """`fastbert.optimize` names both this module and the function: importing the module makes
-    the package attribute the module, so the module itself calls through to the function."""
-
-    def __call__(self, model):
-        return optimize(model)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, optimize)

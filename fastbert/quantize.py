@@ -13,8 +13,6 @@ So in fastbert's own layers (whose parts() name each role) query, key and attent
 FBGEMM's per-tensor linear_dynamic (one fused op, the fastest) and value, FFN in and FFN out
 per-token; in any other model every Linear is per-token (its roles are unknown).
 """
-import sys
-import types
 import warnings
 from typing import Iterable, Optional
 
@@ -22,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fastbert._callable_module import make_callable
 from fastbert.ops import quantized_linear as ql
 
 DTYPES = ("int8",)
@@ -216,13 +215,4 @@ def quantize_embeddings(embeddings, precision: str, ranges: Optional[np.ndarray]
     return (bits - 128).astype(np.int8) if precision == "binary" else bits
 
 
-class _CallableModule(types.ModuleType):
-    """`fastbert.quantize` names both this module and the function: importing the module makes
-    the package attribute the module, so the module itself calls through to the function. The
-    function is the call itself, not wrapped: no frame in between, so a warning's stacklevel=2 (and
-    a traceback) names the user's line."""
-
-    __call__ = staticmethod(quantize)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, quantize)
