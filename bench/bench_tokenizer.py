@@ -32,7 +32,9 @@ load on the machine changes; "vs 1 thread" there is the extra work that threads 
 minutes (Python runs 20-50x slower under valgrind) and needs valgrind installed.
 --scaling ends with the machine's own ceiling, measured in the same run: how much more plain C work
 (SHA-256, GIL released) 2 threads did than one; a virtual machine whose cores share a physical one,
-or a busy host, keeps it below 2x, and no thread pool gains more than it.
+or a busy host, keeps it below 2x, and no thread pool gains more than it. Beside the pool it times,
+in the same rounds, as many separate 1-thread tokenizers each on its own slice of the batch, side by
+side ("separate" rows): the same cores on the same text with no pool, no shared cache, no hand-offs.
 
 Every round encodes text new to every tokenizer (fastbert.benchmarks.tokenizer: a fresh tag before
 each document, caches cleared); --repeated adds the same text encoded again, the cache-lookup figure.

@@ -2,6 +2,7 @@
 every tokenizer gets the same texts in a round, and the output checked is a timed round's."""
 import itertools
 
+import numpy as np
 import pytest
 
 from fastbert.benchmarks import tokenizer as tb
@@ -117,9 +118,12 @@ def test_thread_scaling_rows(model_dir):
     """bench_tokenizer.py --scaling: a row per text, path and thread count, timed on new text, with the
     ratio to the first count; stage times only from a build with the stage timers (not this one)."""
     rows = tb.thread_scaling(model_dir, {"mixed": DOCS * 40}, threads=(1, 2), smoke=True)
-    assert [(r["path"], r["threads"]) for r in rows] == [(p, n) for p in tb.PATHS for n in (1, 2)]
+    # the pool at each count, then 2 separate 1-thread tokenizers on slices (the no-pool reference)
+    assert [(r["path"], r["threads"], r["sliced"]) for r in rows] == \
+        [(p, n, s) for p in tb.PATHS for n, s in ((1, False), (2, False), (2, True))]
     assert all(r["MB/s"] > 0 and "error" not in r for r in rows)
     assert [r["vs 1 thread"] for r in rows if r["threads"] == 1] == [1.0, 1.0]
+    assert all(r["vs 1 thread"] > 0 for r in rows if r["sliced"])
     assert all("stages" not in r for r in rows)  # the default build compiles the timers out
     assert "vs 1 thread" in tb.format_scaling(rows)
     # the machine's own ceiling for 2 threads, measured in the same run: more than none, at most 2x
@@ -128,6 +132,21 @@ def test_thread_scaling_rows(model_dir):
     low, high = rows[0]["machine ceiling range"]
     assert low <= rows[0]["machine ceiling"] <= high
     assert "machine ceiling: 2 threads" in tb.format_scaling(rows)
+
+
+def test_sliced_peer_encodes_every_text_once_in_order(model_dir):
+    """The no-pool reference of --scaling: its slices, joined, are the whole batch's output, cut where
+    the characters split evenly (not by text count)."""
+    texts = [d * (1 + i % 7) for i, d in enumerate(DOCS * 3)]
+    peer, whole = tb.SlicedPeer(model_dir, 2), tb.FastbertPeer(model_dir, 1)
+    parts = peer.ids(texts)
+    assert len(parts) == 2 and [row for part in parts for row in part] == whole.ids(texts)
+    (a, b), (c, d) = peer._slices(texts)
+    assert a == 0 and b == c and d == len(texts)
+    half = sum(map(len, texts)) / 2
+    assert abs(sum(map(len, texts[:b])) - half) <= max(map(len, texts))
+    padded = peer.padded(texts)
+    assert np.array_equal(np.concatenate([p["input_ids"] for p in padded]), whole.padded(texts)["input_ids"])
 
 
 def test_idle_gap_rows(model_dir):

@@ -23,6 +23,7 @@ a faster wrong answer is a failure row (ids_match False).
 """
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import functools
 import itertools
@@ -192,6 +193,47 @@ class TransformersPeer(Peer):
     def padded(self, texts):
         return self.tok(texts, padding="max_length", truncation=True, max_length=MAX_LENGTH,
                         return_tensors="np")
+
+
+class SlicedPeer(Peer):
+    """fastbert without its thread pool: ``threads`` separate 1-thread tokenizers, each encoding its
+    own contiguous slice of the batch (equal characters) on its own Python thread, side by side.
+    Nothing is shared between them (no cache, no hand-off of tasks) and each slice's output stays
+    apart (joining them would cost more copying): what more cores give a batch of this text on this
+    machine with no pool at all. ``--scaling`` times it beside the pool."""
+
+    name = "fastbert, separate tokenizers"
+
+    def __init__(self, model_dir, threads):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(model_dir, threads)
+        self.parts = [FastbertPeer(model_dir, 1) for _ in range(threads)]
+        self._threads = ThreadPoolExecutor(threads - 1, thread_name_prefix="fastbert-slice")
+
+    def clear_cache(self):
+        for part in self.parts:
+            part.clear_cache()
+
+    def _slices(self, texts):
+        ends = list(itertools.accumulate(len(t) for t in texts))
+        total = ends[-1] if ends else 0
+        k = len(self.parts)
+        cuts = [0] + [bisect.bisect_left(ends, total * i // k) for i in range(1, k)] + [len(texts)]
+        return list(zip(cuts, cuts[1:]))
+
+    def _run(self, method, texts):
+        (lo, hi), *rest = self._slices(texts)
+        futures = [self._threads.submit(getattr(part, method), texts[a:b])
+                   for part, (a, b) in zip(self.parts[1:], rest)]
+        first = getattr(self.parts[0], method)(texts[lo:hi])
+        return [first] + [f.result() for f in futures]
+
+    def ids(self, texts):
+        return self._run("ids", texts)
+
+    def padded(self, texts):
+        return self._run("padded", texts)
 
 
 PEERS = (FastbertPeer, NanotokenPeer, TokenizersPeer, TransformersPeer)
@@ -502,7 +544,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     "serial": the GIL-held share of that CPU time, which bounds the speedup as Amdahl's law says.
     Every row carries "machine ceiling": the median of env.parallel_ceiling samples for the largest
     count, taken after each text and path (what independent threads of plain C work gained meanwhile),
-    and "machine ceiling range"."""
+    and "machine ceiling range". For the largest count above 1, rows with "sliced": True time
+    SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
+    by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool."""
     say = progress or (lambda message: None)
     texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
     reps = _reps(quick, smoke)
@@ -513,26 +557,30 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     rows = []
     ceiling = []  # env.parallel_ceiling samples, after each case
     peers = {n: FastbertPeer(model_dir, n) for n in threads}
+    if max(threads) > 1:
+        peers["sliced"] = SlicedPeer(model_dir, max(threads))
     for text_name, docs in texts.items():
         for path, method in PATHS.items():
             say(f"{text_name}: {path}, threads {threads}")
-            calls = {n: (getattr(p, method), p.clear_cache) for n, p in peers.items()}
-            for p in peers.values():
-                p.tok._core.stage_times()  # drop what loading and earlier calls summed
+            calls = {key: (getattr(p, method), p.clear_cache) for key, p in peers.items()}
+            for n in threads:
+                peers[n].tok._core.stage_times()  # drop what loading and earlier calls summed
             rounds = Rounds(docs, tags)
             results = time_interleaved(calls, rounds, **reps)
             if max(threads) > 1:
                 # three samples also in a smoke run: one 4 MB sample can land on a core that was asleep
                 ceiling += env.parallel_ceiling(max(threads), 3, 4 << 20 if smoke else 32 << 20)
             nbytes = corpus.total_bytes(rounds(1))
-            for n, result in results.items():
-                row = {"name": "fastbert", "text": text_name, "path": path, "threads": n, **common}
+            for key, result in results.items():
+                sliced = key == "sliced"
+                row = {"name": peers[key].name, "text": text_name, "path": path, "threads": peers[key].threads,
+                       "sliced": sliced, **common}
                 if isinstance(result, Exception):
                     rows.append({**row, "MB/s": None, "error": f"{type(result).__name__}: {result}"})
                     continue
                 seconds, repeats, _, _ = result
                 row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats})
-                stages = peers[n].tok._core.stage_times()
+                stages = {} if sliced else peers[key].tok._core.stage_times()
                 if stages:  # summed over the primer, the first pass and every round
                     calls_made = repeats + 2
                     ms = {k: 1e3 * v / calls_made for k, v in stages.items()}
@@ -543,8 +591,8 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
         if ceiling:
             r["machine ceiling"] = statistics.median(ceiling)
             r["machine ceiling range"] = [min(ceiling), max(ceiling)]
-        first = next((o for o in rows if (o["text"], o["path"], o["threads"]) == (r["text"], r["path"], threads[0])),
-                     None)
+        first = next((o for o in rows if (o["text"], o["path"], o["threads"], o["sliced"]) ==
+                      (r["text"], r["path"], threads[0], False)), None)
         r["vs 1 thread"] = r["MB/s"] / first["MB/s"] if r.get("MB/s") and first and first.get("MB/s") else None
         if "stages" in r and first and "stages" in first:
             # Amdahl: the first count's CPU per call over this count's GIL-held CPU plus its parallel CPU
@@ -557,16 +605,18 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
 
 def format_scaling(rows: list[dict]) -> str:
     """Plain-text table of thread_scaling's rows."""
-    head = (f"{'text':<13}{'path':<10}{'thr':>4}{'MB/s':>9}{'vs 1 thread':>13}{'serial CPU':>12}{'Amdahl bound':>14}"
-            "  stages (CPU ms/call)")
+    head = (f"{'text':<13}{'path':<10}{'thr':>4}  {'how':<14}{'MB/s':>9}{'vs 1 thread':>13}{'serial CPU':>12}"
+            f"{'Amdahl bound':>14}  stages (CPU ms/call)")
     lines = [head, "-" * len(head)]
     for r in rows:
+        how = "separate" if r.get("sliced") else "pool" if r["threads"] > 1 else "-"
         vs = f"{r['vs 1 thread']:.2f}x" if r.get("vs 1 thread") else "-"
         serial = f"{r['serial']:.1%}" if "serial" in r else "-"
         bound = f"{r['amdahl bound']:.2f}x" if "amdahl bound" in r else "-"
         stages = " ".join(f"{k} {v:.3f}" for k, v in r.get("stages", {}).items()) or r.get("error", "")
         mbs = f"{r['MB/s']:.2f}" if r.get("MB/s") else "-"
-        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}{mbs:>9}{vs:>13}{serial:>12}{bound:>14}  {stages}")
+        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {how:<14}{mbs:>9}{vs:>13}{serial:>12}"
+                     f"{bound:>14}  {stages}")
     top = max((r for r in rows if "machine ceiling" in r), key=lambda r: r["threads"], default=None)
     if top:
         low, high = top["machine ceiling range"]
