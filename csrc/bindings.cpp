@@ -526,7 +526,8 @@ class PyTokenizer {
         return d;
     }
 
-    // The thread pool's last batch: {"runs", "tasks", "worker_tasks", "worker_start_us", "caller_cpu"}
+    // The thread pool's last batch: {"runs", "tasks", "worker_tasks", "worker_start_us", "caller_cpu",
+    // "run_us", "caller_busy_us", "worker_busy_us"}
     // (see ThreadPool::LastRun; worker_start_us None when the calling thread ran every task,
     // caller_cpu None where the core is not known).
     py::dict pool_last_run() {
@@ -542,6 +543,9 @@ class PyTokenizer {
         d["worker_tasks"] = r.worker_tasks;
         d["worker_start_us"] = r.worker_start_us < 0 ? py::object(py::none()) : py::object(py::float_(r.worker_start_us));
         d["caller_cpu"] = r.caller_cpu < 0 ? py::object(py::none()) : py::object(py::int_(r.caller_cpu));
+        d["run_us"] = r.run_us;
+        d["caller_busy_us"] = r.caller_busy_us;
+        d["worker_busy_us"] = r.worker_busy_us;
         return d;
     }
 

@@ -60,9 +60,10 @@ void ThreadPool::stop() {
     workers_.clear();
 }
 
-void ThreadPool::run_task(size_t i) {
+void ThreadPool::run_task(size_t i, bool worker) {
     // after a failure the batch is lost anyway: the remaining tasks are only counted
     if (!failed_.load(std::memory_order_relaxed)) {
+        const auto start = std::chrono::steady_clock::now();
         try {
             (*fn_)(i);
         } catch (...) {
@@ -70,6 +71,9 @@ void ThreadPool::run_task(size_t i) {
             if (!error_) error_ = std::current_exception();
             failed_ = true;
         }
+        const auto busy = std::chrono::steady_clock::now() - start;
+        (worker ? worker_busy_ns_ : caller_busy_ns_)
+            .fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(busy).count(), std::memory_order_relaxed);
     }
     task_done_[i].store(true, std::memory_order_release);
     std::lock_guard<std::mutex> lock(mu_);
@@ -85,7 +89,7 @@ void ThreadPool::drain(bool worker) {
             worker_start_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
                                    std::memory_order_relaxed);
         }
-        run_task(i);
+        run_task(i, worker);
     }
 }
 
@@ -119,7 +123,10 @@ ThreadPool::LastRun ThreadPool::last_run() const {
     // the workers wrote before they counted their tasks finished, under mu_, which run() waited for
     const int64_t start_ns = worker_start_ns_.load(std::memory_order_relaxed);
     return LastRun{runs_, n_tasks_, worker_tasks_.load(std::memory_order_relaxed),
-                   start_ns < 0 ? -1.0 : static_cast<double>(start_ns) * 1e-3, caller_cpu_};
+                   start_ns < 0 ? -1.0 : static_cast<double>(start_ns) * 1e-3, caller_cpu_,
+                   static_cast<double>(run_ns_) * 1e-3,
+                   static_cast<double>(caller_busy_ns_.load(std::memory_order_relaxed)) * 1e-3,
+                   static_cast<double>(worker_busy_ns_.load(std::memory_order_relaxed)) * 1e-3};
 }
 
 void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
@@ -132,7 +139,7 @@ void ThreadPool::consume_in_order(const std::function<void(size_t)>& consume) {
         }
         const size_t i = next_.fetch_add(1);
         if (i < n_tasks_) {
-            run_task(i);
+            run_task(i, false);
             continue;
         }
         // every task is taken and task `next` runs on a worker: wait for it, then for a while
@@ -196,6 +203,8 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn,
         ++runs_;
         worker_tasks_.store(0, std::memory_order_relaxed);
         worker_start_ns_.store(-1, std::memory_order_relaxed);
+        caller_busy_ns_.store(0, std::memory_order_relaxed);
+        worker_busy_ns_.store(0, std::memory_order_relaxed);
         caller_cpu_ = place_workers();
         started_ = std::chrono::steady_clock::now();
         ++generation_;
@@ -221,6 +230,7 @@ void ThreadPool::run(size_t n_tasks, const std::function<void(size_t)>& fn,
         }
     }
     const std::exception_ptr err = join();
+    run_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_).count();
     if (err) std::rethrow_exception(err);
 }
 

@@ -49,17 +49,21 @@ class ThreadPool {
     // What the workers did in the last run(), read after it returned: how many of its tasks they
     // ran, and how long after run() began the first of them started one (-1: none did; the caller
     // ran them all). On a virtual machine a worker whose core idled can start milliseconds late.
+    // And how long the run took, and the time spent inside tasks by the caller and by the workers
+    // (the same instructions as on one thread: a sum above one thread's time is cores running slower
+    // side by side, a sum below twice run_us is a thread waiting).
     struct LastRun {
         size_t runs = 0;  // run() calls so far, to tell a new record from an old one
         size_t tasks = 0, worker_tasks = 0;
         double worker_start_us = -1;
         int caller_cpu = -1;  // the core the caller ran on when the batch began (-1: not known)
+        double run_us = 0, caller_busy_us = 0, worker_busy_us = 0;
     };
     LastRun last_run() const;
 
  private:
     void worker_loop();
-    void run_task(size_t i);
+    void run_task(size_t i, bool worker);
     void drain(bool worker);  // takes tasks until none is left; worker: called by a worker
     void consume_in_order(const std::function<void(size_t)>& consume);
     void stop();  // ends and joins the workers
@@ -86,6 +90,8 @@ class ThreadPool {
     std::chrono::steady_clock::time_point started_;
     std::atomic<size_t> worker_tasks_{0};
     std::atomic<int64_t> worker_start_ns_{-1};
+    std::atomic<int64_t> caller_busy_ns_{0}, worker_busy_ns_{0};
+    int64_t run_ns_ = 0;
     int caller_cpu_ = -1;  // under mu_: the caller's core when the last batch began (-1: not known)
 #if defined(__linux__)
     cpu_set_t worker_cpus_{};  // under mu_: the cores the workers were last given (none: never set)

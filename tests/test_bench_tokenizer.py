@@ -124,6 +124,10 @@ def test_thread_scaling_rows(model_dir):
     assert all(r["MB/s"] > 0 and "error" not in r for r in rows)
     assert [r["vs 1 thread"] for r in rows if r["threads"] == 1] == [1.0, 1.0]
     assert all(r["vs 1 thread"] > 0 for r in rows if r["sliced"])
+    # the pool's own record of its calls: time inside tasks, and the share of the run it fills
+    pool = [r for r in rows if r["threads"] == 2 and not r["sliced"]]
+    assert all(r["tasks ms"] > 0 and 0 < r["busy"] <= 1.0 for r in pool), pool
+    assert all("tasks ms" not in r for r in rows if r["threads"] == 1 or r["sliced"])
     assert all("stages" not in r for r in rows)  # the default build compiles the timers out
     assert "vs 1 thread" in tb.format_scaling(rows)
     # the machine's own ceiling for 2 threads, measured in the same run: more than none, at most 2x

@@ -130,11 +130,13 @@ def test_pool_record_of_the_last_batch(model_dir, texts):
     """The pool's record of its last batch (what bench_tokenizer.py --idle-gaps reports): a new record
     for each batch that went to the pool and none for one that did not; the workers ran some of a
     large batch's tasks (each batch here takes milliseconds on one thread), and a worker start time is
-    given exactly when they ran any."""
+    given exactly when they ran any; the time inside tasks is the workers' when they ran any, and no
+    more on either side than the whole run."""
     serial = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=1)
     serial(texts)
     assert serial._core.pool_last_run() == {"runs": 0, "tasks": 0, "worker_tasks": 0, "worker_start_us": None,
-                                            "caller_cpu": None}
+                                            "caller_cpu": None, "run_us": 0.0, "caller_busy_us": 0.0,
+                                            "worker_busy_us": 0.0}
     tok = fastbert.BertTokenizer.from_pretrained(model_dir, num_threads=2)
     records = []
     for i in range(5):
@@ -148,6 +150,9 @@ def test_pool_record_of_the_last_batch(model_dir, texts):
         assert r["tasks"] >= 2 and 0 <= r["worker_tasks"] <= r["tasks"]
         assert (r["worker_start_us"] is None) == (r["worker_tasks"] == 0)
         assert r["worker_start_us"] is None or 0 <= r["worker_start_us"] < 60e6
+        assert (r["worker_busy_us"] > 0) == (r["worker_tasks"] > 0)
+        assert 0 < r["caller_busy_us"] + r["worker_busy_us"] and r["run_us"] < 60e6
+        assert r["caller_busy_us"] <= r["run_us"] and r["worker_busy_us"] <= r["run_us"]
     assert any(r["worker_tasks"] for r in records), f"the worker ran no task of five batches: {records}"
 
 

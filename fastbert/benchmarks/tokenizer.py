@@ -546,7 +546,12 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     count, taken after each text and path (what independent threads of plain C work gained meanwhile),
     and "machine ceiling range". For the largest count above 1, rows with "sliced": True time
     SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
-    by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool."""
+    by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool.
+    Rows of the pool carry its own record of each call (medians): "tasks ms", the time its threads
+    spent inside tasks together (encoding and, padded, filling the arrays; not the lists, which the
+    calling thread builds between tasks), and "busy", that time over threads x the run's duration.
+    The tasks are the same instructions on any count (--work), so tasks ms above the one-thread
+    call's ms is the cores running slower side by side, and busy below 100% is threads waiting."""
     say = progress or (lambda message: None)
     texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
     reps = _reps(quick, smoke)
@@ -563,6 +568,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
         for path, method in PATHS.items():
             say(f"{text_name}: {path}, threads {threads}")
             calls = {key: (getattr(p, method), p.clear_cache) for key, p in peers.items()}
+            records = {n: [] for n in threads if n > 1}
+            for n in records:
+                calls[n] = (getattr(peers[n], method), functools.partial(_record_then_clear, peers[n], records[n]))
             for n in threads:
                 peers[n].tok._core.stage_times()  # drop what loading and earlier calls summed
             rounds = Rounds(docs, tags)
@@ -580,6 +588,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                     continue
                 seconds, repeats, _, _ = result
                 row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats})
+                if key in records:
+                    _record_then_clear(peers[key], records[key])  # the last round's call
+                    row.update(_busy(records[key], key))
                 stages = {} if sliced else peers[key].tok._core.stage_times()
                 if stages:  # summed over the primer, the first pass and every round
                     calls_made = repeats + 2
@@ -603,10 +614,28 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     return rows
 
 
+def _record_then_clear(peer, records: list) -> None:
+    """A pool's ``before`` hook in thread_scaling: keeps the pool's record of the call just made (if
+    that call went to the pool), then clears the caches as every call's ``before`` does."""
+    record = peer.tok._core.pool_last_run()
+    if record["runs"] and (not records or record["runs"] != records[-1]["runs"]):
+        records.append(record)
+    peer.clear_cache()
+
+
+def _busy(records: list, threads: int) -> dict:
+    """Medians over a pool's records: ms inside tasks (all threads) and that over threads x run time."""
+    if not records:
+        return {"tasks ms": None, "busy": None}
+    return {"tasks ms": statistics.median((r["caller_busy_us"] + r["worker_busy_us"]) / 1e3 for r in records),
+            "busy": statistics.median((r["caller_busy_us"] + r["worker_busy_us"]) / (threads * r["run_us"])
+                                      for r in records if r["run_us"] > 0)}
+
+
 def format_scaling(rows: list[dict]) -> str:
     """Plain-text table of thread_scaling's rows."""
-    head = (f"{'text':<13}{'path':<10}{'thr':>4}  {'how':<14}{'MB/s':>9}{'vs 1 thread':>13}{'serial CPU':>12}"
-            f"{'Amdahl bound':>14}  stages (CPU ms/call)")
+    head = (f"{'text':<13}{'path':<10}{'thr':>4}  {'how':<14}{'MB/s':>9}{'vs 1 thread':>13}{'ms/call':>9}"
+            f"{'tasks ms':>10}{'busy':>6}{'serial CPU':>12}{'Amdahl bound':>14}  stages (CPU ms/call)")
     lines = [head, "-" * len(head)]
     for r in rows:
         how = "separate" if r.get("sliced") else "pool" if r["threads"] > 1 else "-"
@@ -615,8 +644,11 @@ def format_scaling(rows: list[dict]) -> str:
         bound = f"{r['amdahl bound']:.2f}x" if "amdahl bound" in r else "-"
         stages = " ".join(f"{k} {v:.3f}" for k, v in r.get("stages", {}).items()) or r.get("error", "")
         mbs = f"{r['MB/s']:.2f}" if r.get("MB/s") else "-"
-        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {how:<14}{mbs:>9}{vs:>13}{serial:>12}"
-                     f"{bound:>14}  {stages}")
+        ms = f"{r['seconds'] * 1e3:.2f}" if r.get("seconds") else "-"
+        tasks = f"{r['tasks ms']:.2f}" if r.get("tasks ms") else "-"
+        busy = f"{r['busy']:.0%}" if r.get("busy") else "-"
+        lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {how:<14}{mbs:>9}{vs:>13}{ms:>9}{tasks:>10}"
+                     f"{busy:>6}{serial:>12}{bound:>14}  {stages}")
     top = max((r for r in rows if "machine ceiling" in r), key=lambda r: r["threads"], default=None)
     if top:
         low, high = top["machine ceiling range"]
