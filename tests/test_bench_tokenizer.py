@@ -81,6 +81,8 @@ def test_peers_table_times_every_thread_count_in_the_same_rounds(model_dir):
     # primer, first pass and the timed round of each count, all before the next path's calls
     assert calls[:len(first_path)] == [("ids", n) for n in first_path] and sorted(set(first_path)) == [1, 2]
     assert all(r["vs 1 thread"] > 0 for r in rows)
+    # fastbert's pool rows carry the pool's record (None here: batches this small stay on one thread)
+    assert all(("tasks ms" in r) == (r["threads"] > 1) for r in rows)
 
 
 def test_peers_option_picks_the_tokenizers_beside_fastbert():

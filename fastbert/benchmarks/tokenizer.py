@@ -415,7 +415,9 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     every tokenizer at every count is timed in the same rounds.
     repeated: also measure each case on one text encoded again every round, caches kept (rows whose
     "text seen" is "repeated"; the headline rows' is "new each round"): True for every thread count,
-    or the thread counts to do it at (1 for serial only; None = all cores), False for none."""
+    or the thread counts to do it at (1 for serial only; None = all cores), False for none.
+    fastbert's rows above one thread also carry its pool's record of the calls ("tasks ms", "busy":
+    see thread_scaling)."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         say("loading text")
@@ -470,8 +472,15 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
 
                 calls = {key: (getattr(peer, method), functools.partial(peer.before_call, keep_caches))
                          for key, peer in in_kind.items()}
+                # fastbert's pool keeps its own record of each call (thread_scaling's "tasks ms", "busy")
+                records = {key: [] for key in calls if key[0] == FastbertPeer.name and key[1] > 1}
+                for key in records:
+                    calls[key] = (calls[key][0], _recorded(in_kind[key], records[key], calls[key][1]))
                 for (name, n_threads), result in time_interleaved(calls, rounds, **reps).items():
                     row = {**base[n_threads], "name": name, "path": path, "text seen": seen, "bytes": nbytes}
+                    if (name, n_threads) in records:
+                        _keep_record(in_kind[name, n_threads], records[name, n_threads])
+                        row.update(_busy(records[name, n_threads], n_threads))
                     if isinstance(result, Exception):
                         rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
                                      "error": f"{type(result).__name__}: {result}"})
@@ -570,7 +579,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
             calls = {key: (getattr(p, method), p.clear_cache) for key, p in peers.items()}
             records = {n: [] for n in threads if n > 1}
             for n in records:
-                calls[n] = (getattr(peers[n], method), functools.partial(_record_then_clear, peers[n], records[n]))
+                calls[n] = (getattr(peers[n], method), _recorded(peers[n], records[n], peers[n].clear_cache))
             for n in threads:
                 peers[n].tok._core.stage_times()  # drop what loading and earlier calls summed
             rounds = Rounds(docs, tags)
@@ -589,7 +598,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                 seconds, repeats, _, _ = result
                 row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats})
                 if key in records:
-                    _record_then_clear(peers[key], records[key])  # the last round's call
+                    _keep_record(peers[key], records[key])  # the last round's call
                     row.update(_busy(records[key], key))
                 stages = {} if sliced else peers[key].tok._core.stage_times()
                 if stages:  # summed over the primer, the first pass and every round
@@ -614,13 +623,20 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     return rows
 
 
-def _record_then_clear(peer, records: list) -> None:
-    """A pool's ``before`` hook in thread_scaling: keeps the pool's record of the call just made (if
-    that call went to the pool), then clears the caches as every call's ``before`` does."""
+def _keep_record(peer, records: list) -> None:
+    """Keeps a fastbert pool's record of the call just made (if that call went to the pool)."""
     record = peer.tok._core.pool_last_run()
     if record["runs"] and (not records or record["runs"] != records[-1]["runs"]):
         records.append(record)
-    peer.clear_cache()
+
+
+def _recorded(peer, records: list, before):
+    """A ``before`` hook for a fastbert pool: keeps the record of the call before (_keep_record), then
+    runs ``before`` (outside the timed region, as every hook)."""
+    def hook():
+        _keep_record(peer, records)
+        before()
+    return hook
 
 
 def _busy(records: list, threads: int) -> dict:
