@@ -319,6 +319,7 @@ class PyTokenizer {
         // by the time the inputs are read (a sleeping thread takes tens of microseconds to wake).
         size_t read = o.num_threads > 1 && n > 1 ? 0 : SIZE_MAX;
         for (size_t i = 0; i < n; ++i) {
+            if (i + kReadAhead < n) __builtin_prefetch(items[i + kReadAhead]);
             add_item(items[i], false, i, o.split_words, ws);
             in.a.push_back(static_cast<uint32_t>(in.segs.size()));
             if (read < Tokenizer::kWakeBytes) {
@@ -336,6 +337,7 @@ class PyTokenizer {
             in.b.reserve(n + 1);
             in.b.push_back(static_cast<uint32_t>(in.segs.size()));
             for (size_t i = 0; i < n; ++i) {
+                if (i + kReadAhead < n) __builtin_prefetch(pitems[i + kReadAhead]);
                 if (pitems[i] == Py_None) {  // no pair for this item (a batch mixing texts and pairs)
                     in.single.resize(n, 0);
                     in.single[i] = 1;
@@ -743,6 +745,11 @@ class PyTokenizer {
         for (py::handle w : py::reinterpret_borrow<py::sequence>(h)) add_text(w, pair, index, k++, ws);
     }
 
+    // The input strs are objects all over the heap, read one after the other with the GIL held (the
+    // serial part of a batch): each one's header is loaded this many strs ahead, so that their
+    // cache misses overlap (on inputs gone cold, one miss per str was most of that serial part).
+    static constexpr size_t kReadAhead = 16;
+
     // Per-thread buffers of encode_batch (see there).
     struct Workspace {
         BatchInput in;
@@ -756,7 +763,10 @@ class PyTokenizer {
         // Drops the input references, empties the buffers and keeps their memory, unless a large
         // batch grew them: an idle thread should not hold its largest batch's rows.
         void release() {
-            for (PyObject* o : refs) Py_DECREF(o);
+            for (size_t k = 0; k < refs.size(); ++k) {
+                if (k + kReadAhead < refs.size()) __builtin_prefetch(refs[k + kReadAhead], 1);
+                Py_DECREF(refs[k]);
+            }
             refs.clear();
             size_t held = in.segs.capacity() * sizeof(std::string_view);
             for (const std::string& u : utf8) held += u.capacity();
