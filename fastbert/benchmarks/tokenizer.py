@@ -641,11 +641,12 @@ def _recorded(peer, records: list, before):
 
 def _busy(records: list, threads: int) -> dict:
     """Medians over a pool's records: ms inside tasks (all threads) and that over threads x run time."""
+    records = [r for r in records if r["run_us"] > 0]
     if not records:
         return {"tasks ms": None, "busy": None}
-    return {"tasks ms": statistics.median((r["caller_busy_us"] + r["worker_busy_us"]) / 1e3 for r in records),
-            "busy": statistics.median((r["caller_busy_us"] + r["worker_busy_us"]) / (threads * r["run_us"])
-                                      for r in records if r["run_us"] > 0)}
+    inside = [(r["caller_busy_us"] + r["worker_busy_us"], r["run_us"]) for r in records]
+    return {"tasks ms": statistics.median(us / 1e3 for us, _ in inside),
+            "busy": statistics.median(us / (threads * run) for us, run in inside)}
 
 
 def format_scaling(rows: list[dict]) -> str:
