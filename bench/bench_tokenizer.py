@@ -37,8 +37,8 @@ in the same rounds, as many separate 1-thread tokenizers each on its own slice o
 side ("separate" rows): the same cores on the same text with no pool, no shared cache, no hand-offs.
 The pool's rows also carry its own record of each call: "tasks ms", the time its threads spent
 inside tasks together, and "busy", that over threads x the run. The tasks are the same instructions
-on any count (--work): tasks ms above the one-thread ms/call is the cores running slower side by
-side; busy below 100% is a thread waiting (on lists, the caller builds them between tasks).
+on any count (--work): tasks ms above the one-thread ms/call is the threads running the same work
+slower; busy below 100% is a thread waiting (on lists, the caller builds them between tasks).
 
 Every round encodes text new to every tokenizer (fastbert.benchmarks.tokenizer: a fresh tag before
 each document, caches cleared); --repeated adds the same text encoded again, the cache-lookup figure.

@@ -50,8 +50,8 @@ class ThreadPool {
     // ran, and how long after run() began the first of them started one (-1: none did; the caller
     // ran them all). On a virtual machine a worker whose core idled can start milliseconds late.
     // And how long the run took, and the time spent inside tasks by the caller and by the workers
-    // (the same instructions as on one thread: a sum above one thread's time is cores running slower
-    // side by side, a sum below twice run_us is a thread waiting).
+    // (the same instructions as on one thread: a sum above one thread's time is the threads running
+    // them slower, a sum below twice run_us is a thread waiting).
     struct LastRun {
         size_t runs = 0;  // run() calls so far, to tell a new record from an old one
         size_t tasks = 0, worker_tasks = 0;

@@ -560,7 +560,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     spent inside tasks together (encoding and, padded, filling the arrays; not the lists, which the
     calling thread builds between tasks), and "busy", that time over threads x the run's duration.
     The tasks are the same instructions on any count (--work), so tasks ms above the one-thread
-    call's ms is the cores running slower side by side, and busy below 100% is threads waiting."""
+    call's ms is the threads running the same work slower, and busy below 100% is threads waiting."""
     say = progress or (lambda message: None)
     texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
     reps = _reps(quick, smoke)
