@@ -98,11 +98,36 @@ class FastbertPeer(Peer):
     def __init__(self, model_dir, threads):
         super().__init__(model_dir, threads)
         self.tok = self._load()
+        self._pool_runs, self._last_run = [], 0  # the pool's records of the calls since pool_summary()
 
     def _load(self):
         import fastbert
 
         return fastbert.BertTokenizer.from_pretrained(self.model_dir, num_threads=self.threads)
+
+    def _keep_pool_run(self):
+        record = self.tok._core.pool_last_run()
+        if record["runs"] != self._last_run:  # the call before went to the pool
+            self._last_run = record["runs"]
+            self._pool_runs.append(record)
+
+    def before_repeat(self):
+        # outside the timed region, before each call: keep the pool's record of the call before
+        self._keep_pool_run()
+
+    def pool_summary(self) -> dict:
+        """The pool's own record of the calls since the last summary (medians): "tasks ms", the time
+        its threads spent inside tasks together (encoding and, padded, filling the arrays; not the
+        lists, which the calling thread builds between tasks), and "busy", that over threads x the
+        run's duration; None for both when no call went to the pool."""
+        self._keep_pool_run()  # the last call's
+        inside = [(r["caller_busy_us"] + r["worker_busy_us"], r["run_us"]) for r in self._pool_runs
+                  if r["run_us"] > 0]
+        self._pool_runs = []
+        if not inside:
+            return {"tasks ms": None, "busy": None}
+        return {"tasks ms": statistics.median(us / 1e3 for us, _ in inside),
+                "busy": statistics.median(us / (self.threads * run) for us, run in inside)}
 
     def clear_cache(self):
         # fastbert keeps word caches between calls; without a clear_cache() a fresh tokenizer
@@ -416,8 +441,8 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
     repeated: also measure each case on one text encoded again every round, caches kept (rows whose
     "text seen" is "repeated"; the headline rows' is "new each round"): True for every thread count,
     or the thread counts to do it at (1 for serial only; None = all cores), False for none.
-    fastbert's rows above one thread also carry its pool's record of the calls ("tasks ms", "busy":
-    see thread_scaling)."""
+    fastbert's rows above one thread also carry its pool's record of the calls
+    (FastbertPeer.pool_summary)."""
     say = progress or (lambda message: None)
     if not isinstance(texts, dict):
         say("loading text")
@@ -472,15 +497,11 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
 
                 calls = {key: (getattr(peer, method), functools.partial(peer.before_call, keep_caches))
                          for key, peer in in_kind.items()}
-                # fastbert's pool keeps its own record of each call (thread_scaling's "tasks ms", "busy")
-                records = {key: [] for key in calls if key[0] == FastbertPeer.name and key[1] > 1}
-                for key in records:
-                    calls[key] = (calls[key][0], _recorded(in_kind[key], records[key], calls[key][1]))
                 for (name, n_threads), result in time_interleaved(calls, rounds, **reps).items():
                     row = {**base[n_threads], "name": name, "path": path, "text seen": seen, "bytes": nbytes}
-                    if (name, n_threads) in records:
-                        _keep_record(in_kind[name, n_threads], records[name, n_threads])
-                        row.update(_busy(records[name, n_threads], n_threads))
+                    peer = in_kind[name, n_threads]
+                    if isinstance(peer, FastbertPeer) and n_threads > 1:
+                        row.update(peer.pool_summary())
                     if isinstance(result, Exception):
                         rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
                                      "error": f"{type(result).__name__}: {result}"})
@@ -556,11 +577,10 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     and "machine ceiling range". For the largest count above 1, rows with "sliced": True time
     SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
     by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool.
-    Rows of the pool carry its own record of each call (medians): "tasks ms", the time its threads
-    spent inside tasks together (encoding and, padded, filling the arrays; not the lists, which the
-    calling thread builds between tasks), and "busy", that time over threads x the run's duration.
-    The tasks are the same instructions on any count (--work), so tasks ms above the one-thread
-    call's ms is the threads running the same work slower, and busy below 100% is threads waiting."""
+    Rows of the pool carry its own record of the calls, "tasks ms" and "busy"
+    (FastbertPeer.pool_summary). The tasks are the same instructions on any count (--work), so tasks
+    ms above the one-thread call's ms is the threads running the same work slower, and busy below
+    100% is threads waiting."""
     say = progress or (lambda message: None)
     texts = texts if isinstance(texts, dict) else default_texts(quick=quick, smoke=smoke)
     reps = _reps(quick, smoke)
@@ -576,10 +596,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     for text_name, docs in texts.items():
         for path, method in PATHS.items():
             say(f"{text_name}: {path}, threads {threads}")
-            calls = {key: (getattr(p, method), p.clear_cache) for key, p in peers.items()}
-            records = {n: [] for n in threads if n > 1}
-            for n in records:
-                calls[n] = (getattr(peers[n], method), _recorded(peers[n], records[n], peers[n].clear_cache))
+            calls = {key: (getattr(p, method), p.before_call) for key, p in peers.items()}
             for n in threads:
                 peers[n].tok._core.stage_times()  # drop what loading and earlier calls summed
             rounds = Rounds(docs, tags)
@@ -597,9 +614,8 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                     continue
                 seconds, repeats, _, _ = result
                 row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats})
-                if key in records:
-                    _keep_record(peers[key], records[key])  # the last round's call
-                    row.update(_busy(records[key], key))
+                if not sliced and key > 1:
+                    row.update(peers[key].pool_summary())
                 stages = {} if sliced else peers[key].tok._core.stage_times()
                 if stages:  # summed over the primer, the first pass and every round
                     calls_made = repeats + 2
@@ -621,32 +637,6 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
             held = sum(r["stages"].values()) - par
             r["amdahl bound"] = sum(first["stages"].values()) / (held + par / r["threads"])
     return rows
-
-
-def _keep_record(peer, records: list) -> None:
-    """Keeps a fastbert pool's record of the call just made (if that call went to the pool)."""
-    record = peer.tok._core.pool_last_run()
-    if record["runs"] and (not records or record["runs"] != records[-1]["runs"]):
-        records.append(record)
-
-
-def _recorded(peer, records: list, before):
-    """A ``before`` hook for a fastbert pool: keeps the record of the call before (_keep_record), then
-    runs ``before`` (outside the timed region, as every hook)."""
-    def hook():
-        _keep_record(peer, records)
-        before()
-    return hook
-
-
-def _busy(records: list, threads: int) -> dict:
-    """Medians over a pool's records: ms inside tasks (all threads) and that over threads x run time."""
-    records = [r for r in records if r["run_us"] > 0]
-    if not records:
-        return {"tasks ms": None, "busy": None}
-    inside = [(r["caller_busy_us"] + r["worker_busy_us"], r["run_us"]) for r in records]
-    return {"tasks ms": statistics.median(us / 1e3 for us, _ in inside),
-            "busy": statistics.median(us / (threads * run) for us, run in inside)}
 
 
 def format_scaling(rows: list[dict]) -> str:
