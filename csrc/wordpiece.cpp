@@ -20,7 +20,7 @@ WordPiece::WordPiece(const Vocab& vocab, int32_t unk_id, const std::string& pref
 static inline bool is_cont_byte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
 void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans,
-                         uint64_t word_hash) const {
+                         uint64_t word_hash, bool whole_absent) const {
     const char* s = word.data;
     const size_t n = word.len;
     if (word.nchars > max_chars_) {
@@ -45,7 +45,8 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         }
         int32_t id = -1;
         while (end > start) {
-            id = (start == 0 && end == n) ? map.find_in_table(s, n, word_hash) : map.find(s + start, end - start);
+            if (start == 0 && end == n) id = whole_absent ? -1 : map.find_in_table(s, n, word_hash);
+            else id = map.find(s + start, end - start);
             if (id >= 0) break;
             --end;
             while (end > start && is_cont_byte(s[end])) --end;
@@ -83,9 +84,19 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         tokenize(word, ids, spans, h);
         return;
     }
-    // a missed word probes the vocabulary with this hash first: start that load now, so that it
-    // overlaps the cache probe instead of following it
-    first_.prefetch(h);
+    // most words are one vocabulary entry: that probe answers them, and the cache (a second memory
+    // access, and a write on a miss) is left to words of several pieces
+    if (word.nchars <= max_chars_) {
+        const int32_t id = first_.find_in_table(word.data, word.len, h);
+        if (id >= 0) {
+            ids.push_back(id);
+            if (spans) {
+                spans->push_back(0);
+                spans->push_back(static_cast<uint32_t>(word.nchars));
+            }
+            return;
+        }
+    }
     WordCache::Entry& e = cache.slots[(h >> 40) & (WordCache::kSlots - 1)];
     if (e.len == word.len && e.tag == static_cast<uint32_t>(h) && equal_bytes(e.key, word.data, word.len)) {
         ids.insert(ids.end(), e.ids, e.ids + e.n);
@@ -106,7 +117,7 @@ void WordPiece::tokenize(const Word& word, std::vector<int32_t>& ids, std::vecto
         sp = &cache.spans;
     }
     const size_t span_first = sp->size();
-    tokenize(word, ids, sp, h);
+    tokenize(word, ids, sp, h, /*whole_absent=*/word.nchars <= max_chars_);
     const size_t n = ids.size() - first;
     if (n > WordCache::kMaxIds) return;
     e.tag = static_cast<uint32_t>(h);

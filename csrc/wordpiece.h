@@ -12,8 +12,8 @@
 
 namespace fastbert {
 
-// Recent words and their pieces, per thread: frequent words skip the vocabulary probes.
-// Direct-mapped, 32-byte entries (two per cache line); words up to 16 bytes, up to 2 pieces.
+// Recent words of several pieces, per thread: frequent ones skip WordPiece's probes (a word that is
+// one vocabulary entry takes one probe of the vocabulary, and is not kept here). Direct-mapped, 32-byte entries (two per cache line); words up to 16 bytes, up to 2 pieces.
 struct WordCache {
     static constexpr size_t kSlots = 8192, kMaxKey = 16, kMaxIds = 2;
     struct Entry {
@@ -38,9 +38,10 @@ class WordPiece {
     void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans) const {
         tokenize(word, ids, spans, hash_bytes(word.data, word.len));
     }
-    // word_hash: hash_bytes of the whole word (its first probe)
+    // word_hash: hash_bytes of the whole word (its first probe); whole_absent: that probe was
+    // made already and missed
     void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans,
-                  uint64_t word_hash) const;
+                  uint64_t word_hash, bool whole_absent = false) const;
     // The same, through a word cache.
     void tokenize(const Word& word, std::vector<int32_t>& ids, std::vector<uint32_t>* spans, WordCache& cache) const;
     int32_t unk_id() const { return unk_id_; }
