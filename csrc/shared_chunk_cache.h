@@ -52,8 +52,8 @@ class SharedChunkCache {
 
     // kHit appends the chunk's ids to out; kNotKept: it has more than kMaxIds ids, which each
     // thread's own cache keeps.
-    Found find(const ShortChunk& k, uint64_t epoch, std::vector<int32_t>& out) const {
-        const Slot& s = slots_[slot_of(k)];
+    Found find(const ShortChunk& k, size_t slot, uint64_t epoch, std::vector<int32_t>& out) const {
+        const Slot& s = slots_[slot];
         const uint64_t meta = s.meta.load(std::memory_order_acquire);
         // not being written, of this epoch, this many bytes: one comparison
         if ((meta & kCheckMask) != (epoch | len_bits(k.n))) return Found::kMiss;
@@ -72,8 +72,8 @@ class SharedChunkCache {
 
     // Stores the chunk's ids (or, for more than kMaxIds, that they are not kept here); does
     // nothing while another thread writes the same slot.
-    void put(const ShortChunk& k, uint64_t epoch, const int32_t* ids, size_t count) {
-        Slot& s = slots_[slot_of(k)];
+    void put(const ShortChunk& k, size_t slot, uint64_t epoch, const int32_t* ids, size_t count) {
+        Slot& s = slots_[slot];
         uint64_t meta = s.meta.load(std::memory_order_relaxed);
         if (meta & 1) return;
         const uint64_t seq = meta & kSeqMask;
@@ -91,7 +91,7 @@ class SharedChunkCache {
                      std::memory_order_release);
     }
 
-    void prefetch(const ShortChunk& k) const { __builtin_prefetch(&slots_[slot_of(k)]); }
+    void prefetch(size_t slot) const { __builtin_prefetch(&slots_[slot]); }
 
     // The slot a chunk goes to (chunks with the same slot replace one another).
     static size_t slot_of(const ShortChunk& k) {

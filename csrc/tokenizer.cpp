@@ -133,7 +133,7 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
     // for memory (the slot load was the single hottest instruction when chunks went one by one).
     constexpr size_t kAhead = 16;
     struct Next {
-        size_t at, n;
+        size_t at, n, slot;  // slot: the chunk's in the shared cache, computed once
         ShortChunk key;
     } next[kAhead];
     Progress done{0, out.ids.size()};
@@ -154,7 +154,10 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
                 while (x.n < len - i && !is_separator(c[x.n])) ++x.n;
                 x.key = x.n <= ShortChunk::kMax ? ShortChunk::of(c, x.n) : ShortChunk{};
             }
-            if (x.n <= ShortChunk::kMax) shared.prefetch(x.key);
+            if (x.n <= ShortChunk::kMax) {
+                x.slot = SharedChunkCache::slot_of(x.key);
+                shared.prefetch(x.slot);
+            }
             i += x.n;
         }
         for (size_t k = 0; k < m && out.ids.size() <= limit; ++k) {
@@ -163,13 +166,14 @@ Tokenizer::Progress Tokenizer::encode_chunks(const char* text, size_t len, Scrat
             size_t count = 0;
             const size_t first = out.ids.size();
             using Found = SharedChunkCache::Found;
-            const Found found = n <= ShortChunk::kMax ? shared.find(next[k].key, epoch, out.ids) : Found::kNotKept;
+            const Found found =
+                n <= ShortChunk::kMax ? shared.find(next[k].key, next[k].slot, epoch, out.ids) : Found::kNotKept;
             if (found == Found::kHit) {
                 // its ids are in out
             } else if (found == Found::kMiss) {
                 tokenize_chunk(c, n, true);
                 count = out.ids.size() - first;
-                shared.put(next[k].key, epoch, out.ids.data() + first, count);
+                shared.put(next[k].key, next[k].slot, epoch, out.ids.data() + first, count);
                 // too many ids for the shared cache: it notes that this thread's own cache has them
                 if (count > SharedChunkCache::kMaxIds) cache.put(c, n, hash_bytes(c, n), out.ids.data() + first, count);
             } else if (n > ChunkCache::kMaxKey) {

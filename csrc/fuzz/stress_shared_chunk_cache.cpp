@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
             const Key& k = keys[(state >> 33) % keys.size()];
             const uint64_t epoch = cache.epoch();
             out.assign(3, -1);  // ids are appended after what is there
-            switch (cache.find(k.chunk, epoch, out)) {
+            const size_t slot = SharedChunkCache::slot_of(k.chunk);
+            switch (cache.find(k.chunk, slot, epoch, out)) {
                 case SharedChunkCache::Found::kHit:
                     ++my_hits;
                     if (k.ids.size() > SharedChunkCache::kMaxIds || out.size() != 3 + k.ids.size() ||
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
                     break;
                 case SharedChunkCache::Found::kMiss:
                     if (out.size() != 3) wrong.fetch_add(1);
-                    cache.put(k.chunk, epoch, k.ids.data(), k.ids.size());
+                    cache.put(k.chunk, slot, epoch, k.ids.data(), k.ids.size());
                     break;
             }
         }
