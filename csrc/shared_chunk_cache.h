@@ -51,7 +51,8 @@ class SharedChunkCache {
     uint64_t epoch() const { return (epoch_.load(std::memory_order_relaxed) + (uint64_t{1} << 24)) & kEpochMask; }
 
     // kHit appends the chunk's ids to out; kNotKept: it has more than kMaxIds ids, which each
-    // thread's own cache keeps.
+    // thread's own cache keeps. slot: slot_of(k), computed once per chunk by the caller (for
+    // prefetch, find and put alike).
     Found find(const ShortChunk& k, size_t slot, uint64_t epoch, std::vector<int32_t>& out) const {
         const Slot& s = slots_[slot];
         const uint64_t meta = s.meta.load(std::memory_order_acquire);
