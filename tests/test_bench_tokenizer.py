@@ -1,6 +1,7 @@
 """The tokenizer benchmark times text new to every tokenizer: no call sees a text an earlier call saw,
 every tokenizer gets the same texts in a round, and the output checked is a timed round's."""
 import itertools
+import weakref
 
 import numpy as np
 import pytest
@@ -50,6 +51,26 @@ def test_round_orders_put_every_tokenizer_after_every_other_equally_often(n):
     assert len(set(firsts.count(x) for x in names)) == 1, firsts
     # each ordered pair adjacent the same number of times (rotating one order repeats the same n pairs)
     assert len(set(after.values())) <= 1, after
+
+
+def test_no_call_runs_beside_an_earlier_calls_output():
+    """Each call's output is dropped before the next call (round 1's is kept for the output check): a
+    tokenizer's lists left alive sat in the garbage collector's young generation through the next
+    tokenizer's call, and the collection that call set off walked them, at its cost."""
+    made, alive_at_call = [], []
+
+    class Out(list):  # a list that can be weakly referenced
+        pass
+
+    def fn(texts):
+        alive_at_call.append(sum(ref() is not None for ref in made))
+        out = Out(len(t) for t in texts)
+        made.append(weakref.ref(out))
+        return out
+
+    tb.time_interleaved({name: (fn, None) for name in "ab"}, tb.Rounds(DOCS, itertools.count(1)), repeats=4)
+    # each one's primer and first pass; round 1 (its outputs kept); rounds 2-4 see only round 1's two
+    assert alive_at_call == [0, 0, 0, 0] + [0, 1] + [2] * 6
 
 
 def test_time_interleaved_takes_the_round_orders():
