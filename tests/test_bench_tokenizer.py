@@ -1,5 +1,6 @@
 """The tokenizer benchmark times text new to every tokenizer: no call sees a text an earlier call saw,
 every tokenizer gets the same texts in a round, and the output checked is a timed round's."""
+import gc
 import itertools
 import weakref
 
@@ -30,8 +31,8 @@ def test_rounds_are_new_text_and_the_same_for_every_tokenizer():
         assert len(texts) == len(set(texts)) == 4 * len(DOCS), "a text was encoded twice"
         assert not set(seen[name][0]) & set(texts), "the primer shares a text with the timed calls"
         assert all(t.endswith(doc) for call in [first, *timed] for t, doc in zip(call, DOCS))
-        median, repeats, out, first_seconds = result[name]
-        assert repeats == 3 and median > 0 and first_seconds > 0
+        median, repeats, out, first_seconds, collecting = result[name]
+        assert repeats == 3 and median > 0 and first_seconds > 0 and collecting == 0
         assert out == [len(t) for t in rounds(1)]  # round 1's output is the one checked
         assert cleared.count(name) == 5  # before the primer, the first pass and each timed round
     assert seen["a"][1:] == seen["b"][1:]  # same texts, round by round
@@ -71,6 +72,18 @@ def test_no_call_runs_beside_an_earlier_calls_output():
     tb.time_interleaved({name: (fn, None) for name in "ab"}, tb.Rounds(DOCS, itertools.count(1)), repeats=4)
     # each one's primer and first pass; round 1 (its outputs kept); rounds 2-4 see only round 1's two
     assert alive_at_call == [0, 0, 0, 0] + [0, 1] + [2] * 6
+
+
+def test_time_interleaved_reports_the_garbage_collection_inside_the_calls():
+    def collects(texts):
+        gc.collect()  # a full collection: far above a millisecond in a process holding pytest
+        return texts
+
+    result = tb.time_interleaved({"collects": (collects, None), "quiet": (lambda texts: texts, None)},
+                                 tb.Rounds(DOCS, itertools.count(1)), repeats=3)
+    median, _, _, _, collecting = result["collects"]
+    assert 0.5 * median < collecting <= median
+    assert result["quiet"][4] < 0.5 * median
 
 
 def test_time_interleaved_takes_the_round_orders():

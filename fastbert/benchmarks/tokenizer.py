@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import datetime as _dt
 import functools
+import gc
 import itertools
 import os
 import statistics
@@ -364,6 +365,29 @@ def round_orders(names: list, rounds: int) -> list[list]:
     return [square[r % len(square)] for r in range(rounds)] if n else [[] for _ in range(rounds)]
 
 
+class GcClock:
+    """Seconds the cyclic garbage collector ran while this is entered (gc.callbacks): the part of a
+    timed call that was a collection, which the allocations of that call set off but whose cost
+    depends on every object allocated since the last one."""
+
+    def __init__(self):
+        self.seconds, self._start = 0.0, None
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+    def __enter__(self):
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._on_gc)
+
+
 def time_interleaved(calls, rounds, repeats=3):
     """Median seconds of each ``fn(rounds(r))`` in ``calls`` ({name: (fn, before)}), timed in rounds that
     take every tokenizer in turn, so that load from elsewhere on the machine falls on all of them alike.
@@ -373,11 +397,14 @@ def time_interleaved(calls, rounds, repeats=3):
     rounds (1, 2, ...), every tokenizer in each (a fast one given more rounds than the slow ones would
     time its later calls right after each other's, on warmer caches than the calls between the peers').
     ``before`` runs outside the timed region ahead of each call (cache clearing, thread settings).
-    Returns {name: (median, repeats, round 1's output, first-pass seconds)} or {name: exception} for a
-    tokenizer that raised. Each round takes them in the order round_orders gives (each one after every
-    other equally often); with EVICT every timed call also starts on evicted CPU caches (evict_cpu_caches)."""
+    Returns {name: (median, repeats, round 1's output, first-pass seconds, median seconds of the timed
+    calls spent in garbage collection)} or {name: exception} for a tokenizer that raised. Each round
+    takes them in the order round_orders gives (each one after every other equally often); with EVICT
+    every timed call also starts on evicted CPU caches (evict_cpu_caches)."""
     times = {name: [] for name in calls}
+    collecting = {name: [] for name in calls}
     outs, first, failed = {}, {}, {}
+    clock = GcClock()
 
     def timed(name, r):
         fn, before = calls[name]
@@ -386,38 +413,45 @@ def time_interleaved(calls, rounds, repeats=3):
             before()
         if EVICT:
             evict_cpu_caches()
+        collected = clock.seconds
         start = time.perf_counter()
         out = fn(texts)
-        return time.perf_counter() - start, out
+        seconds = time.perf_counter() - start
+        collecting[name].append(clock.seconds - collected)
+        return seconds, out
 
     warm_up = primer(rounds(0))
-    for name, (fn, before) in calls.items():
-        try:
-            if before:
-                before()
-            fn(warm_up)
-            first[name] = timed(name, 0)[0]  # its output dropped at once, as every timed call's
-        except Exception as exc:
-            failed[name] = exc
-
-    for r, order in enumerate(round_orders(list(calls), repeats), start=1):
-        for name in order:
-            if name in failed:
-                continue
+    with clock:
+        for name, (fn, before) in calls.items():
             try:
-                seconds, out = timed(name, r)
-                times[name].append(seconds)
-                if r == 1:
-                    outs[name] = out
-                # Dropped before the next call: kept, it sat in the garbage collector's young
-                # generation through the next tokenizer's call, and the collection that call's own
-                # allocations set off walked the previous tokenizer's lists (0.15 ms of each fastbert
-                # lists call, 2026-12-05). A user's next call meets no other tokenizer's output.
-                del out
+                if before:
+                    before()
+                fn(warm_up)
+                first[name] = timed(name, 0)[0]  # its output dropped at once, as every timed call's
+                collecting[name].clear()  # the first pass is not among the timed calls
             except Exception as exc:
                 failed[name] = exc
+
+        for r, order in enumerate(round_orders(list(calls), repeats), start=1):
+            for name in order:
+                if name in failed:
+                    continue
+                try:
+                    seconds, out = timed(name, r)
+                    times[name].append(seconds)
+                    if r == 1:
+                        outs[name] = out
+                    # Dropped before the next call: kept, it sat in the garbage collector's young
+                    # generation through the next tokenizer's call, and the collection that call's
+                    # own allocations set off walked the previous tokenizer's lists (0.15 ms of each
+                    # fastbert lists call, 2026-12-05). A user's next call meets no other tokenizer's
+                    # output.
+                    del out
+                except Exception as exc:
+                    failed[name] = exc
     return {name: failed[name] if name in failed else
-            (statistics.median(times[name]), len(times[name]), outs[name], first[name]) for name in calls}
+            (statistics.median(times[name]), len(times[name]), outs[name], first[name],
+             statistics.median(collecting[name])) for name in calls}
 
 
 def resolve_threads(threads) -> list[int]:
@@ -511,12 +545,12 @@ def run(model_dir, texts=None, quick=False, threads=(1, None), progress=None, *,
                         rows.append({**row, "MB/s": None, "tokens/s": None, "ids_match": None,
                                      "error": f"{type(result).__name__}: {result}"})
                         continue
-                    seconds, repeats, out, first_pass = result
+                    seconds, repeats, out, first_pass, collecting = result
                     match = same_output(path, out, reference)
                     row.update({"MB/s": nbytes / seconds / 1e6, "tokens/s": count_tokens(path, out) / seconds,
                                 "ids_match": match, "seconds": seconds, "repeats": repeats,
                                 "tokens": count_tokens(path, out), "first pass MB/s": nbytes / first_pass / 1e6,
-                                "vs first pass": first_pass / seconds})
+                                "vs first pass": first_pass / seconds, "gc ms": 1e3 * collecting})
                     if not match:
                         row["error"] = "output differs from BertTokenizerFast: " + \
                             first_difference(path, out, reference, rounds(1))
@@ -617,8 +651,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                 if isinstance(result, Exception):
                     rows.append({**row, "MB/s": None, "error": f"{type(result).__name__}: {result}"})
                     continue
-                seconds, repeats, _, _ = result
-                row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats})
+                seconds, repeats, _, _, collecting = result
+                row.update({"MB/s": nbytes / seconds / 1e6, "seconds": seconds, "repeats": repeats,
+                            "gc ms": 1e3 * collecting})
                 if not sliced and key > 1:
                     row.update(peers[key].pool_summary())
                 stages = {} if sliced else peers[key].tok._core.stage_times()
