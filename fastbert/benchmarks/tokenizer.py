@@ -367,11 +367,15 @@ def round_orders(names: list, rounds: int) -> list[list]:
 
 class GcClock:
     """Seconds the cyclic garbage collector ran while this is entered (gc.callbacks): the part of a
-    timed call that was a collection, which the allocations of that call set off but whose cost
-    depends on every object allocated since the last one."""
+    timed call that was a collection. settle() (before each timed call) puts every object made so far
+    out of the collector's reach (gc.freeze, undone on exit), so that the collections a call sets off
+    walk only what that call makes, as in a long-running program whose older objects have left the
+    young generation. Without it, each call's collection walked the lists the tokenizer before it had
+    returned (the harness keeps them until the next call returns): 0.15 ms of every fastbert lists
+    call on English in the peers' table, and more or less for each peer after another one's lists."""
 
     def __init__(self):
-        self.seconds, self._start = 0.0, None
+        self.seconds, self._start, self._freezes = 0.0, None, False
 
     def _on_gc(self, phase, info):
         if phase == "start":
@@ -382,10 +386,17 @@ class GcClock:
 
     def __enter__(self):
         gc.callbacks.append(self._on_gc)
+        self._freezes = gc.get_freeze_count() == 0  # a program that froze objects itself keeps them so
         return self
 
     def __exit__(self, *exc):
         gc.callbacks.remove(self._on_gc)
+        if self._freezes:
+            gc.unfreeze()
+
+    def settle(self):
+        if self._freezes:
+            gc.freeze()
 
 
 def time_interleaved(calls, rounds, repeats=3):
@@ -413,6 +424,7 @@ def time_interleaved(calls, rounds, repeats=3):
             before()
         if EVICT:
             evict_cpu_caches()
+        clock.settle()
         collected = clock.seconds
         start = time.perf_counter()
         out = fn(texts)
@@ -427,7 +439,7 @@ def time_interleaved(calls, rounds, repeats=3):
                 if before:
                     before()
                 fn(warm_up)
-                first[name] = timed(name, 0)[0]  # its output dropped at once, as every timed call's
+                first[name], _ = timed(name, 0)
                 collecting[name].clear()  # the first pass is not among the timed calls
             except Exception as exc:
                 failed[name] = exc
@@ -441,12 +453,6 @@ def time_interleaved(calls, rounds, repeats=3):
                     times[name].append(seconds)
                     if r == 1:
                         outs[name] = out
-                    # Dropped before the next call: kept, it sat in the garbage collector's young
-                    # generation through the next tokenizer's call, and the collection that call's
-                    # own allocations set off walked the previous tokenizer's lists (0.15 ms of each
-                    # fastbert lists call, 2026-12-05). A user's next call meets no other tokenizer's
-                    # output.
-                    del out
                 except Exception as exc:
                     failed[name] = exc
     return {name: failed[name] if name in failed else
