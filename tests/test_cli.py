@@ -270,3 +270,33 @@ def test_encode_takes_a_sentence_transformers_folder_layout(tmp_path):
 
     rows = pq.read_table(tmp_path / "emb" / "part-00000.parquet").column("embedding").to_pylist()
     np.testing.assert_allclose(np.array(rows, dtype=np.float32), want, atol=1e-5, rtol=0)
+
+
+def test_bench_runs_no_thread_of_its_own_beside_the_timed_calls(tmp_path, monkeypatch):
+    """The progress display redraws at each message, not from a thread of its own: a redraw thread
+    takes the GIL ten times a second, inside the timed calls (in a terminal it cost the tokenizer's
+    2 threads a fifth of their gain over one)."""
+    import io
+    import threading
+    import types
+
+    from rich.console import Console
+
+    from fastbert.benchmarks import suite
+
+    before = set(threading.enumerate())
+    seen_during = []
+
+    def run(model_dir, progress, **kwargs):
+        for step in (1, 2, 3):
+            progress(f"timing {step}/3")
+            seen_during.append(set(threading.enumerate()) - before)
+        return []
+
+    monkeypatch.setitem(sys.modules, "fastbert.benchmarks.probe_part", types.SimpleNamespace(run=run))
+    monkeypatch.setattr(suite, "SECTIONS", (suite.Section("probe_part", "Probe", lambda title, rows: []),))
+    screen = io.StringIO()
+    cfg = suite.BenchConfig(model_dir=tmp_path, output_dir=tmp_path / "out")
+    suite.run_suite(cfg, console=Console(file=screen, force_terminal=True, width=100))
+    assert seen_during == [set()] * 3, seen_during
+    assert "timing 3/3" in screen.getvalue()  # the message was drawn without a redraw thread
