@@ -32,7 +32,9 @@ load on the machine changes; "vs 1 thread" there is the extra work that threads 
 minutes (Python runs 20-50x slower under valgrind) and needs valgrind installed.
 --scaling ends with the machine's own ceiling, measured in the same run: how much more plain C work
 (SHA-256, GIL released) 2 threads did than one; a virtual machine whose cores share a physical one,
-or a busy host, keeps it below 2x, and no thread pool gains more than it. Beside the pool it times,
+or a busy host, keeps it below 2x, and no thread pool gains more than it; and a second ceiling on
+work shaped more like a tokenizer's (random reads from a 1 MB table per thread, served by the CPU
+caches), which on this kind of guest falls for a while far below the first. Beside the pool it times,
 in the same rounds, as many separate 1-thread tokenizers each on its own slice of the batch, side by
 side ("separate" rows): the same cores on the same text with no pool, no shared cache, no hand-offs.
 The pool's rows also carry its own record of each call: "tasks ms", the time its threads spent

@@ -174,6 +174,11 @@ def test_thread_scaling_rows(model_dir):
     low, high = rows[0]["machine ceiling range"]
     assert low <= rows[0]["machine ceiling"] <= high
     assert "machine ceiling: 2 threads" in tb.format_scaling(rows)
+    # the same for work shaped like a tokenizer's (random reads from a cached table)
+    assert all(0.3 < r["lookup ceiling"] <= 2.6 for r in rows)
+    low, high = rows[0]["lookup ceiling range"]
+    assert low <= rows[0]["lookup ceiling"] <= high
+    assert "lookup ceiling: 2 threads" in tb.format_scaling(rows)
 
 
 def test_sliced_peer_encodes_every_text_once_in_order(model_dir):

@@ -619,7 +619,8 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     "serial": the GIL-held share of that CPU time, which bounds the speedup as Amdahl's law says.
     Every row carries "machine ceiling": the median of env.parallel_ceiling samples for the largest
     count, taken after each text and path (what independent threads of plain C work gained meanwhile),
-    and "machine ceiling range". For the largest count above 1, rows with "sliced": True time
+    and "machine ceiling range"; and "lookup ceiling" / "lookup ceiling range", the same from
+    env.lookup_ceiling (random reads from a cached table, work shaped more like a tokenizer's). For the largest count above 1, rows with "sliced": True time
     SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
     by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool.
     Rows of the pool carry its own record of the calls, "tasks ms" and "busy"
@@ -634,7 +635,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     common = {"device": device(), "versions": versions(),
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     rows = []
-    ceiling = []  # env.parallel_ceiling samples, after each case
+    ceiling, lookups = [], []  # env.parallel_ceiling and env.lookup_ceiling samples, after each case
     peers = {n: FastbertPeer(model_dir, n) for n in threads}
     if max(threads) > 1:
         peers["sliced"] = SlicedPeer(model_dir, max(threads))
@@ -649,6 +650,7 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
             if max(threads) > 1:
                 # three samples also in a smoke run: one 4 MB sample can land on a core that was asleep
                 ceiling += env.parallel_ceiling(max(threads), 3, 4 << 20 if smoke else 32 << 20)
+                lookups += env.lookup_ceiling(max(threads), 3, 1 << 18 if smoke else 1 << 22)
             nbytes = corpus.total_bytes(rounds(1))
             for key, result in results.items():
                 sliced = key == "sliced"
@@ -673,6 +675,8 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
         if ceiling:
             r["machine ceiling"] = statistics.median(ceiling)
             r["machine ceiling range"] = [min(ceiling), max(ceiling)]
+            r["lookup ceiling"] = statistics.median(lookups)
+            r["lookup ceiling range"] = [min(lookups), max(lookups)]
         first = next((o for o in rows if (o["text"], o["path"], o["threads"], o["sliced"]) ==
                       (r["text"], r["path"], threads[0], False)), None)
         r["vs 1 thread"] = r["MB/s"] / first["MB/s"] if r.get("MB/s") and first and first.get("MB/s") else None
@@ -708,6 +712,9 @@ def format_scaling(rows: list[dict]) -> str:
         lines.append(f"machine ceiling: {top['threads']} threads of plain C work (SHA-256, GIL released) did "
                      f"{top['machine ceiling']:.2f}x the work of one in the same time (median; {low:.2f}-{high:.2f}x), "
                      "the most any thread pool could gain here meanwhile")
+        low, high = top["lookup ceiling range"]
+        lines.append(f"lookup ceiling: {top['threads']} threads of random reads from a 1 MB table each (numpy take) "
+                     f"did {top['lookup ceiling']:.2f}x the work of one (median; {low:.2f}-{high:.2f}x)")
     return "\n".join(lines)
 
 
