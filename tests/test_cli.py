@@ -300,3 +300,32 @@ def test_bench_runs_no_thread_of_its_own_beside_the_timed_calls(tmp_path, monkey
     suite.run_suite(cfg, console=Console(file=screen, force_terminal=True, width=100))
     assert seen_during == [set()] * 3, seen_during
     assert "timing 3/3" in screen.getvalue()  # the message was drawn without a redraw thread
+
+
+def test_bench_suite_gives_back_the_logging_it_quiets(tmp_path, monkeypatch):
+    """run_suite silences the peers' notices while it runs, and sets them back after: called inside a
+    program (or a test session), it must not leave that program's warnings off."""
+    import io
+    import logging
+    import types
+
+    from rich.console import Console
+    from transformers.utils import logging as hf_logging
+
+    from fastbert.benchmarks import suite
+
+    during = []
+
+    def run(model_dir, progress, **kwargs):
+        during.append((logging.getLogger("fastbert.tokenizer").getEffectiveLevel(), hf_logging.get_verbosity()))
+        return []
+
+    monkeypatch.setitem(sys.modules, "fastbert.benchmarks.probe_part", types.SimpleNamespace(run=run))
+    monkeypatch.setattr(suite, "SECTIONS", (suite.Section("probe_part", "Probe", lambda title, rows: []),))
+    before = (logging.getLogger("fastbert.tokenizer").level, hf_logging.get_verbosity(),
+              hf_logging.is_progress_bar_enabled(), os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"))
+    suite.run_suite(suite.BenchConfig(model_dir=tmp_path, output_dir=tmp_path / "out"),
+                    console=Console(file=io.StringIO()))
+    assert during == [(logging.ERROR, logging.ERROR)]  # quiet while the parts run
+    assert (logging.getLogger("fastbert.tokenizer").level, hf_logging.get_verbosity(),
+            hf_logging.is_progress_bar_enabled(), os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")) == before

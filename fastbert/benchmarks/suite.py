@@ -17,6 +17,7 @@ import platform
 import re
 import traceback
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -316,18 +317,35 @@ def _sizes(section, cfg: BenchConfig):
             for b in (cfg.batch_sizes or (None,)) for s in (cfg.seq_lens or (None,))]
 
 
+@contextmanager
 def _quiet_peers():
     """The peers' own chatter (weight-loading bars, long-input notices) would break up the progress
-    bars; their warnings are kept in the JSON instead (see run_suite)."""
+    bars; their warnings are kept in the JSON instead (see run_suite). Everything is set back on the
+    way out: run_suite may be called inside a program that wants its warnings."""
+    bars_env = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # the ids-path benchmarks encode whole paragraphs untruncated on purpose: no "longer than 512" notice
-    logging.getLogger("fastbert.tokenizer").setLevel(logging.ERROR)
+    ours = logging.getLogger("fastbert.tokenizer")
+    our_level = ours.level
+    ours.setLevel(logging.ERROR)
     try:
         from transformers.utils import logging as hf_logging
+    except ImportError:
+        hf_logging = None
+    if hf_logging is not None:
+        hf_level, hf_bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+    try:
+        yield
+    finally:
+        if bars_env is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        ours.setLevel(our_level)
+        if hf_logging is not None:
+            hf_logging.set_verbosity(hf_level)
+            if hf_bars:
+                hf_logging.enable_progress_bar()
 
 
 def run_suite(cfg: BenchConfig, console=None):
@@ -337,7 +355,6 @@ def run_suite(cfg: BenchConfig, console=None):
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     console = console or Console()
-    _quiet_peers()
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     meta = environment(cfg)
     results, raw = [], {}
@@ -346,7 +363,7 @@ def run_suite(cfg: BenchConfig, console=None):
     # No auto-refresh: its thread redraws ten times a second and takes the GIL to do it, between and
     # inside the timed calls. In a terminal that took 2 tokenizer threads from 1.60-1.79x one thread
     # to 1.30-1.60x (medians of four runs in turns); the bars are redrawn at each progress message.
-    with Progress(*columns, console=console, transient=False, auto_refresh=False) as bars:
+    with _quiet_peers(), Progress(*columns, console=console, transient=False, auto_refresh=False) as bars:
         sections = [section for section in SECTIONS if cfg.only is None or section.key in cfg.only]
         overall = bars.add_task("starting", total=len(sections), part="fastbert bench")
         for section in sections:
