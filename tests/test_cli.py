@@ -272,17 +272,28 @@ def test_encode_takes_a_sentence_transformers_folder_layout(tmp_path):
     np.testing.assert_allclose(np.array(rows, dtype=np.float32), want, atol=1e-5, rtol=0)
 
 
-def test_bench_runs_no_thread_of_its_own_beside_the_timed_calls(tmp_path, monkeypatch):
-    """The progress display redraws at each message, not from a thread of its own: a redraw thread
-    takes the GIL ten times a second, inside the timed calls (in a terminal, 2 tokenizer threads did
-    1.30-1.60x one thread beside it and 1.60-1.79x without it)."""
+def _run_suite_on_probe(tmp_path, monkeypatch, run, **console):
+    """run_suite on one probe section whose run() is ``run``; returns what its console printed."""
     import io
-    import threading
     import types
 
     from rich.console import Console
 
     from fastbert.benchmarks import suite
+
+    monkeypatch.setitem(sys.modules, "fastbert.benchmarks.probe_part", types.SimpleNamespace(run=run))
+    monkeypatch.setattr(suite, "SECTIONS", (suite.Section("probe_part", "Probe", lambda title, rows: []),))
+    screen = io.StringIO()
+    suite.run_suite(suite.BenchConfig(model_dir=tmp_path, output_dir=tmp_path / "out"),
+                    console=Console(file=screen, **console))
+    return screen.getvalue()
+
+
+def test_bench_runs_no_thread_of_its_own_beside_the_timed_calls(tmp_path, monkeypatch):
+    """The progress display redraws at each message, not from a thread of its own: a redraw thread
+    takes the GIL ten times a second, inside the timed calls (in a terminal, 2 tokenizer threads did
+    1.30-1.60x one thread beside it and 1.60-1.79x without it)."""
+    import threading
 
     before = set(threading.enumerate())
     seen_during = []
@@ -293,26 +304,21 @@ def test_bench_runs_no_thread_of_its_own_beside_the_timed_calls(tmp_path, monkey
             seen_during.append(set(threading.enumerate()) - before)
         return []
 
-    monkeypatch.setitem(sys.modules, "fastbert.benchmarks.probe_part", types.SimpleNamespace(run=run))
-    monkeypatch.setattr(suite, "SECTIONS", (suite.Section("probe_part", "Probe", lambda title, rows: []),))
-    screen = io.StringIO()
-    cfg = suite.BenchConfig(model_dir=tmp_path, output_dir=tmp_path / "out")
-    suite.run_suite(cfg, console=Console(file=screen, force_terminal=True, width=100))
+    screen = _run_suite_on_probe(tmp_path, monkeypatch, run, force_terminal=True, width=100)
     assert seen_during == [set()] * 3, seen_during
-    assert "timing 3/3" in screen.getvalue()  # the message was drawn without a redraw thread
+    assert "timing 3/3" in screen  # the message was drawn without a redraw thread
 
 
 def test_bench_suite_gives_back_the_logging_it_quiets(tmp_path, monkeypatch):
     """run_suite silences the peers' notices while it runs, and sets them back after: called inside a
     program (or a test session), it must not leave that program's warnings off."""
-    import io
     import logging
-    import types
 
-    from rich.console import Console
     from transformers.utils import logging as hf_logging
 
-    from fastbert.benchmarks import suite
+    def settings():
+        return (logging.getLogger("fastbert.tokenizer").level, hf_logging.get_verbosity(),
+                hf_logging.is_progress_bar_enabled(), os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"))
 
     during = []
 
@@ -320,12 +326,7 @@ def test_bench_suite_gives_back_the_logging_it_quiets(tmp_path, monkeypatch):
         during.append((logging.getLogger("fastbert.tokenizer").getEffectiveLevel(), hf_logging.get_verbosity()))
         return []
 
-    monkeypatch.setitem(sys.modules, "fastbert.benchmarks.probe_part", types.SimpleNamespace(run=run))
-    monkeypatch.setattr(suite, "SECTIONS", (suite.Section("probe_part", "Probe", lambda title, rows: []),))
-    before = (logging.getLogger("fastbert.tokenizer").level, hf_logging.get_verbosity(),
-              hf_logging.is_progress_bar_enabled(), os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"))
-    suite.run_suite(suite.BenchConfig(model_dir=tmp_path, output_dir=tmp_path / "out"),
-                    console=Console(file=io.StringIO()))
+    before = settings()
+    _run_suite_on_probe(tmp_path, monkeypatch, run)
     assert during == [(logging.ERROR, logging.ERROR)]  # quiet while the parts run
-    assert (logging.getLogger("fastbert.tokenizer").level, hf_logging.get_verbosity(),
-            hf_logging.is_progress_bar_enabled(), os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")) == before
+    assert settings() == before

@@ -429,7 +429,8 @@ def time_interleaved(calls, rounds, repeats=3):
         start = time.perf_counter()
         out = fn(texts)
         seconds = time.perf_counter() - start
-        collecting[name].append(clock.seconds - collected)
+        if r:  # round 0, the first pass, is not among the timed calls
+            collecting[name].append(clock.seconds - collected)
         return seconds, out
 
     warm_up = primer(rounds(0))
@@ -440,7 +441,6 @@ def time_interleaved(calls, rounds, repeats=3):
                     before()
                 fn(warm_up)
                 first[name], _ = timed(name, 0)
-                collecting[name].clear()  # the first pass is not among the timed calls
             except Exception as exc:
                 failed[name] = exc
 
@@ -620,8 +620,8 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     Every row carries "machine ceiling": the median of env.parallel_ceiling samples for the largest
     count, taken after each text and path (what independent threads of plain C work gained meanwhile),
     and "machine ceiling range"; and "lookup ceiling" / "lookup ceiling range", the same from
-    env.lookup_ceiling (random reads from a cached table, work shaped more like a tokenizer's). For the largest count above 1, rows with "sliced": True time
-    SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
+    env.lookup_ceiling (random reads from a cached table, work shaped more like a tokenizer's). For
+    the largest count above 1, rows with "sliced": True time SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
     by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool.
     Rows of the pool carry its own record of the calls, "tasks ms" and "busy"
     (FastbertPeer.pool_summary). The tasks are the same instructions on any count (--work), so tasks
@@ -671,12 +671,12 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
                     held = sum(v for k, v in ms.items() if k not in ("encode", "output_threads"))
                     row.update({"stages": ms, "serial": held / sum(ms.values())})
                 rows.append(row)
+    ceilings = {}
+    for key, samples in (("machine ceiling", ceiling), ("lookup ceiling", lookups)):
+        if samples:
+            ceilings.update({key: statistics.median(samples), f"{key} range": [min(samples), max(samples)]})
     for r in rows:
-        if ceiling:
-            r["machine ceiling"] = statistics.median(ceiling)
-            r["machine ceiling range"] = [min(ceiling), max(ceiling)]
-            r["lookup ceiling"] = statistics.median(lookups)
-            r["lookup ceiling range"] = [min(lookups), max(lookups)]
+        r.update(ceilings)
         first = next((o for o in rows if (o["text"], o["path"], o["threads"], o["sliced"]) ==
                       (r["text"], r["path"], threads[0], False)), None)
         r["vs 1 thread"] = r["MB/s"] / first["MB/s"] if r.get("MB/s") and first and first.get("MB/s") else None
