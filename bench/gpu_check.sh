@@ -65,8 +65,8 @@ else
 fi
 step "import check" 60 $PY -c "import fastbert, fastbert.kernels, fastbert.ops, torch; print(fastbert.__file__); print(sorted(n for n in dir(torch.ops.fastbert) if not n.startswith('_')))"
 
-KERNEL_TESTS="tests/test_attention.py tests/test_relative_attention.py tests/test_sliding_window.py tests/test_rotary.py
-    tests/test_bias_gelu.py tests/test_add_layer_norm.py tests/test_autotune.py tests/test_cuda_graphs.py tests/test_backend.py"
+KERNEL_TESTS="tests/ops/test_attention.py tests/ops/test_relative_attention.py tests/ops/test_sliding_window.py tests/ops/test_rotary.py
+    tests/ops/test_bias_gelu.py tests/ops/test_add_layer_norm.py tests/kernels/test_autotune.py tests/test_cuda_graphs.py tests/ops/test_backend.py"
 if [ $DRY = 1 ]; then
     step "collect gpu tests" 120 $PY -m pytest -m gpu --collect-only -q --continue-on-collection-errors tests
     step "collect kernel tests" 120 $PY -m pytest --collect-only -q $KERNEL_TESTS

@@ -51,8 +51,8 @@ wait "$san_pid" || { tail -40 "$work/san.log"; exit 1; }
 step "tokenizer tests under ASan+UBSan"
 # Memory growth is not measured under ASan (its quarantine holds freed memory): leak_check.sh does that.
 (cd "$work/san" && source ./env.sh && "$py" -m pytest -q -x -p no:cacheprovider \
-    tests/test_tokenizer_core.py tests/test_tokenizer_errors.py tests/test_tokenizer_fuzz.py \
-    tests/test_tokenizer_concurrency.py tests/test_tokenizer.py)
+    tests/tokenizer/test_tokenizer_core.py tests/tokenizer/test_tokenizer_errors.py tests/tokenizer/test_tokenizer_fuzz.py \
+    tests/tokenizer/test_tokenizer_concurrency.py tests/tokenizer/test_tokenizer.py)
 
 step "LeakSanitizer"
 csrc/fuzz/leak_check.sh "$work/san" "${LEAK_CALLS:-20000}"

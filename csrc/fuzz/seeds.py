@@ -1,4 +1,4 @@
-"""Writes the fuzzer's seed corpus: the tokenizer tests' strings (tests/tokenizer_corpus.py) plus a
+"""Writes the fuzzer's seed corpus: the tokenizer tests' strings (tests/tokenizer/tokenizer_corpus.py) plus a
 few harness-specific inputs, each under several control prefixes (see fuzz_tokenizer.cpp for the
 layout). Generated at run time, not committed.   Usage: python csrc/fuzz/seeds.py OUT_DIR
 """
@@ -6,7 +6,7 @@ import hashlib
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "tokenizer"))
 import tokenizer_corpus as tc  # noqa: E402
 
 # Control bytes: flags (config index, pair, offsets, overflow, threads), max_length, stride, mode.

@@ -164,7 +164,7 @@ def same(fb, hf, text, text_pair=None, **kwargs):
 # ---- strategies ---------------------------------------------------------------------------------------
 
 def category_chars(cat):
-    if cat == "Cs":  # lone surrogates are an error (tests/test_tokenizer_errors.py), not text
+    if cat == "Cs":  # lone surrogates are an error (tests/tokenizer/test_tokenizer_errors.py), not text
         raise ValueError(cat)
     return st.characters(categories=[cat])
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from fastbert.integrations.corpus import CorpusError, embed_corpus  # noqa: E402
 from fastbert.integrations.ray import Embedder  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LONG = "word " * 3000  # far past the model's 256-token limit: truncated as Encoder.encode truncates
 
 

@@ -548,7 +548,7 @@ def test_opcheck_kernel(padded, device):
 def test_opcheck_window(device):
     """varlen_attention's window (with positions: holes in the first two sequences) through the custom
     ops: opcheck on the CPU reference and the kernel's fake-tensor check, values and gradients against
-    varlen_attention_ref's dense window mask. (Window values: tests/test_sliding_window.py.)"""
+    varlen_attention_ref's dense window mask. (Window values: tests/ops/test_sliding_window.py.)"""
     q, k, v, (cu, max_len) = _op_args(False)
     pos = torch.tensor([0, 1, 3, 4] + [0, 2, 3, 5, 6, 7, 9, 10, 11] + [4])
     window = (2, pos)

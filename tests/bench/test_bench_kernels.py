@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_kernels.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_kernels.py"
 
 
 @pytest.fixture(scope="module")
