@@ -22,7 +22,7 @@ install: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip "setuptools>=64" wheel "pybind11>=2.12"
+	$(PY) -m pip install -q --upgrade pip "setuptools>=77" wheel "pybind11>=2.12"
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-build-isolation -e ".[test,bench]"
 	@touch $(STAMP)
