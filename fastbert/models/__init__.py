@@ -3,7 +3,8 @@
 The public class names (BertModel, RobertaForMaskedLM, ...) are the registry's (registry.py)."""
 import importlib
 
-from fastbert.models.modeling import CheckpointError, EncoderModel, FastPreTrainedModel
+from fastbert.models.loading import CheckpointError
+from fastbert.models.modeling import EncoderModel, FastPreTrainedModel
 from fastbert.models.registry import public_names
 
 __all__ = list(public_names())

@@ -19,7 +19,7 @@ from torch import nn
 from fastbert.models.config import ConfigError, Dims
 from fastbert.models.heads import (MaskedLMModel, PooledClassifier, Pooler, SequenceClassificationModel,
                                    TokenClassificationModel)
-from fastbert.models.modeling import CheckpointError
+from fastbert.models.loading import CheckpointError
 from fastbert.models.outputs import BaseModelOutputWithPooling
 from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
                                             check_probability, check_rope_type, dense_attention, fused_linear,

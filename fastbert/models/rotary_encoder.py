@@ -18,7 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
 from fastbert.models.layers import call_module, fused_weight, is_plain
-from fastbert.models.modeling import EncoderModel, FastPreTrainedModel, check_packed_shapes
+from fastbert.models.inputs import check_packed_shapes
+from fastbert.models.modeling import EncoderModel, FastPreTrainedModel
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import add_layer_norm
 from fastbert.ops.linear import linear

@@ -43,7 +43,7 @@ def test_num_labels_and_label_names_as_transformers(base):
 
 
 def test_ignore_mismatched_sizes_reinitialises_the_head_only(two_labels):
-    with pytest.raises(fastbert.models.modeling.CheckpointError, match="classifier.weight"):
+    with pytest.raises(fastbert.models.CheckpointError, match="classifier.weight"):
         fastbert.AutoModelForSequenceClassification.from_pretrained(two_labels, num_labels=5)
     fast = fastbert.AutoModelForSequenceClassification.from_pretrained(two_labels, num_labels=5,
                                                                         ignore_mismatched_sizes=True)
