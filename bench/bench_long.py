@@ -1,7 +1,7 @@
 """Long inputs: ModernBERT-base-sized, random weights, fp32, fastbert vs transformers (sdpa) and FlexAttention.
 
     python bench/bench_long.py [--part attention|model|all] [--layers 22] [--lengths 2048,4096,8192]
-                               [--threads 2] [--out FILE.json]
+                               [--threads 2] [--out DIR]   # a line in DIR/long.jsonl (bench/results/)
 
 Part "attention" (the op level, in this process): one local (sliding-window) attention over one
 sequence of each length, 12 heads x 64 (ModernBERT-base), window +-64 (local_attention 128), fp32,
@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from common import measure_forward
+from common import RESULTS, append_run, measure_forward
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -90,7 +90,7 @@ def attention_peers(length: int, device: str):
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from fastbert.ops.sliding_window import sliding_window_attention
+    from fastbert.ops.attention import sliding_window_attention
     g = torch.Generator().manual_seed(length)
     q, k, v = (torch.randn(length, HEADS, HEAD_DIM, generator=g).to(device) for _ in range(3))
     cu = torch.tensor([0, length], dtype=torch.int32, device=device)
@@ -187,7 +187,7 @@ def main():
     p.add_argument("--lengths", default="2048,4096,8192")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=RESULTS, help="folder of long.jsonl (default bench/results/)")
     p.add_argument("--part", choices=("attention", "model", "all"), default="all")
     p.add_argument("--repeats-attention", type=int, default=7)
     p.add_argument("--child", nargs=4, metavar=("PEER", "TOKENS", "LAYERS", "LOCAL_ONLY"), help=argparse.SUPPRESS)
@@ -207,12 +207,7 @@ def main():
         meta_a = dict(meta, triton=triton.__version__,
                       cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
         rows = attention_part(args, lengths, meta_a)
-        stamp = meta["timestamp"][:19].replace(":", "").replace("-", "")
-        out = ((args.out if args.part == "attention" else None)
-               or os.path.join(HERE, "results", f"long-attention-cpu-{stamp}.json"))
-        with open(out, "w") as fh:
-            json.dump({"rows": rows}, fh, indent=1)
-        print(f"wrote {out}")
+        print(f"appended to {append_run('long', rows, args.out, variant='attention', config=meta_a)}")
         if args.part == "attention":
             return
     diff = parity(min(lengths), 3)
@@ -238,10 +233,8 @@ def main():
         f, h = by[("fastbert", length, True)], by[("transformers_sdpa", length, True)]
         print(f"  {length:5d} tokens: fastbert {f['seconds']:.2f} s / {f['peak_forward_mib']} MiB, "
               f"transformers {h['seconds']:.2f} s / {h['peak_forward_mib']} MiB")
-    out = args.out or os.path.join(HERE, "results", f"long-cpu-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}.json")
-    with open(out, "w") as fh:
-        json.dump({"parity_max_abs_diff": diff, "rows": rows}, fh, indent=1)
-    print(f"wrote {out}")
+    config = dict(meta, parity_max_abs_diff=diff)
+    print(f"appended to {append_run('long', rows, args.out, variant='model', config=config)}")
 
 
 if __name__ == "__main__":

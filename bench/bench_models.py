@@ -1,7 +1,8 @@
 """Model forward on CPU: fastbert.AutoModel vs transformers' AutoModel (sdpa), the MiniLM checkpoint.
 
     pytest bench/bench_models.py --benchmark-only        # pytest-benchmark, one row per peer
-    python bench/bench_models.py [--quick] [--no-compile] [--no-onnx]   # the full comparison table
+    python bench/bench_models.py [--quick] [--no-compile] [--no-onnx]   # the full comparison table,
+                                                         # a line in bench/results/models.jsonl
 
 Workload: 128 real English sentences from CPython's pydoc topics padded to the
 longest (33 tokens), about half the slots padding; fp32, 2 threads, torch.inference_mode. The
@@ -10,10 +11,12 @@ when installed, and checks every output against transformers' in the same run. T
 logic is fastbert.benchmarks.models (what `fastbert bench` calls).
 """
 import argparse
-import json
+from pathlib import Path
 
 import pytest
 import torch
+
+from common import RESULTS, append_run
 
 from fastbert.benchmarks import models
 
@@ -64,7 +67,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-onnx", action="store_true")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of models.jsonl (default bench/results/)")
     args = parser.parse_args()
     model_dir = args.model or _model_dir_or_exit()
     rows = models.run(model_dir, quick=args.quick, repeats=args.repeats, threads=args.threads,
@@ -77,9 +80,8 @@ def main():
               f"{'' if tps is None else format(r['vs_hf_sdpa'], '.2f') + 'x':>10} "
               f"{'' if r.get('max_abs_diff') is None else format(r['max_abs_diff'], '.1e'):>13}  "
               f"{r.get('note') or r.get('error') or ''}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "model")}
+    print(f"appended to {append_run('models', rows, args.out, variant='quick' if args.quick else None, config=config)}")
 
 
 def _model_dir_or_exit():

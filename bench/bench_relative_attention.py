@@ -2,6 +2,7 @@
 with a reason when no GPU is present).
 
     python bench/bench_relative_attention.py [--layers 2] [--tokens 2048] [--batch 8x256] [--threads 2]
+                                             # a line in bench/results/relative_attention.jsonl
 
 Config: hidden 768, 12 heads, intermediate 3072, position_buckets 256, max_relative_positions 512,
 share_att_key, pos_att_type c2p|p2c, norm_rel_ebd layer_norm, position_biased_input false; random
@@ -40,7 +41,7 @@ import time
 
 import torch
 
-from common import measure_forward
+from common import RESULTS, append_run, measure_forward
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -310,7 +311,7 @@ def main():
     p.add_argument("--batch", default="8x256")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=RESULTS, help="folder of relative_attention.jsonl (default bench/results/)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -370,11 +371,8 @@ def main():
         print(f"training step, padded batch {t['batch']}: speedup vs transformers "
               f"{t['speedup_vs_transformers']:.2f}x (medians {t['median_seconds']}; first-step logits max abs diff "
               f"{t['logits_max_abs_diff']:.1e})")
-    out = args.out or os.path.join(HERE, "results", f"relative-attention-cpu-"
-                                                    f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}.json")
-    with open(out, "w") as fh:
-        json.dump({"checks": checks, "rows": rows, "skipped": skipped}, fh, indent=1)
-    print(f"wrote {out}")
+    path = append_run("relative_attention", rows + skipped, args.out, config=dict(meta, **checks))
+    print(f"appended to {path}")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,19 @@
 """Tokenizer throughput: fastbert vs nanotoken, HF tokenizers and BertTokenizerFast, same text, one run.
 
     pytest bench/bench_tokenizer.py --benchmark-only      # pytest-benchmark (FASTBERT_BENCH_QUICK=1: less text)
-    python bench/bench_tokenizer.py [--quick] [--repeated] # table with ratios + JSON in bench/results/,
+    python bench/bench_tokenizer.py [--quick] [--repeated] # table with ratios, appended to bench/results/tokenizer.jsonl,
                                                             # then one text per call (tokenizer_latency)
     python bench/bench_tokenizer.py --peers nanotoken       # the same table with fastbert and these peers only
                                                             # ('none': fastbert alone, both thread counts)
     python bench/bench_tokenizer.py --scaling [--threads 1,2]  # fastbert alone, thread counts interleaved:
-                                                            # "vs 1 thread" per text and path (+ JSON)
+                                                            # "vs 1 thread" per text and path (+ JSONL)
     python bench/bench_tokenizer.py --idle-gaps 0,1,3,10,30,100 --threads 1,2  # the same, each call after
-                                                            # the machine idled that many ms (+ JSON)
+                                                            # the machine idled that many ms (+ JSONL)
     python bench/bench_tokenizer.py --after BertTokenizerFast --idle-gaps 0 --threads 1,2  # each call right
-                                                            # after that peer's call on other text (+ JSON);
+                                                            # after that peer's call on other text (+ JSONL);
                                                             # nanotoken/1: the peer serial before every call
     python bench/bench_tokenizer.py --work [ids,padded128] [--threads 1,2]  # instructions per batch at
-                                                            # each count, under valgrind (+ JSON)
+                                                            # each count, under valgrind (+ JSONL)
 
 --scaling also reports each stage's CPU time per call and the GIL-held (serial) share when the
 extension was built with the stage timers: in a copy of the tree,
@@ -26,7 +26,7 @@ the Amdahl bound built on them, as upper bounds. Lists of ids are built on the c
 the pool encodes the later chunks, so their building counts in "encode" there, not in "output";
 so do arrays padded to max_length with truncation, which each thread fills right after the chunk it
 encoded (their shape is known before encoding).
---work counts work instead of time (fastbert.benchmarks.tokenizer_work): the C++ tokenizer's
+--work counts work instead of time (bench/tokenizer_work.py): the C++ tokenizer's
 instructions per batch of new text at each thread count, under valgrind's cachegrind, which no other
 load on the machine changes; "vs 1 thread" there is the extra work that threads bring. It takes
 minutes (Python runs 20-50x slower under valgrind) and needs valgrind installed.
@@ -56,11 +56,12 @@ import os
 import sys
 from pathlib import Path
 
-from common import QUICK, RESULTS, model_dir, pytest, say, stamp, write_json
+from common import QUICK, RESULTS, append_run, model_dir, pytest, say
 
 from fastbert.benchmarks import tokenizer as tb
 from fastbert.benchmarks import tokenizer_latency as tl
-from fastbert.benchmarks import tokenizer_work as tw
+import tokenizer_idle_gaps as ig  # noqa: E402  (bench/ research tooling, beside this file)
+import tokenizer_work as tw  # noqa: E402
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", metavar="PEER,...",
                         help="the tokenizers timed beside fastbert in the peers' table (nanotoken, tokenizers, "
                              "BertTokenizerFast; 'none': fastbert alone; default: all)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON files")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of tokenizer.jsonl")
     args = parser.parse_args(argv)
     if args.peers is not None and (args.scaling or args.idle_gaps or args.after or args.work):
         parser.error("--peers chooses the peers' table's tokenizers; --scaling, --idle-gaps, --after and --work "
@@ -160,39 +161,38 @@ def main(argv=None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     threads = tuple(None if t == "all" else int(t) for t in args.threads.split(","))
+    config = {k: v for k, v in vars(args).items() if k != "out"}  # the settings, not where they were written
     if args.idle_gaps or args.after:
         gaps = tuple(float(g) if "." in g else int(g) for g in args.idle_gaps.split(",")) if args.idle_gaps else ()
         after = tuple(args.after.split(",")) if args.after else ()
-        rows = tb.idle_gaps(model_dir(), gaps_ms=gaps, threads=threads, quick=args.quick, progress=say, after=after)
+        rows = ig.idle_gaps(model_dir(), gaps_ms=gaps, threads=threads, quick=args.quick, progress=say, after=after)
         print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
-        print(tb.format_idle_gaps(rows))
-        print(f"JSON: {write_json(args.out, f'tokenizer-idle-gaps-{stamp(rows)}.json', rows)}")
+        print(ig.format_idle_gaps(rows))
+        print(f"appended to {append_run('tokenizer', rows, args.out, variant='idle_gaps', config=config)}")
         return 0
     if args.work:
         rows = tw.thread_work(model_dir(), paths=tuple(args.work.split(",")), threads=threads, quick=args.quick,
                               progress=say)
         print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
         print(tw.format_work(rows))
-        print(f"JSON: {write_json(args.out, f'tokenizer-work-{stamp(rows)}.json', rows)}")
+        print(f"appended to {append_run('tokenizer', rows, args.out, variant='work', config=config)}")
         return 0
     if args.scaling:
         rows = tb.thread_scaling(model_dir(), quick=args.quick, threads=threads, progress=say)
         print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
         print(tb.format_scaling(rows))
-        print(f"JSON: {write_json(args.out, f'tokenizer-scaling-{stamp(rows)}.json', rows)}")
+        print(f"appended to {append_run('tokenizer', rows, args.out, variant='scaling', config=config)}")
         return 1 if any(r.get("error") for r in rows) else 0
-    tb.EVICT = args.evict_caches
-    rows = tb.run(model_dir(), quick=args.quick, threads=threads, repeated=args.repeated, progress=say, peers=peers)
+    rows = tb.run(model_dir(), quick=args.quick, threads=threads, repeated=args.repeated, progress=say, peers=peers,
+                  evict_caches=args.evict_caches)
     print(f"{tb.device()}; versions {rows[0]['versions'] if rows else {}}")
     print(tb.format_table(rows))
-    suffix = ("-evict" if args.evict_caches else "") + ("-quick" if args.quick else "")
-    print(f"JSON: {write_json(args.out, f'tokenizer-{stamp(rows)}{suffix}.json', rows)}")
+    print(f"appended to {append_run('tokenizer', rows, args.out, variant='peers', config=config)}")
     if not args.no_latency:
         latency = tl.run(model_dir(), quick=args.quick, progress=say)
         print("\nOne text per call (serial; every round new text, caches cleared):")
         print(tl.format_table(latency))
-        name = f"tokenizer-latency-{stamp(rows)}{'-quick' if args.quick else ''}.json"
-        print(f"JSON: {write_json(args.out, name, latency)}")
+        print(f"appended to {append_run('tokenizer', latency, args.out, variant='latency', config=config)}")
         rows = rows + latency
     return 1 if any(r.get("ids_match") is False for r in rows) else 0
 

@@ -1,6 +1,6 @@
 """Training-step time: fastbert vs transformers (forward + backward + AdamW step), same batch, one run.
 
-    python bench/bench_training.py [--quick] [--batch-size 32] [--threads 2]   # table + JSON in bench/results/
+    python bench/bench_training.py [--quick] [--batch-size 32] [--threads 2]   # table + a line in bench/results/training.jsonl
     pytest bench/bench_training.py --benchmark-only                             # pytest-benchmark
 
 CPU, fp32, 2 threads by default: the all-MiniLM-L6-v2 checkpoint under a 2-label classification head,
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import RESULTS, model_dir, pytest, say, stamp, write_json
+from common import RESULTS, append_run, model_dir, pytest, say
 
 from fastbert.benchmarks import training as tb
 
@@ -69,15 +69,15 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=sorted(tb.TOLERANCE),
                         help="float16/bfloat16 train under torch.autocast (GPU)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON file")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of training.jsonl")
     args = parser.parse_args(argv)
     rows = tb.run(model_dir(), quick=args.quick, repeats=args.repeats, batch_size=args.batch_size,
                   threads=args.threads, device=args.device, dtype=args.dtype,
                   progress=say)
     print(f"{rows[0]['device_name']} ({rows[0]['device']}); versions {rows[0]['versions']}")
     print(table(rows))
-    name = f"training-{args.device}-{stamp(rows)}{'-quick' if args.quick else ''}.json"
-    print(f"JSON: {write_json(args.out, name, rows)}")
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    print(f"appended to {append_run('training', rows, args.out, variant='quick' if args.quick else None, device=args.device, config=config)}")
     return 0 if all(r.get("ok", True) for r in rows) else 1
 
 

@@ -1,4 +1,5 @@
-"""What the bench/ scripts share: where results go, the default checkpoint, progress lines, and
+"""What the bench/ scripts share: where results go (one JSONL per kind, docs/benchmarks.md), the
+default checkpoint, progress lines, and
 pytest (optional: the scripts also run without it, as plain programs).
 
 Importable as `common` both from `python bench/<script>.py` (the script's folder is on sys.path)
@@ -6,12 +7,12 @@ and under `pytest bench/` (bench/ has no __init__.py, so pytest puts the folder 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from fastbert.benchmarks.env import default_model_dir
+from fastbert.benchmarks import results
+from fastbert.hub import default_model_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = bool(os.environ.get("FASTBERT_BENCH_QUICK"))  # pytest-benchmark runs: smaller workloads
@@ -31,17 +32,14 @@ def say(message) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def write_json(out_dir: Path, name: str, rows) -> Path:
-    """rows as indented JSON in out_dir/name (made if missing); returns the path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    return path
-
-
-def stamp(rows) -> str:
-    """The first row's ISO timestamp as a file-name part, 20261201T224037."""
-    return rows[0]["timestamp"].replace(":", "").replace("-", "")[:15] if rows else "empty"
+def append_run(kind: str, rows: list[dict], out_dir: Path = RESULTS, *, variant: str | None = None,
+               device: str = "cpu", config: dict | None = None) -> Path:
+    """Append the run's rows to out_dir/<kind>.jsonl as one line and regenerate RESULTS.md there;
+    returns the JSONL's path. The rows' own "versions" (the measurement modules put them on every
+    row) become the line's."""
+    versions = next((r["versions"] for r in rows if isinstance(r.get("versions"), dict)), None)
+    return results.append(results.record(kind, rows, variant=variant, device=device, versions=versions,
+                                         config=config), out_dir)
 
 
 def _rss_kb(field: str) -> int:

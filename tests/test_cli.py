@@ -162,7 +162,8 @@ def test_encode_pooling_option_changes_the_vectors(tmp_path):
 
 # ---- bench: a tiny run through the console entry point ----------------------------------------
 
-def test_bench_smoke_writes_json_and_png(tmp_path):
+@pytest.mark.slow  # the whole suite at toy sizes in a subprocess
+def test_bench_smoke_appends_one_run_to_suite_jsonl(tmp_path):
     env = dict(os.environ, COLUMNS="160")
     cmd = [sys.executable, "-m", "fastbert", "bench", "--smoke", "--output-dir", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
@@ -170,38 +171,47 @@ def test_bench_smoke_writes_json_and_png(tmp_path):
     for text in ("Tokenizer", "Tokenizer, one text", "Model forward", "Text to embeddings", "Output vs HF",
                  str(tmp_path)):
         assert text in proc.stdout, text
-    [json_path] = tmp_path.glob("bench-cpu-*.json")
-    [png_path] = tmp_path.glob("bench-cpu-*.png")
-    [md_path] = tmp_path.glob("bench-cpu-*.md")
-    assert "| Workload |" in md_path.read_text()
-    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 10_000
-    data = json.loads(json_path.read_text())
-    meta = data["meta"]
-    for key in ("date", "device", "cpu_model", "cpu_count", "torch_threads", "versions"):
-        assert meta[key] not in (None, ""), key
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RESULTS.md", "suite.jsonl"]  # no file per run
+    assert "| Workload |" in (tmp_path / "RESULTS.md").read_text()
+    [run] = [json.loads(line) for line in (tmp_path / "suite.jsonl").read_text().splitlines()]
+    assert run["kind"] == "suite" and run["variant"] == "smoke" and run["date"]
+    for key in ("device", "device_name", "cpu", "cores"):
+        assert run["machine"][key] not in (None, ""), key
+    assert run["config"]["torch_threads"] >= 1 and run["config"]["model"] == "all-MiniLM-L6-v2"
     for name in ("torch", "transformers", "fastbert"):
-        assert meta["versions"][name], name
-    sections = {r["section"] for r in data["results"]}
+        assert run["versions"][name], name
+    sections = {r["section"] for r in run["figures"]}
     assert {"Tokenizer", "Tokenizer, one text", "Model forward", "Text to embeddings"} <= sections
-    fast_rows = [r for r in data["results"] if r["fastbert"]]
+    fast_rows = [r for r in run["figures"] if r["fastbert"]]
     assert fast_rows and all(r["check"] == "ok" and r["value"] > 0 for r in fast_rows)
-    assert any(r["speedup"] for r in data["results"])
+    assert any(r["speedup"] for r in run["figures"]) and run["raw"]["tokenizer"]
+
+
+def test_choices_are_those_of_the_code_that_takes_them():
+    from fastbert.cli import build_parser
+    from fastbert.encoder import POOLINGS
+    from fastbert._quantize import PRECISIONS
+
+    [commands] = [a for a in build_parser()._actions if a.dest == "command"]
+    options = {a.dest: a.choices for a in commands.choices["encode"]._actions}
+    assert tuple(options["pooling"]) == POOLINGS and "mean_sqrt_len_tokens" in POOLINGS
+    assert tuple(options["precision"]) == PRECISIONS
 
 
 def test_default_output_dir_inside_and_outside_the_checkout(tmp_path, monkeypatch):
-    from fastbert.benchmarks import suite
+    from fastbert.benchmarks import results
 
     monkeypatch.chdir(REPO / "tests")
-    assert suite.default_output_dir() == REPO / "bench" / "results"
+    assert results.default_dir() == REPO / "bench" / "results"
     monkeypatch.chdir(tmp_path)
-    assert suite.default_output_dir() == tmp_path.resolve() / "fastbert-bench"
+    assert results.default_dir() == tmp_path.resolve() / "fastbert-bench"
 
 
 def test_encode_truncate_dim_precision_and_prompts(tmp_path):
     import json
 
     import fastbert
-    from fastbert.quantize import quantize_embeddings
+    from fastbert._quantize import quantize_embeddings
 
     lines = ["first line", "second line, a bit longer", "", "a third one about cats", "dogs"]
     src = tmp_path / "in.txt"

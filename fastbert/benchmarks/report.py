@@ -1,13 +1,12 @@
-"""Presentation of a `fastbert bench` run: the rich table, the JSON file and the PNG plot.
+"""Presentation of a `fastbert bench` run: the rich table and its Markdown twin (RESULTS.md).
 
 The measurement modules return raw rows; `suite.py` turns each into a `Result` (one line of the
 table). This module only renders Results and never measures anything.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 # Output-check verdicts. FAIL (outputs differ from HF's) and ERROR (a fastbert measurement crashed)
@@ -152,8 +151,8 @@ def to_markdown(results) -> str:
     return "\n".join(out)
 
 
-def notes_for(results, json_path, png_path):
-    """The lines printed under the table: what the ratios mean, problems, where the files went."""
+def notes_for(results, path):
+    """The lines printed under the table: what the ratios mean, problems, where the run went."""
     lines = [
         "(2.00x) after a peer's figure = fastbert's throughput / that peer's, same workload, same run:",
         "  fastbert does twice the work per second (green >= 1x, yellow < 1x).",
@@ -168,68 +167,6 @@ def notes_for(results, json_path, png_path):
     for (check, section, name, note), cases in problems.items():
         where = cases[0] if len(cases) == 1 else f"{len(cases)} workloads"
         lines.append(f"  {check}: {section} / {name} ({where}): {note}")
-    lines.append(f"JSON (all rows, machine, versions): {json_path}")
-    lines.append(f"Plot: {png_path}")
-    lines.append(f"Markdown tables: {Path(json_path).with_suffix('.md')}")
+    lines.append(f"Appended to {path} (every row, machine, versions); tables in {Path(path).parent / 'RESULTS.md'}")
     return lines
 
-
-def write_json(path: Path, meta: dict, results, raw_rows: dict):
-    payload = {"meta": meta, "results": [asdict(r) for r in results], "raw": raw_rows}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
-    tmp.replace(path)
-
-
-def write_plot(path: Path, results, title: str, subtitle: str):
-    """fastbert's speed-up over each peer: one panel per part, one group of bars per workload,
-    one colour per peer; log scale with 1x marked. Bars of a failed output check are red."""
-    import matplotlib
-    matplotlib.use("Agg")  # no display: the plot is only written to a file
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    rows = [r for r in results if r.speedup is not None and math.isfinite(r.speedup) and r.speedup > 0]
-    sections = list(dict.fromkeys(r.section for r in rows))
-    if not rows:
-        fig, ax = plt.subplots(figsize=(10, 2.5))
-        ax.text(0.5, 0.5, "no ratios measured", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        axes = [ax]
-    else:
-        sizes = [len({r.case for r in rows if r.section == s}) for s in sections]
-        fig, axes = plt.subplots(len(sections), 1, sharex=True, squeeze=False,
-                                 figsize=(12.5, 1.6 + sum(0.55 * n + 0.7 for n in sizes)),
-                                 gridspec_kw={"height_ratios": [n + 1.2 for n in sizes]})
-        axes = list(axes[:, 0])
-        palette = ["#2e86c1", "#28b463", "#af7ac5", "#f39c12", "#7f8c8d"]
-        ratios = [r.speedup for r in rows]
-        for ax, section in zip(axes, sections):
-            mine = [r for r in rows if r.section == section]
-            cases = list(dict.fromkeys(r.case for r in mine))
-            peers = list(dict.fromkeys(r.name for r in mine))
-            height = 0.8 / len(peers)
-            for j, peer in enumerate(peers):
-                for r in (r for r in mine if r.name == peer):
-                    y = cases.index(r.case) - 0.4 + height * (j + 0.5)
-                    color = "#c0392b" if r.speedup_fails else palette[j % len(palette)]
-                    ax.barh(y, r.speedup, height=height * 0.9, color=color,
-                            label=f"vs {peer}" if r is next(x for x in mine if x.name == peer) else None)
-                    ax.text(r.speedup * 1.03, y, _fmt_ratio(r.speedup) + (" FAIL" if r.speedup_fails else ""),
-                            va="center", fontsize=6.5)
-            ax.set_yticks(range(len(cases)))
-            ax.set_yticklabels(cases, fontsize=7)
-            ax.set_ylim(len(cases) - 0.5, -0.5)
-            ax.axvline(1.0, color="black", linewidth=1)
-            ax.set_title(section, loc="left", fontsize=9, fontweight="bold")
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
-        ax = axes[-1]
-        ax.set_xscale("log")
-        ax.set_xlim(min(ratios + [1.0]) / 1.5, max(ratios + [1.0]) * 2.5)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-        ax.set_xlabel("fastbert throughput / peer throughput, same workload, same run "
-                      "(log scale; right of the black line = fastbert faster)", fontsize=8)
-    fig.suptitle(f"{title}\n{subtitle}", fontsize=9, x=0.01, ha="left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)

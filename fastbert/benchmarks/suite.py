@@ -2,8 +2,8 @@
 
 The measurements live in the sibling modules (tokenizer.py, models.py, encoder.py), each exposing
 `run(model_dir, ...) -> list[dict]` on the real text it was built around (corpus.py). This module
-calls them with progress bars, turns their rows into table lines (`report.Result`), and writes the
-JSON and the plot.
+calls them with progress bars, turns their rows into table lines (`report.Result`), and appends the
+run to suite.jsonl (results.py).
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import re
 import traceback
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fastbert.benchmarks import report
-from fastbert.benchmarks.env import cpu_model, default_model_dir, version
+from fastbert.benchmarks import results as results_file
+from fastbert.benchmarks.env import cpu_model, version
+from fastbert.hub import default_model_dir
 from fastbert.benchmarks.report import ERROR, FAIL, OK, SKIPPED, Result
 
 VERSIONED = ("fastbert", "torch", "transformers", "triton", "tokenizers", "sentence-transformers",
@@ -50,22 +51,6 @@ def model_label(model_dir: Path) -> str:
     except FileNotFoundError:
         pass
     return Path(model_dir).resolve().name
-
-
-def repo_root() -> Path | None:
-    """The source checkout fastbert runs from, if any (editable install), else None."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "setup.py").is_file() and (root / "bench").is_dir():
-        return root
-    return None
-
-
-def default_output_dir() -> Path:
-    """bench/results/ when run from inside the fastbert checkout, ./fastbert-bench/ otherwise."""
-    root, cwd = repo_root(), Path.cwd().resolve()
-    if root is not None and (cwd == root or root in cwd.parents):
-        return root / "bench" / "results"
-    return cwd / "fastbert-bench"
 
 
 def environment(cfg: BenchConfig) -> dict:
@@ -349,8 +334,8 @@ def _quiet_peers():
 
 
 def run_suite(cfg: BenchConfig, console=None):
-    """Run every part; writes JSON, PNG and Markdown; returns
-    (results, meta, json path, png path, title, subtitle)."""
+    """Run every part; appends the run to cfg.output_dir/suite.jsonl (and regenerates RESULTS.md there);
+    returns (results, meta, the JSONL's path, title, subtitle)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -411,16 +396,26 @@ def run_suite(cfg: BenchConfig, console=None):
         bars.update(overall, description="done", refresh=True)
     add_speedups(results)
 
-    stamp = meta["date"][:19].replace(":", "").replace("-", "")
-    json_path = cfg.output_dir / f"bench-{cfg.device}-{stamp}.json"
-    png_path = cfg.output_dir / f"bench-{cfg.device}-{stamp}.png"
     title = f"fastbert bench: {meta['model']} on {meta['device_name']}"
     v = meta["versions"]
     subtitle = (f"{meta['cpu_count']} cores, {meta['torch_threads']} torch threads, {cfg.dtype}; "
                 f"torch {v['torch']}, transformers {v['transformers']}, triton {v['triton']}, "
                 f"fastbert {v['fastbert']}; {meta['date']}")
-    report.write_json(json_path, meta, results, raw)
-    report.write_plot(png_path, results, title, subtitle)
-    md_path = json_path.with_suffix(".md")  # the same tables, ready to paste into a README or issue
-    md_path.write_text(f"{title}  \n{subtitle}\n\n{report.to_markdown(results)}", encoding="utf-8")
-    return results, meta, json_path, png_path, title, subtitle
+    path = results_file.append(record(cfg, meta, results, raw), cfg.output_dir)
+    return results, meta, path, title, subtitle
+
+
+def record(cfg: BenchConfig, meta: dict, results, raw: dict) -> dict:
+    """The run as one line of suite.jsonl: the table's lines as figures, the modules' own rows as raw."""
+    machine = {"device": meta["device"], "device_name": meta["device_name"], "cpu": meta["cpu_model"],
+               "cores": meta["cpu_count"], "platform": meta["platform"]}
+    if meta["cuda"]:
+        machine["cuda"] = meta["cuda"]
+    config = {k: v for k, v in meta.items() if k not in ("date", "versions", "python", "platform", "device",
+                                                         "device_name", "cpu_model", "cpu_count", "cuda")}
+    variant = "smoke" if cfg.smoke else "quick" if cfg.quick else None
+    row = results_file.record("suite", [asdict(r) for r in results], variant=variant, device=cfg.device,
+                              versions={"python": meta["python"], **meta["versions"]}, config=config,
+                              date=meta["date"], machine_info=machine)
+    row["raw"] = raw
+    return row

@@ -660,7 +660,7 @@ def embed_corpus(inputs, outdir, column: str = "text", id_column: str | None = N
     if device not in (None, "cpu", "cuda"):
         raise CorpusError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if model is None:
-        from fastbert.benchmarks.env import default_model_dir
+        from fastbert.hub import default_model_dir
         model = default_model_dir()
     model = Path(model)
     # a checkpoint, or sentence-transformers' layout whose modules.json names the transformer's folder

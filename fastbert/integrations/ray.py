@@ -109,7 +109,7 @@ class Embedder:
         if precision in ("int8", "uint8"):
             raise ValueError(_INT8_REFUSED.format(precision=precision))
         if model is None:
-            from fastbert.benchmarks.env import default_model_dir
+            from fastbert.hub import default_model_dir
             model = default_model_dir()
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

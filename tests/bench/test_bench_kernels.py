@@ -1,5 +1,4 @@
 """bench/bench_kernels.py works without a GPU: its --cpu-smoke pieces run here at toy shapes."""
-import csv
 import importlib.util
 import json
 import sys
@@ -40,10 +39,11 @@ def test_smoke_run_checks_times_and_writes(bench, tmp_path):
     assert mine and all(r["check"] == "ok" for r in mine), [r["note"] for r in mine if r["check"] != "ok"]
     assert all(r["ms"] > 0 and r["vs_best_torch"] > 0 for r in mine)
     assert any(r["impl"] == "SDPA math" and r["ms"] for r in rows)
-    csv_path, json_path = bench.write_results(rows, env, tmp_path)
-    with open(csv_path) as f:
-        table = list(csv.DictReader(f))
-    assert len(table) == len(rows) and {"gpu", "torch", "triton", "cuda", "date"} <= set(table[0])
-    assert json.loads(json_path.read_text())["meta"]["triton"] == env["triton"]
+    path = bench.write_results(plan, rows, env, tmp_path)
+    assert path == tmp_path / "kernels.jsonl" and (tmp_path / "RESULTS.md").is_file()
+    [run] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert run["kind"] == "kernels" and run["variant"] == "smoke" and run["machine"]["device"] == "cpu"
+    assert run["versions"]["triton"] == env["triton"] and run["config"]["gpu"] == env["gpu"]
+    assert len(run["figures"]) == len(rows) and "group" not in run["figures"][0]
     text = bench.table(rows, env)
     assert "fastbert add_layer_norm" in text and "FAIL" not in text

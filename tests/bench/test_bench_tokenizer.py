@@ -2,12 +2,17 @@
 every tokenizer gets the same texts in a round, and the output checked is a timed round's."""
 import gc
 import itertools
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fastbert.benchmarks import tokenizer as tb
-from fastbert.benchmarks import tokenizer_work as tw
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the research tooling there
+import tokenizer_idle_gaps as ig  # noqa: E402
+import tokenizer_work as tw  # noqa: E402
 
 DOCS = ["The quick brown fox.", "Ünïcödé text, with accents.", "野口里佳 Noguchi Rika"]
 
@@ -199,7 +204,7 @@ def test_sliced_peer_encodes_every_text_once_in_order(model_dir):
 def test_idle_gap_rows(model_dir):
     """bench_tokenizer.py --idle-gaps: a row per text, path, gap and thread count, the first count's
     "vs 1 thread" exactly 1, every call timed after its gap (a call cannot take less than nothing)."""
-    rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(0, 5), threads=(1, 2), smoke=True)
+    rows = ig.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(0, 5), threads=(1, 2), smoke=True)
     assert [(r["path"], r["idle gap ms"], r["before"], r["threads"]) for r in rows] == \
         [(p, g, f"idle {g} ms", n) for p in tb.PATHS for g in (0, 5) for n in (1, 2)]
     assert all(r["MB/s"] > 0 and r["ms per call"] > 0 for r in rows)
@@ -208,7 +213,7 @@ def test_idle_gap_rows(model_dir):
     assert all(r["worker tasks"] is None and r["worker start ms"] is None for r in rows if r["threads"] == 1)
     assert all(0 <= r["worker tasks"] <= 1 for r in rows if r["threads"] == 2)
     assert all(r["worker start ms"] is None or r["worker start ms"] >= 0 for r in rows)
-    assert "worker start" in tb.format_idle_gaps(rows).splitlines()[0]
+    assert "worker start" in ig.format_idle_gaps(rows).splitlines()[0]
 
 
 def _record_calls(monkeypatch, classes) -> list:
@@ -227,18 +232,18 @@ def test_rows_after_a_peer_time_each_call_right_after_that_peers_call(model_dir,
     """bench_tokenizer.py --after: before every timed fastbert call, the named peer (at the same thread
     count) encodes other new text; an unknown peer is refused by name."""
     events = _record_calls(monkeypatch, (tb.FastbertPeer, tb.TokenizersPeer))
-    rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
+    rows = ig.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
                         after=("tokenizers",))
     assert [(r["path"], r["before"], r["idle gap ms"], r["threads"]) for r in rows] == \
         [(p, "tokenizers", None, n) for p in tb.PATHS for n in (1, 2)]
-    assert all(r["MB/s"] > 0 for r in rows) and "tokenizers" in tb.format_idle_gaps(rows)
+    assert all(r["MB/s"] > 0 for r in rows) and "tokenizers" in ig.format_idle_gaps(rows)
     timed = [i for i, e in enumerate(events) if e[0] == "fastbert" and i > 0 and events[i - 1][0] == "tokenizers"]
     assert len(timed) == len(rows)  # every timed call came right after the peer's
     for i in timed:
         assert events[i - 1][1] == events[i][1]  # the peer at the same thread count
         assert events[i - 1][2] != events[i][2]  # on other text
     with pytest.raises(ValueError, match="nope"):
-        tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("nope",))
+        ig.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("nope",))
 
 
 def test_rows_after_a_peer_at_a_fixed_count_put_that_call_before_every_count(model_dir, monkeypatch):
@@ -246,7 +251,7 @@ def test_rows_after_a_peer_at_a_fixed_count_put_that_call_before_every_count(mod
     each 2-thread one too (what the peers' table has half the time); a bad count is refused by name."""
     monkeypatch.setattr(tb, "PATHS", {"ids": "ids"})
     recorded = _record_calls(monkeypatch, (tb.FastbertPeer, tb.TokenizersPeer))
-    rows = tb.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
+    rows = ig.idle_gaps(model_dir, {"mixed": DOCS * 40}, gaps_ms=(), threads=(1, 2), smoke=True,
                         after=("tokenizers/1", "fastbert/1"))
     events = [e[:2] for e in recorded]  # (name, threads)
     assert [(r["before"], r["threads"]) for r in rows] == \
@@ -256,9 +261,9 @@ def test_rows_after_a_peer_at_a_fixed_count_put_that_call_before_every_count(mod
     pairs = {(events[i - 1], events[i][1]) for i in fastbert_calls[2:] if events[i - 1][0] == "tokenizers"}
     assert pairs == {(("tokenizers", 1), 1), (("tokenizers", 1), 2)}
     with pytest.raises(ValueError, match="tokenizers/3.*1 or"):
-        tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("tokenizers/3",))
+        ig.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("tokenizers/3",))
     with pytest.raises(ValueError, match="fastbert/x"):
-        tb.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("fastbert/x",))
+        ig.idle_gaps(model_dir, {"mixed": DOCS}, gaps_ms=(), threads=(1,), smoke=True, after=("fastbert/x",))
 
 
 def test_work_counts_only_the_extensions_own_functions(tmp_path):
@@ -288,3 +293,14 @@ def test_work_refuses_unknown_text_path_and_batches(model_dir, monkeypatch):
     monkeypatch.setattr(tw.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="needs valgrind"):
         tw.thread_work(model_dir)
+
+
+def test_evict_is_an_argument_of_the_timing_not_a_module_setting(monkeypatch):
+    evictions = []
+    monkeypatch.setattr(tb, "evict_cpu_caches", lambda: evictions.append(1))
+    calls = {"a": (_recorder({}, "a"), None)}
+    tb.time_interleaved(calls, tb.Rounds(DOCS, itertools.count(1)), repeats=2)
+    assert evictions == []
+    tb.time_interleaved(calls, tb.Rounds(DOCS, itertools.count(1)), repeats=2, evict=True)
+    assert len(evictions) == 3  # the first pass and each timed round
+    assert not hasattr(tb, "EVICT")
