@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from fastbert.tokenizer.bert import BertTokenizer
-from fastbert.tokenizer.files import GENERIC_CLASSES, NO_TYPE_INPUTS, auto_class, generic_arguments, read_json
+from fastbert.tokenizer.files import (GENERIC_CLASSES, HUB_ARGUMENTS, NO_TYPE_INPUTS, auto_class, generic_arguments,
+                                     read_json)
 from fastbert.tokenizer.template import supported
 
 
@@ -116,16 +117,20 @@ def tokenizer_kind(directory) -> str:
     return _plan(Path(directory))[0]
 
 
-def local_dir(path, **hub) -> Path:
+def local_dir(path, subfolder=None, **hub) -> Path:
     """The local directory for a checkpoint path or hub id (fastbert.hub's one resolver: the HF
     cache first, then a download of the whole repository unless HF_HUB_OFFLINE is set; `hub`: its
-    revision, cache_dir, local_files_only and token). Errors are OSErrors naming the path."""
+    revision, cache_dir, local_files_only and token), `subfolder` under it. Errors are OSErrors
+    naming the path."""
     from fastbert.hub import resolve_directory
 
-    return Path(resolve_directory(path, patterns=None, **hub))
+    directory = Path(resolve_directory(path, patterns=None, **hub)) / (subfolder or "")
+    if not directory.is_dir():
+        raise OSError(f"{path!r}: tokenizer subfolder not found: {directory}")
+    return directory
 
 
-_HUB_ARGUMENTS = ("revision", "cache_dir", "local_files_only", "token")
+_HUB_ARGUMENTS = HUB_ARGUMENTS + ("subfolder",)
 
 
 class AutoTokenizer:

@@ -307,12 +307,16 @@ class BertTokenizer:
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
-    def from_pretrained(cls, path, **overrides) -> "BertTokenizer":
+    def from_pretrained(cls, path, *, subfolder: str | None = None, **overrides) -> "BertTokenizer":
         """Loads vocab.txt / tokenizer.json, tokenizer_config.json and special_tokens_map.json
-        from a local directory (or a vocab.txt / tokenizer.json file). Keyword arguments override
-        the files (do_lower_case, strip_accents, tokenize_chinese_chars, model_max_length, special
-        tokens, num_threads, ...)."""
-        kwargs = files.read_pretrained(path)
+        from a local directory (or a vocab.txt / tokenizer.json file) or a hub id ("org/name": the
+        Hugging Face cache first, so it works offline), with transformers' `subfolder`, `revision`,
+        `cache_dir`, `local_files_only` and `token`. Other keyword arguments override the files
+        (do_lower_case, strip_accents, tokenize_chinese_chars, model_max_length, special tokens,
+        num_threads, ...)."""
+        hub = {k: overrides.pop(k) for k in files.HUB_ARGUMENTS if k in overrides}
+        kwargs = files.read_pretrained(files.locate(path, subfolder, **hub))
+        kwargs["name_or_path"] = os.fspath(path)   # as given (a hub id stays one), as transformers
         kwargs.update(overrides)
         return cls(**kwargs)
 

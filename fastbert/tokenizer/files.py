@@ -128,6 +128,40 @@ def generic_arguments(tokenizer_json: dict, where: str) -> dict | str:
             "post_processor": post_processor}
 
 
+# what a tokenizer's files can be called; a hub download of a tokenizer fetches only these
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "config.json")
+HUB_ARGUMENTS = ("revision", "cache_dir", "local_files_only", "token")
+
+
+def locate(path, subfolder: str | None = None, **hub) -> str:
+    """The local folder (or file) a tokenizer loads from, as transformers' from_pretrained finds it: a
+    local path (with `subfolder` under it), else a hub id ("org/name") from the Hugging Face cache,
+    then downloaded unless offline (`hub`: revision, cache_dir, local_files_only, token)."""
+    unknown = set(hub) - set(HUB_ARGUMENTS)
+    if unknown:
+        raise TypeError(f"unsupported hub argument(s) {sorted(unknown)}; supported: {HUB_ARGUMENTS}")
+    path = os.path.expanduser(os.fspath(path))
+    sub = subfolder or ""
+    if os.path.exists(path):
+        local = os.path.join(path, sub) if sub else path
+        if not os.path.exists(local):
+            raise OSError(f"tokenizer subfolder not found: {local}")
+        return local
+    from fastbert.hub import resolve_directory
+
+    patterns = [f"{sub}/{name}" if sub else name for name in TOKENIZER_FILES]
+    try:
+        directory = resolve_directory(path, patterns, **hub)
+    except FileNotFoundError as e:
+        raise OSError(f"tokenizer path not found: {path} (not a local directory or file, nor a hub id found "
+                      f"in the Hugging Face cache or on the hub): {e}") from e
+    local = os.path.join(directory, sub) if sub else directory
+    if not os.path.isdir(local):
+        raise OSError(f"{path!r}: no subfolder {sub!r} in {directory}")
+    return local
+
+
 def read_pretrained(path) -> dict[str, Any]:
     """BertTokenizer's keyword arguments from a local directory (or a vocab.txt / tokenizer.json file)."""
     path = os.fspath(path)
