@@ -8,14 +8,15 @@ absolute position embeddings optional (`position_biased_input`), factorised embe
 
 works both ways. Distances are measured between padded columns, as transformers does (0..len-1
 per sequence on packed input). With type_vocab_size=0 token_type_ids are accepted and ignored, as
-transformers does. Not supported (ConfigError): conv_kernel_size > 0 (DeBERTa-v2-xlarge's
+transformers does. pos_att_type "none" (what configs without relative terms say) adds no term, as
+in transformers. Not supported (ConfigError): conv_kernel_size > 0 (DeBERTa-v2-xlarge's
 convolution after the first layer), attention_head_size != hidden_size / heads, pos_att_type
-entries other than c2p / p2c.
+entries other than c2p / p2c / none.
 
 The position terms run in fastbert.ops.relative_attention.disentangled_attention (the flash kernel
 gathering c2p / p2c tile by tile, or its blocked torch path), on the model's backend like the other
-ops. Without relative_attention the layer
-uses fastbert.ops.varlen_attention with DeBERTa's scale.
+ops. Without relative_attention, or with no c2p / p2c term, the layer runs plain attention
+(fastbert.ops.varlen_attention) with DeBERTa's scale.
 """
 import math
 import sys
@@ -37,6 +38,7 @@ from fastbert.ops import relative_attention as rel_ops
 from fastbert.padding import pack
 
 POS_ATT_TYPES = ("c2p", "p2c")
+NO_TERM = "none"   # transformers' configs say pos_att_type="None" when there is no relative term
 
 
 # ---- config ---------------------------------------------------------------------------------------------
@@ -67,9 +69,10 @@ def check_config(config, source: str) -> None:
 
 def check_common_config(config, source: str) -> None:
     """Settings that DeBERTa and DeBERTa-v2 read alike and fastbert refuses."""
-    bad = [t for t in (config.pos_att_type or []) if t not in POS_ATT_TYPES]
+    bad = [t for t in (config.pos_att_type or []) if t not in POS_ATT_TYPES + (NO_TERM,)]
     if bad:
-        raise ConfigError(f"{source}: pos_att_type entries {bad} are not supported (supported: {POS_ATT_TYPES})")
+        raise ConfigError(f"{source}: pos_att_type entries {bad} are not supported (supported: "
+                          f"{POS_ATT_TYPES + (NO_TERM,)})")
     for name in ("pooler_hidden_act",):
         act = getattr(config, name, "gelu")
         if act not in ACTIVATIONS:
@@ -98,7 +101,9 @@ class RelativeSpec:
         if self.max_relative_positions < 1:
             self.max_relative_positions = config.max_position_embeddings
         self.span = self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
-        self.scale_factor = 1 + len([t for t in POS_ATT_TYPES if t in self.types])
+        # v2 counts the c2p / p2c terms; v1 counts every entry, "none" too (transformers' scale_factor)
+        self.scale_factor = 1 + (len(self.types) if v1 else len([t for t in POS_ATT_TYPES if t in self.types]))
+        self.terms = any(t in self.types for t in POS_ATT_TYPES)
         # the distance -> relative index table, built once per model (the layers share this spec)
         self.distances = rel_ops.DistanceCache(rel_ops.deberta_lut(
             self.span, self.position_buckets, self.max_relative_positions)) if self.relative else None
@@ -201,11 +206,11 @@ class DebertaV2Layer(RelativeLayer):
         s = self.spec
         if q.shape[0] == 0 and not output_attentions:  # no real token (an empty batch has no row for the kernel)
             return q.new_zeros(q.shape), None
-        if not s.relative and not output_attentions:
+        if not (s.relative and s.terms) and not output_attentions:
             scale = 1.0 / math.sqrt(q.shape[-1] * s.scale_factor)
             return ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, scale=scale,
                                         dropout_p=dropout_p, backend=backend), None
-        pos_key, pos_query = self._positional(packing.context["rel"]) if s.relative else (None, None)
+        pos_key, pos_query = self._positional(packing.context["rel"]) if s.relative and s.terms else (None, None)
         opts = dict(span=s.span, position_buckets=s.position_buckets, max_relative_positions=s.max_relative_positions,
                     scale_factor=s.scale_factor, dropout_p=dropout_p)
         if output_attentions:

@@ -27,6 +27,9 @@ VARIANTS = {   # every span (position_buckets or max_relative_positions) is shor
     "p2c-own-proj": dict(pos_att_type=["p2c"], position_buckets=10, max_relative_positions=40,
                          norm_rel_ebd="layer_norm", legacy=False),
     "absolute-only": dict(relative_attention=False, pos_att_type=["p2c", "c2p"]),
+    # transformers' own model tests use this one: no relative term, plain attention at scale 1
+    "no-terms": dict(relative_attention=False, pos_att_type="None"),
+    "relative-no-terms": dict(pos_att_type="None", position_buckets=8),   # rel_embeddings there, unused
 }
 
 

@@ -22,6 +22,9 @@ VARIANTS = {
     "c2p-no-abs-factorised": dict(pos_att_type=["c2p"], position_biased_input=False, embedding_size=24),
     "p2c-nonlegacy": dict(pos_att_type=["p2c"], legacy=False, max_relative_positions=-1),   # span = 64
     "absolute-only": dict(relative_attention=False, pos_att_type=["c2p", "p2c"]),
+    # as transformers' own model tests; v1 counts "none" in its scale (1 + len(pos_att_type)), v2 does not
+    "no-terms": dict(relative_attention=False, pos_att_type="None"),
+    "relative-no-terms": dict(pos_att_type="None"),
 }
 
 
