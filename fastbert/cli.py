@@ -1,5 +1,6 @@
 """The `fastbert` command: `fastbert bench` (the benchmark suite), `fastbert encode` (embeddings) and
-`fastbert embed-corpus` (a whole corpus, resumable, optionally on Ray).
+`fastbert embed-corpus` (a whole corpus, resumable, optionally on Ray) and `fastbert serve` (an HTTP
+server; fastbert.serve).
 
 Bad arguments and bad input files end with an argparse-style message and exit status 2, never a
 traceback. `fastbert bench` exits 1 only when an output check fails (a wrong result), never because
@@ -106,10 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
                     "(source, row, id, embedding) with a manifest; rows that cannot be embedded go "
                     "to OUTDIR/errors.jsonl. Re-running the same command resumes.")
     corpus.add_arguments(embed_corpus, _positive_int)
+
+    from fastbert.serve import server as serve_server  # no fastapi, uvicorn or torch at import
+
+    serve = sub.add_parser(
+        "serve", help="serve a model over HTTP: OpenAI /v1/embeddings and TEI routes, batched",
+        description="Serve MODEL over HTTP (OpenAI- and text-embeddings-inference-compatible routes) "
+                    "with token-budget batching, backpressure and Prometheus metrics; on Ray Serve "
+                    "with --ray. Needs the serve extra: pip install fastbert[serve].")
+    serve_server.add_arguments(serve, _positive_int)
     # errors are reported with the subcommand's own usage line
     bench.set_defaults(handler=cmd_bench, parser=bench)
     encode.set_defaults(handler=cmd_encode, parser=encode)
     embed_corpus.set_defaults(handler=corpus.cmd_embed_corpus, parser=embed_corpus)
+    serve.set_defaults(handler=serve_server.cmd_serve, parser=serve)
     return parser
 
 
