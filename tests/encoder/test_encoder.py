@@ -249,7 +249,7 @@ def test_roberta_bpe_checkpoint_without_sentence_config(tmp_path, lines):
 
 # ---- sentence-transformers' encode options: prompts, truncate_dim, precision, output_value ------
 
-from fastbert.quantize import PRECISIONS, quantize_embeddings  # noqa: E402
+from fastbert._quantize import PRECISIONS, quantize_embeddings  # noqa: E402
 
 PROMPTS = {"query": "query: ", "passage": "passage: ", "instruct": "Represent this sentence for retrieval: "}
 

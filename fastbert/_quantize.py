@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastbert._callable_module import make_callable
 from fastbert.ops import quantized_linear as ql
 
 DTYPES = ("int8",)
@@ -213,6 +212,3 @@ def quantize_embeddings(embeddings, precision: str, ranges: Optional[np.ndarray]
         return buckets.astype(np.uint8) if precision == "uint8" else (buckets - 128).astype(np.int8)
     bits = np.packbits(embeddings > 0, axis=-1)
     return (bits - 128).astype(np.int8) if precision == "binary" else bits
-
-
-make_callable(__name__, quantize)

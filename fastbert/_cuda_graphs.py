@@ -32,7 +32,6 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from fastbert._callable_module import make_callable
 from fastbert.ops.attention import check_cu_seqlens, seqlen_int
 
 TOKEN_BUCKETS = tuple(sorted({m << k for k in range(4, 17) for m in (2, 3)}))  # 32, 48, 64, 96, ... 196608
@@ -273,6 +272,3 @@ class CudaGraphs:
 def cuda_graphs(model, **options) -> CudaGraphs:
     """Wrap `model` (anything with forward_packed) for bucketed, graph-replayed packed inference."""
     return CudaGraphs(model, **options)
-
-
-make_callable(__name__, cuda_graphs)

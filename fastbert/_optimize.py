@@ -31,8 +31,8 @@ import typing
 
 import torch
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from fastbert._callable_module import make_callable
 from fastbert.models.config import ConfigError, check_supported
 
 _FAST_ARGS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds",
@@ -93,6 +93,8 @@ def optimize(model):
         return model                                   # optimized before
     source = _check(model)
     _swap_encoder(base, model.config, source)
+    if model is not base:
+        _hide_padding_from_loss(model)
     return model
 
 
@@ -105,7 +107,7 @@ def _check(model) -> str:
     config = model.config
     source = f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r})"
     check_supported(config, source)
-    from fastbert.quantize import QuantizedLinear
+    from fastbert._quantize import QuantizedLinear
     quantized = [name for name, m in model.base_model.named_modules() if isinstance(m, QuantizedLinear)]
     if quantized:
         raise ConfigError(f"{source} is quantized already ({quantized[0]} is a QuantizedLinear); call "
@@ -184,15 +186,22 @@ def _swap_encoder(base: nn.Module, config, source: str) -> None:
     fast.train(base.training)
     # transformers' gradient_checkpointing flag lives on the modules replaced below: keep it on base, where
     # its gradient_checkpointing_enable / _disable (which set every module's flag) reach it, and the
-    # forward hands it to fastbert's encoder
+    # forward hands it to a fastbert encoder that checkpoints in its own loop; fastbert's layers are
+    # GradientCheckpointingLayers that transformers' switch sets directly, and take over the replaced
+    # layers' settings here
     base.gradient_checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
+    old_layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+    new_layers = [m for m in fast.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for new, old in zip(new_layers, old_layers):
+        if old.gradient_checkpointing:
+            new.gradient_checkpointing, new._gradient_checkpointing_func = True, old._gradient_checkpointing_func
     _follow_order(fast, base)
     signature = inspect.signature(base.forward)
     output_class = _output_class(base.forward, fast)
     for name, child in fast.named_children():          # transformers' own children are replaced
         setattr(base, name, child)
     base.__dict__["_fastbert_encoder"] = fast          # not a registered child: no duplicate keys
-    base.forward = _OptimizedForward(base, signature, output_class)
+    base.forward = _OptimizedForward(base, signature, output_class, layers_checkpoint=bool(new_layers))
 
 
 def _move_adapters(fast: nn.Module, base: nn.Module) -> None:
@@ -246,8 +255,9 @@ class _OptimizedForward:
     An instance attribute of the base model (so only that model changes); a plain object rather
     than a closure so that copy.deepcopy(model) rebinds it to the copy."""
 
-    def __init__(self, owner: nn.Module, signature: inspect.Signature, output_class):
+    def __init__(self, owner: nn.Module, signature: inspect.Signature, output_class, layers_checkpoint: bool):
         self.owner, self.__signature__, self.output_class = owner, signature, output_class
+        self.layers_checkpoint = layers_checkpoint   # fastbert's layers take transformers' switch themselves
 
     @property
     def __code__(self):  # torch.export reads the forward's code object (to name what it traces)
@@ -277,7 +287,7 @@ class _OptimizedForward:
                 raise TypeError(f"{type(owner).__name__} optimized by fastbert: unexpected argument {name!r}")
         fast = owner._fastbert_encoder
         fast.training = owner.training                 # the shared children follow owner.train() already
-        if fast.gradient_checkpointing != bool(owner.gradient_checkpointing):
+        if not self.layers_checkpoint and fast.gradient_checkpointing != bool(owner.gradient_checkpointing):
             if owner.gradient_checkpointing:
                 fast.activation_checkpointing_enable()
             else:
@@ -285,7 +295,70 @@ class _OptimizedForward:
         out = self.output_class(**dict(fast(**call, return_dict=True)))
         if return_dict is None:
             return_dict = getattr(owner.config, "return_dict", True)
+        if return_dict:
+            return out
+        if owner.config.model_type in _TUPLE_KEEPS_POOLER and "pooler_output" in out.__dataclass_fields__:
+            # transformers' MPNetModel: (sequence_output, pooled_output, ...) even when pooled_output is None;
+            # its heads read hidden_states and attentions from outputs[2:]
+            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
+            return (out.last_hidden_state, out.pooler_output) + rest
+        return out.to_tuple()
+
+
+# model types whose transformers base model keeps the pooler's slot in its return_dict=False tuple
+_TUPLE_KEEPS_POOLER = ("mpnet",)
+
+
+def _hide_padding_from_loss(model: nn.Module) -> None:
+    """Heads whose loss could read padded positions (question answering, token classification, masked
+    LM) get a forward that hides them, as fastbert's own heads do (see fastbert.models.heads): the fast
+    encoder's padded rows are zeros, so the head's outputs there are its bias alone."""
+    name = type(model).__name__
+    kind = next((k for suffix, k in _PADDING_BLIND_HEADS if name.endswith(suffix)), None)
+    if kind is not None:
+        model.forward = _LossWithoutPadding(model, kind)
+
+
+_PADDING_BLIND_HEADS = (("ForQuestionAnswering", "qa"), ("ForTokenClassification", "labels"),
+                        ("ForMaskedLM", "labels"))
+
+
+class _LossWithoutPadding:
+    """An optimized head's forward: transformers' own, with padded positions kept out of the loss (QA:
+    padded logits out of the softmax and targets on padding ignored, as fastbert.models.heads.qa_loss;
+    per-token labels at padded positions ignored). Outputs other than the loss are transformers'. A plain
+    object, as _OptimizedForward, so that copy.deepcopy(model) rebinds it."""
+
+    def __init__(self, owner: nn.Module, kind: str):
+        self.owner, self.kind = owner, kind
+        self.__signature__ = inspect.signature(owner.forward)
+
+    @property
+    def __code__(self):
+        return type(self).__call__.__code__
+
+    def __call__(self, *args, **kwargs):
+        from fastbert.models.heads import ignore_padding, qa_loss
+
+        forward = type(self.owner).forward.__get__(self.owner)
+        given = self.__signature__.bind(*args, **kwargs).arguments
+        kw = self.__signature__.parameters
+        given = {**{k: v for k, v in given.items() if kw[k].kind is not inspect.Parameter.VAR_KEYWORD},
+                 **next((v for k, v in given.items() if kw[k].kind is inspect.Parameter.VAR_KEYWORD), {})}
+        mask = given.get("attention_mask")
+        if mask is None:
+            return forward(**given)
+        if self.kind == "labels":
+            if given.get("labels") is not None:
+                given["labels"] = ignore_padding(given["labels"], mask)
+            return forward(**given)
+        start, end = given.pop("start_positions", None), given.pop("end_positions", None)
+        if start is None or end is None:
+            return forward(**given, start_positions=start, end_positions=end)
+        return_dict = given.pop("return_dict", None)
+        out = forward(**given, return_dict=True)
+        loss = qa_loss(out.start_logits, out.end_logits, start, end, mask)
+        out = type(out)(loss=loss, **{k: v for k, v in out.items() if k != "loss"})
+        if return_dict is None:
+            return_dict = getattr(self.owner.config, "return_dict", True)
         return out if return_dict else out.to_tuple()
-
-
-make_callable(__name__, optimize)
