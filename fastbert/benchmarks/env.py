@@ -62,9 +62,9 @@ def parallel_ceiling(workers: int, samples: int = 1, nbytes: int = 32 << 20) -> 
 def lookup_ceiling(workers: int, samples: int = 1, lookups: int = 1 << 22) -> list[float]:
     """The same on work shaped like a tokenizer's: ``lookups`` random reads from a table of 1 MB per
     thread (numpy's take, GIL released), served by the CPU caches. On a virtual machine it can fall
-    well below the SHA-256 ceiling for a while (1.06x against 1.85x, medians of one --scaling run in
-    bench/results/tokenizer-scaling-20261205T020737.json), when the physical cores' caches are shared
-    with other load."""
+    well below the SHA-256 ceiling for a while (1.06x against 1.85x, medians of one --scaling run,
+    bench/results/tokenizer.jsonl, source tokenizer-scaling-20261205T020737.json), when the physical
+    cores' caches are shared with other load."""
     import numpy as np
 
     rng = np.random.default_rng(0)
