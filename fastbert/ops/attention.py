@@ -53,12 +53,20 @@ def _check_dropout(dropout_p, generator) -> None:
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
-def _check_mask(q, attention_mask) -> None:
+# attention()'s q / k / v layouts: a (2, 8, 8, 64) tensor is either, so the caller says which
+LAYOUTS = {"bshd": "(batch, seq, heads, head_dim)", "bhsd": "(batch, heads, seq, head_dim) (torch SDPA's)"}
+
+
+def _check_mask(q, attention_mask, layout: str = "bshd") -> None:
+    """q in (batch, seq, heads, head_dim) order whatever the caller's layout (named in errors)."""
     if attention_mask is None:
         return
     if attention_mask.shape != q.shape[:2]:
-        raise ValueError(f"attention_mask must have shape (batch, seq) = {tuple(q.shape[:2])}, "
-                         f"got {tuple(attention_mask.shape)}")
+        other = "bhsd" if layout == "bshd" else "bshd"
+        hint = (f"; q looks like layout={other!r} {LAYOUTS[other]}: pass layout={other!r}"
+                if attention_mask.shape == (q.shape[0], q.shape[2]) else "")
+        raise ValueError(f"attention_mask must have shape (batch, seq) = {tuple(q.shape[:2])} for q of layout "
+                         f"{layout!r} {LAYOUTS[layout]}, got {tuple(attention_mask.shape)}{hint}")
     if attention_mask.device != q.device:
         raise ValueError(f"attention_mask is on {attention_mask.device} but q is on {q.device}")
     if attention_mask.is_complex():
@@ -439,12 +447,23 @@ def _use_kernel(backend, q, k, v) -> bool:
 
 
 def attention(q, k, v, attention_mask=None, *, scale: Optional[float] = None, backend: str = "auto",
-              dropout_p: float = 0.0, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+              dropout_p: float = 0.0, generator: Optional[torch.Generator] = None,
+              layout: str = "bshd") -> torch.Tensor:
     """softmax(q k^T * scale + mask) v with HF's key-padding mask convention (1 = real token).
 
+    layout: "bshd" (default) for q, k, v of shape (batch, seq, heads, head_dim), "bhsd" for torch
+    SDPA's (batch, heads, seq, head_dim); the output has the inputs' layout. Shapes alone cannot tell
+    the two apart, so a tensor in the other layout gives wrong numbers unless it is said here; an
+    attention_mask (batch, seq) is checked against the layout's seq dimension.
     dropout_p > 0 drops attention probabilities (training); pass it as 0.0 in eval mode."""
-    _check_qkv(q, k, v, 4, "(batch, seq, heads, head_dim)")
-    _check_mask(q, attention_mask)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} (key: q, k, v shape), got {layout!r}")
+    _check_qkv(q, k, v, 4, LAYOUTS[layout])
+    if layout == "bhsd":   # the op runs on (batch, seq, heads, head_dim) views; head_dim stays contiguous
+        _check_mask(q.transpose(1, 2), attention_mask, layout)
+        return attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention_mask, scale=scale,
+                         backend=backend, dropout_p=dropout_p, generator=generator).transpose(1, 2)
+    _check_mask(q, attention_mask, layout)
     _check_dropout(dropout_p, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
