@@ -21,6 +21,16 @@ def triton_available() -> bool:
     return True
 
 
+def triton_op(name: str, *, mutates_args):
+    """Decorator registering a fastbert op: torch.library.triton_op where triton imports, else a plain
+    torch.library.custom_op. Both give the same operator (schema from the annotations; the caller adds
+    the fake and autograd); triton_op also lets torch.compile see the Triton kernels inside, which
+    needs triton: without it torch would log "Triton not available" once per op, with nothing to see."""
+    if triton_available():
+        return torch.library.triton_op(name, mutates_args=mutates_args)
+    return torch.library.custom_op(name, mutates_args=mutates_args)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

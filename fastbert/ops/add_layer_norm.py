@@ -8,9 +8,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from torch.library import triton_op
 
-from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, use_triton
+from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, triton_op, use_triton
 
 MAX_HIDDEN = 8192
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

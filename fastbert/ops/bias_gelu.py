@@ -7,9 +7,8 @@ from typing import Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.library import triton_op
 
-from fastbert.ops._dispatch import run_kernel, use_triton
+from fastbert.ops._dispatch import run_kernel, triton_op, use_triton
 
 APPROXIMATE = ("none", "tanh")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

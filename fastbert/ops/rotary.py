@@ -21,9 +21,8 @@ from typing import Dict, Tuple
 
 import torch
 from torch import nn
-from torch.library import triton_op
 
-from fastbert.ops._dispatch import records_grad, run_kernel, use_triton
+from fastbert.ops._dispatch import records_grad, run_kernel, triton_op, use_triton
 
 
 def inv_freq(theta: float, dim: int) -> torch.Tensor:
