@@ -40,7 +40,7 @@ bench-full: $(STAMP)
 bench-pytest: $(STAMP)
 	$(PY) -m pytest bench/ --benchmark-only -q
 
-# Triton kernels vs torch on a CUDA GPU; writes CSV/JSON to bench/results/.
+# Triton kernels vs torch on a CUDA GPU; appends the run to bench/results/kernels.jsonl.
 bench-kernels: $(STAMP)
 	$(PY) bench/bench_kernels.py
 
