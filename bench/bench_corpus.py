@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2000)

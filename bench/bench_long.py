@@ -36,7 +36,6 @@ import sys
 import time
 
 import torch
-
 from common import RESULTS, append_run, measure_forward
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,6 +53,7 @@ def base_config(layers: int, local_only: bool, attn: str):
 
 def build(peer: str, layers: int, local_only: bool):
     import transformers
+
     from fastbert.models.modernbert import ModernBertModel
     torch.manual_seed(0)
     hf = transformers.ModernBertModel(base_config(layers, local_only, "sdpa")).eval()

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from common import RESULTS, append_run
 
 from fastbert.benchmarks import models

@@ -40,7 +40,6 @@ import sys
 import time
 
 import torch
-
 from common import RESULTS, append_run, measure_forward
 
 HERE = os.path.dirname(os.path.abspath(__file__))

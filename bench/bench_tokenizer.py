@@ -1,8 +1,8 @@
 """Tokenizer throughput: fastbert vs nanotoken, HF tokenizers and BertTokenizerFast, same text, one run.
 
     pytest bench/bench_tokenizer.py --benchmark-only      # pytest-benchmark (FASTBERT_BENCH_QUICK=1: less text)
-    python bench/bench_tokenizer.py [--quick] [--repeated] # table with ratios, appended to bench/results/tokenizer.jsonl,
-                                                            # then one text per call (tokenizer_latency)
+    python bench/bench_tokenizer.py [--quick] [--repeated] # table with ratios, then one text per call
+                                                            # (tokenizer_latency); both in bench/results/tokenizer.jsonl
     python bench/bench_tokenizer.py --peers nanotoken       # the same table with fastbert and these peers only
                                                             # ('none': fastbert alone, both thread counts)
     python bench/bench_tokenizer.py --scaling [--threads 1,2]  # fastbert alone, thread counts interleaved:
@@ -56,12 +56,12 @@ import os
 import sys
 from pathlib import Path
 
+import tokenizer_idle_gaps as ig  # noqa: E402  (bench/ research tooling, beside this file)
+import tokenizer_work as tw  # noqa: E402
 from common import QUICK, RESULTS, append_run, model_dir, pytest, say
 
 from fastbert.benchmarks import tokenizer as tb
 from fastbert.benchmarks import tokenizer_latency as tl
-import tokenizer_idle_gaps as ig  # noqa: E402  (bench/ research tooling, beside this file)
-import tokenizer_work as tw  # noqa: E402
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------
 

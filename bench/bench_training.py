@@ -1,12 +1,12 @@
 """Training-step time: fastbert vs transformers (forward + backward + AdamW step), same batch, one run.
 
-    python bench/bench_training.py [--quick] [--batch-size 32] [--threads 2]   # table + a line in bench/results/training.jsonl
+    python bench/bench_training.py [--quick] [--batch-size 32] [--threads 2]   # table + a line in
+                                                                                # bench/results/training.jsonl
     pytest bench/bench_training.py --benchmark-only                             # pytest-benchmark
 
 CPU, fp32, 2 threads by default: the all-MiniLM-L6-v2 checkpoint under a 2-label classification head,
 a batch of real English sentences padded to its longest. The measurement and the gradient check live
-in fastbert.benchmarks.training (bench/bench_kernels.py can call its run() on a GPU); this file only
-wraps it.
+in training.py beside this file (not part of `fastbert bench`); this file only wraps it.
 """
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import torch
+import training as tb
 from common import RESULTS, append_run, model_dir, pytest, say
-
-from fastbert.benchmarks import training as tb
 
 # ---- pytest-benchmark ---------------------------------------------------------------------------------
 
@@ -77,7 +76,9 @@ def main(argv=None) -> int:
     print(f"{rows[0]['device_name']} ({rows[0]['device']}); versions {rows[0]['versions']}")
     print(table(rows))
     config = {k: v for k, v in vars(args).items() if k != "out"}
-    print(f"appended to {append_run('training', rows, args.out, variant='quick' if args.quick else None, device=args.device, config=config)}")
+    path = append_run("training", rows, args.out, variant="quick" if args.quick else None, device=args.device,
+                      config=config)
+    print(f"appended to {path}")
     return 0 if all(r.get("ok", True) for r in rows) else 1
 
 

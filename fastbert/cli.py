@@ -43,8 +43,8 @@ _count = _int_at_least(0, "a non-negative integer")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastbert.encoder import POOLINGS  # the choices where they are defined, so they cannot drift
     from fastbert._quantize import PRECISIONS
+    from fastbert.encoder import POOLINGS  # the choices where they are defined, so they cannot drift
 
     parser = argparse.ArgumentParser(
         prog="fastbert", description="fastbert: fast BERT-family encoders for PyTorch.")
@@ -154,7 +154,8 @@ def _model_dir(parser, model: Path | None, sentence_transformers: bool = False) 
 def cmd_bench(parser, args) -> int:
     from rich.console import Console
 
-    from fastbert.benchmarks import report, results as results_file, suite
+    from fastbert.benchmarks import report, suite
+    from fastbert.benchmarks import results as results_file
 
     _check_device(parser, args.device)
     model_dir = _model_dir(parser, args.model)

@@ -188,9 +188,9 @@ def test_bench_smoke_appends_one_run_to_suite_jsonl(tmp_path):
 
 
 def test_choices_are_those_of_the_code_that_takes_them():
+    from fastbert._quantize import PRECISIONS
     from fastbert.cli import build_parser
     from fastbert.encoder import POOLINGS
-    from fastbert._quantize import PRECISIONS
 
     [commands] = [a for a in build_parser()._actions if a.dest == "command"]
     options = {a.dest: a.choices for a in commands.choices["encode"]._actions}

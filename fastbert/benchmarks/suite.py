@@ -23,8 +23,8 @@ from pathlib import Path
 
 from fastbert.benchmarks import results as results_file
 from fastbert.benchmarks.env import cpu_model, version
-from fastbert.hub import default_model_dir
 from fastbert.benchmarks.report import ERROR, FAIL, OK, SKIPPED, Result
+from fastbert.hub import default_model_dir
 
 VERSIONED = ("fastbert", "torch", "transformers", "triton", "tokenizers", "sentence-transformers",
              "nanotoken", "onnxruntime", "numpy")

@@ -34,8 +34,7 @@ import time
 
 import numpy as np
 
-from fastbert.benchmarks import corpus
-from fastbert.benchmarks import env
+from fastbert.benchmarks import corpus, env
 from fastbert.benchmarks.env import cpu_model
 
 PATHS = {"ids": "ids", "padded128": "padded"}  # path name -> Peer method

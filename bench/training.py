@@ -17,8 +17,8 @@ may be at most 3x transformers' own under the same autocast, plus 1e-3 (STYLE.md
 Throughput is real (non-padding) tokens per second. On CUDA, `dtype` float16/bfloat16 trains under
 torch.autocast with fp32 weights (the usual mixed precision), and times are taken after a synchronize.
 
-    from fastbert.benchmarks.training import run
-    rows = run(model_dir, device="cuda", dtype="bfloat16")   # what bench/bench_kernels.py can call
+    import training                     # bench/ on sys.path, as for bench/bench_training.py
+    rows = training.run(model_dir, device="cuda", dtype="bfloat16")
 """
 from __future__ import annotations
 
