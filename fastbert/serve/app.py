@@ -57,17 +57,22 @@ def _field(loc) -> str:
 
 
 def _validation_error(exc) -> ApiError:
-    """The first pydantic error as an ApiError naming its field (the validators' own messages as they are)."""
-    err = exc.errors()[0]
-    field = _field(err.get("loc", ()))
-    if err["type"] == "value_error":
-        message = str(err.get("ctx", {}).get("error", err["msg"]))
-    elif err["type"] == "extra_forbidden":
-        message = f"{field}: unknown field"
-    else:
-        message = f"{field}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err and
-                                              not isinstance(err["input"], (dict, list)) else "")
-    return ApiError(422, message, field.split("[")[0].split(".")[0])
+    """pydantic's errors as one ApiError naming the first one's field (the validators' own messages
+    as they are; several errors are joined: a misspelt field is both missing and unknown)."""
+    messages, fields = [], []
+    for err in exc.errors()[:5]:
+        field = _field(err.get("loc", ()))
+        if err["type"] == "value_error":
+            message = str(err.get("ctx", {}).get("error", err["msg"]))
+        elif err["type"] == "extra_forbidden":
+            message = f"{field}: unknown field"
+        else:
+            given = err.get("input")
+            message = f"{field}: {err['msg']}" + ("" if given is None or isinstance(given, (dict, list))
+                                                  else f" (got {given!r})")
+        messages.append(message)
+        fields.append(field.split("[")[0].split(".")[0])
+    return ApiError(422, "; ".join(messages), fields[0])
 
 
 async def _read_body(request, schema, limit: int):
