@@ -16,7 +16,7 @@ TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.fastbert-installed
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 
-.PHONY: test bench bench-full bench-pytest bench-kernels install fuzz clean
+.PHONY: test test-slow lint bench bench-full bench-pytest bench-kernels install fuzz clean
 
 install: $(STAMP)
 
@@ -27,8 +27,16 @@ $(STAMP): $(SOURCES)
 	$(PY) -m pip install -q --no-build-isolation -e ".[test,bench]"
 	@touch $(STAMP)
 
+# The fast tests (the README's test command); what is slow by nature is marked `slow` and runs in
+# `make test-slow`, CI's next stage.
 test: $(STAMP)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest tests -q -m slow
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 bench: $(STAMP)
 	$(PY) -m fastbert bench --quick
