@@ -741,7 +741,7 @@ def main(argv=None):
         return overhead(plan, out_dir)
     rows, env = run(plan, args.skip_e2e)
     env["wall_s"] = round(time.time() - plan.start, 1)
-    print(f"appended to {write_results(rows, env, out_dir)} ({env['wall_s']} s)")
+    print(f"appended to {write_results(plan, rows, env, out_dir)} ({env['wall_s']} s)")
     print(table(rows, env))
     return 1 if any(r["check"] in ("FAIL", "ERROR") for r in rows) else 0
 
