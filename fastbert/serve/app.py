@@ -17,6 +17,7 @@ import base64
 import hmac
 import json
 import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
@@ -277,7 +278,7 @@ class Server:
                 "routes": list(self.runner.routes), "max_concurrent_requests": self.max_concurrent,
                 "max_batch_tokens": b.max_batch_tokens, "max_batch_requests": b.max_batch_requests,
                 "max_client_batch_size": schemas.MAX_INPUTS, "tokenization_workers": self.tokenizers._max_workers,
-                "version": version}
+                "version": version, "worker": f"{socket.gethostname()}:{os.getpid()}"}
 
 
 ROUTES = {   # path -> (Server method, schema)

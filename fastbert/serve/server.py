@@ -2,10 +2,12 @@
 
 uvicorn owns the signals: on SIGTERM or SIGINT it stops accepting connections, lets every request in
 flight finish (no time limit: a request accepted is answered), then runs the app's lifespan end,
-which drains the batcher and stops its thread; the process exits 0.
+which drains the batcher and stops its thread; the process prints how many requests it answered
+(by status) and exits 0.
 """
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -35,9 +37,26 @@ def run(model=None, host: str = "127.0.0.1", port: int = 8080, log_level: str = 
     runner = app.state.server.runner
     print(f"fastbert serve: {runner.kind} model {app.state.server.model_name} on {runner.device}, "
           f"http://{host}:{port} ({', '.join(runner.routes)})", file=sys.stderr, flush=True)
+    # uvicorn catches SIGTERM / SIGINT while it serves and raises them again once it has drained;
+    # a handler of our own takes that second signal, so the summary prints and the exit status is 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=None)
+    print(f"fastbert serve: stopped; answered {_answered(app.state.server.metrics)}", file=sys.stderr, flush=True)
     return 0
+
+
+def _answered(metrics) -> str:
+    """"N requests (200: n, 429: m, ...)" from the requests counter."""
+    counts = {}
+    for metric in metrics.requests.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                status = sample.labels["status"]
+                counts[status] = counts.get(status, 0) + int(sample.value)
+    detail = ", ".join(f"{status}: {n}" for status, n in sorted(counts.items()))
+    return f"{sum(counts.values())} requests ({detail})"
 
 
 def add_arguments(parser, positive_int) -> None:

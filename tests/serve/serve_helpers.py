@@ -91,3 +91,40 @@ def live_server(app):
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def spawned_server(*args, timeout: float = 120):
+    """`fastbert serve ARGS` in a child process on a free port of 127.0.0.1; yields (process, base
+    URL) once /health answers; kills the process if the test left it running."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", "--port", str(port), "--log-level",
+                             "warning", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"fastbert serve exited with {proc.returncode}: {proc.stdout.read()}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("fastbert serve did not start in time")
+            time.sleep(0.2)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
