@@ -35,7 +35,7 @@ from fastbert.models.modeling import EncoderModel
 from fastbert.models.mpnet import RelativeLayer, relative_packing
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import relative_attention as rel_ops
-from fastbert.padding import pack
+from fastbert.ops.varlen import pack
 
 POS_ATT_TYPES = ("c2p", "p2c")
 NO_TERM = "none"   # transformers' configs say pos_att_type="None" when there is no relative term

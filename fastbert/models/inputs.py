@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fastbert.padding import mask_stats
+from fastbert.ops.varlen import check_cu_seqlens, check_cu_seqlens_shape, mask_stats
 
 if TYPE_CHECKING:
     from fastbert.models.modeling import EncoderModel
@@ -102,9 +102,7 @@ def check_packed_shapes(model: "EncoderModel", input_ids, cu_seqlens, max_seqlen
     """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints); its
     callers have passed token_type_ids through model.token_types."""
     _check_integer("input_ids", input_ids, 1, "(tokens,) packed ids")
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 1:
-        raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 1, got {cu_seqlens.dtype} "
-                         f"shape {tuple(cu_seqlens.shape)}")
+    check_cu_seqlens_shape(cu_seqlens, min_length=1)   # 1: an empty batch
     if cu_seqlens.shape[0] == 1 and input_ids.shape[0]:
         raise ValueError(f"cu_seqlens of length 1 is a batch of no sequences, but input_ids has "
                          f"{input_ids.shape[0]} tokens")
@@ -134,12 +132,4 @@ def check_packed(model: "EncoderModel", input_ids, cu_seqlens, max_seqlen, token
     checks = _range_checks(model, input_ids, token_type_ids, position_ids)
     if checks:
         _raise_out_of_range(checks, torch.stack([s.long() for c in checks for s in (c[1].min(), c[1].max())]).tolist())
-    cu = cu_seqlens.tolist()
-    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])] or [0]
-    if cu[0] != 0 or cu[-1] != input_ids.shape[0]:
-        raise ValueError(f"cu_seqlens must start at 0 and end at the token count {input_ids.shape[0]}, "
-                         f"got {cu[0]} ... {cu[-1]}")
-    if any(n < 0 for n in lengths):
-        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu}")
-    if max(lengths) > max_seqlen:
-        raise ValueError(f"max_seqlen={max_seqlen} is smaller than the longest sequence ({max(lengths)})")
+    check_cu_seqlens(cu_seqlens, input_ids.shape[0], max_seqlen, min_length=1)

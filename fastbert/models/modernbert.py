@@ -28,8 +28,8 @@ from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, Rotar
                                             layer_norm, residual_linear)
 from fastbert.ops import varlen_attention
 from fastbert.ops.rotary import Rotary, rotary
-from fastbert.ops.sliding_window import sliding_window_attention
-from fastbert.padding import Packing
+from fastbert.ops.attention import sliding_window_attention
+from fastbert.ops.varlen import Packing
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 

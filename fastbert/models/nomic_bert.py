@@ -26,7 +26,7 @@ from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, Rotar
                                             layer_norm, post_norm)
 from fastbert.ops import varlen_attention
 from fastbert.ops.rotary import Rotary, rotary
-from fastbert.padding import Packing
+from fastbert.ops.varlen import Packing
 
 
 def _head_dim(config) -> int:

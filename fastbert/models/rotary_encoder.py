@@ -23,7 +23,7 @@ from fastbert.models.modeling import EncoderModel, FastPreTrainedModel
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import add_layer_norm
 from fastbert.ops.linear import linear
-from fastbert.padding import Packing, pack, packed_positions, repad
+from fastbert.ops.varlen import Packing, pack, packed_positions, repad
 
 # transformers' ACT2FN names -> the function (gelu is the exact erf GELU, as transformers)
 ACTIVATIONS = {

@@ -9,7 +9,7 @@ tensor drawn on the device from `generator` (or torch's default generator for th
 Packing metadata: cu_seqlens' values are the caller's contract. CPU tensors are checked on every
 call; CUDA tensors are not read (that would be a device-to-host sync per layer, and no CUDA graph or
 torch.compile graph could hold it): check them on the host copy before the upload, with
-check_cu_seqlens(), as the tokenizer's packed output and the padding helpers do.
+fastbert.ops.varlen.check_cu_seqlens(), as the tokenizer's packed output and the padding helpers do.
 
 Sliding window (ModernBERT's local layers): varlen_attention(..., window=w) lets query i see key j of
 its own sequence only when |pos_i - pos_j| <= w, pos being the offset inside the sequence or the given
@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch.library import triton_op
 
 from fastbert.ops._dispatch import dropout_seed, records_grad, run_kernel, use_triton
+from fastbert.ops.sliding_window import check_window_inputs, sliding_window_attention_ref
+from fastbert.ops.varlen import check_cu_seqlens, check_cu_seqlens_shape, repad_index, unpad_index
 
 MAX_HEAD_DIM = 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -94,31 +96,8 @@ def seqlen_int(max_seqlen) -> int:
     return n
 
 
-def check_cu_seqlens(cu_seqlens: torch.Tensor, total_tokens: int, max_seqlen: int) -> None:
-    """Raise ValueError unless cu_seqlens (int32, (batch + 1,)) starts at 0, never decreases, ends at
-    total_tokens and has no sequence longer than max_seqlen. Reads the values: call it on the host
-    copy (a CUDA tensor would sync)."""
-    if cu_seqlens.dtype != torch.int32:
-        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
-    c = cu_seqlens.tolist()
-    if c[0] != 0 or c[-1] != total_tokens:
-        raise ValueError(f"cu_seqlens must start at 0 and end at total_tokens={total_tokens}, "
-                         f"got {c[0]} ... {c[-1]}")
-    lengths = [b - a for a, b in zip(c[:-1], c[1:])]
-    bad = [i for i, n in enumerate(lengths) if n < 0]
-    if bad:
-        raise ValueError(f"cu_seqlens must be non-decreasing; it decreases at index {bad[0] + 1}: {c}")
-    if max(lengths) > max_seqlen:
-        raise ValueError(f"max_seqlen={max_seqlen} is smaller than the longest sequence ({max(lengths)})")
-
-
 def _check_packing(q, cu_seqlens, max_seqlen) -> None:
-    if cu_seqlens.dtype != torch.int32:
-        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
+    check_cu_seqlens_shape(cu_seqlens)
     if cu_seqlens.device != q.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
     if not isinstance(max_seqlen, int) or max_seqlen < 0:
@@ -190,23 +169,6 @@ def attention_ref(q, k, v, attention_mask=None, scale: Optional[float] = None, *
     return out.transpose(1, 2).to(q.dtype)
 
 
-def _slots(cu_seqlens, max_seqlen: int, total: int) -> torch.Tensor:
-    """(total,) int64: where each packed token sits in the (batch * max_seqlen) padded layout. Built
-    from cu_seqlens alone (no nonzero(): its size would depend on the values, a torch.compile break)."""
-    tokens = torch.arange(total, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    seq = torch.searchsorted(cu_seqlens[1:].contiguous(), tokens, right=True)
-    return (seq.long() * max_seqlen + (tokens - cu_seqlens[seq]).long())
-
-
-def _padding(cu_seqlens, max_seqlen: int):
-    """(src, mask): the packed token each padded slot reads (token 0 for padding slots) and the
-    (batch, max_seqlen) mask of real slots."""
-    starts, lengths = cu_seqlens[:-1].long(), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    pos = torch.arange(max_seqlen, device=cu_seqlens.device)
-    mask = pos[None, :] < lengths[:, None]                           # (batch, max_seqlen)
-    return torch.where(mask, starts[:, None] + pos[None, :], 0).flatten(), mask
-
-
 def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[float] = None, *,
                          dropout_p: float = 0.0, generator: Optional[torch.Generator] = None,
                          window: Optional[int] = None, positions: Optional[torch.Tensor] = None,
@@ -219,7 +181,7 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
     batch = cu_seqlens.numel() - 1
     # Gather (not scatter into zeros): padding slots read token 0 (or nothing when there are no
     # tokens); they are masked as keys and dropped as queries, so they add nothing to the gradients.
-    src, mask = _padding(cu_seqlens, max_seqlen)
+    src, mask = repad_index(cu_seqlens, max_seqlen)
     compute = _compute_dtype(q.dtype)
     if q.shape[0] == 0:
         return q * 0 + k * 0 + v * 0                                 # empty, but still in the graph
@@ -233,7 +195,7 @@ def varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen: int, scale: Optional[f
         mask = _window_keep(mask, window, pos)
     out = _attend(pad(q), pad(k), pad(v), mask, scale, dropout_p, generator, _drop_keep)
     out = out.transpose(1, 2).reshape(batch * max_seqlen, *q.shape[1:])
-    return out.index_select(0, _slots(cu_seqlens, max_seqlen, q.shape[0])).to(q.dtype)
+    return out.index_select(0, unpad_index(cu_seqlens, max_seqlen, q.shape[0])).to(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,14 +244,14 @@ def _flash_backward_ref(dout, q, k, v, out, lse, key_keep, scale):
 
 def _repad(t, cu_seqlens, max_seqlen):
     """Packed (total, heads, dim) -> (batch, max_seqlen, heads, dim), zeros in the padding."""
-    src, mask = _padding(cu_seqlens, max_seqlen)
+    src, mask = repad_index(cu_seqlens, max_seqlen)
     padded = t.index_select(0, src).view(mask.shape[0], max_seqlen, *t.shape[1:])
     return padded * mask[:, :, None, None].to(t.dtype), mask
 
 
 def _varlen_keep(cu_seqlens, max_seqlen, window, positions):
     """The reference's (batch, max_seqlen) real-token mask, or with a window its (batch, 1, seq, seq) mask."""
-    src, mask = _padding(cu_seqlens, max_seqlen)
+    src, mask = repad_index(cu_seqlens, max_seqlen)
     if window is None:
         return mask
     pos = None if positions is None else positions.index_select(0, src).view(mask.shape)
@@ -297,7 +259,7 @@ def _varlen_keep(cu_seqlens, max_seqlen, window, positions):
 
 
 def _unpad(t, cu_seqlens, max_seqlen, total):
-    return t.reshape(-1, *t.shape[2:]).index_select(0, _slots(cu_seqlens, max_seqlen, total)).contiguous()
+    return t.reshape(-1, *t.shape[2:]).index_select(0, unpad_index(cu_seqlens, max_seqlen, total)).contiguous()
 
 
 @triton_op("fastbert::attention", mutates_args=())
@@ -369,7 +331,7 @@ def _varlen_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.
     if total == 0:
         return tuple(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     padded = [_repad(t, cu_seqlens, max_seqlen)[0] for t in (dout, q, k, v, out)]
-    mask = _padding(cu_seqlens, max_seqlen)[1]
+    mask = repad_index(cu_seqlens, max_seqlen)[1]
     lse = torch.where(mask[:, None, :], lse, float("inf"))            # padding rows: P = 0
     grads = _flash_backward_ref(*padded, lse, _varlen_keep(cu_seqlens, max_seqlen, window, positions), scale)
     return tuple(_unpad(g, cu_seqlens, max_seqlen, total) for g in grads)
@@ -516,13 +478,29 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
                                                    dropout_seed(dropout_p, q.device, generator),
                                                    records_grad(q, k, v), not q.is_cuda, *window_args)[0]
     if window is not None:
-        from fastbert.ops.sliding_window import sliding_window_attention_ref   # it imports this module
         if generator is not None:
             raise ValueError("the sliding-window torch path draws dropout from torch's default generator; "
                              "pass generator=None")
         return sliding_window_attention_ref(q, k, v, cu_seqlens, window, positions, scale, dropout_p=dropout_p)
     return varlen_attention_ref(q, k, v, cu_seqlens, int(max_seqlen), scale, dropout_p=dropout_p,
                                 generator=generator)
+
+
+def sliding_window_attention(q, k, v, cu_seqlens, max_seqlen: int, window: int,
+                             positions: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
+                             dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
+    """Local attention over packed sequences: the varlen flash kernel with its window (backend
+    "triton", or "auto" on CUDA; it skips key blocks outside the window), else the blockwise torch
+    path of fastbert.ops.sliding_window. When no sequence is longer than the window reaches
+    (max_seqlen - 1 <= window, with default positions) it is plain varlen attention."""
+    check_window_inputs(q, k, v, cu_seqlens, window, positions)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if positions is None and max_seqlen - 1 <= window:
+        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale=scale, dropout_p=dropout_p,
+                                backend=backend)
+    return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale=scale, dropout_p=dropout_p, backend=backend,
+                            window=window, positions=positions)
 
 
 def attention_probs_ref(q, k, attention_mask=None, scale: Optional[float] = None) -> torch.Tensor:

@@ -29,6 +29,7 @@ from torch.library import triton_op
 
 from fastbert.ops._dispatch import dropout_seed, run_kernel
 from fastbert.ops.attention import _use_kernel, seqlen_int
+from fastbert.ops.varlen import check_cu_seqlens_shape, repad_index, unpad_index
 
 
 def _check_packed(q, k, v, cu_seqlens, positions) -> None:
@@ -37,20 +38,10 @@ def _check_packed(q, k, v, cu_seqlens, positions) -> None:
             raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim), got shape {tuple(t.shape)}")
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D int32 of length batch + 1 >= 2, got {cu_seqlens.dtype} "
-                         f"shape {tuple(cu_seqlens.shape)}")
+    check_cu_seqlens_shape(cu_seqlens)
     if positions.shape != q.shape[:1] or positions.is_floating_point():
         raise ValueError(f"positions must be integer (tokens,) = ({q.shape[0]},), got {positions.dtype} "
                          f"shape {tuple(positions.shape)}")
-
-
-def repad_varlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(src (batch * max_seqlen,) token index to gather, mask (batch, max_seqlen) True at real tokens)."""
-    starts, lengths = cu_seqlens[:-1].long(), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    pos = torch.arange(max_seqlen, device=cu_seqlens.device)
-    mask = pos[None, :] < lengths[:, None]
-    return torch.where(mask, starts[:, None] + pos[None, :], 0).flatten(), mask
 
 
 def _compute(t: torch.Tensor) -> torch.dtype:
@@ -77,15 +68,14 @@ def _run_varlen(core, q, k, v, cu_seqlens, max_seqlen, positions, **kwargs):
     if q.shape[0] == 0:
         return q * 0 + k * 0 + v * 0
     batch = cu_seqlens.numel() - 1
-    src, mask = repad_varlen(cu_seqlens, max_seqlen)
+    src, mask = repad_index(cu_seqlens, max_seqlen)
 
     def pad(t):
         return t.index_select(0, src).view(batch, max_seqlen, *t.shape[1:])
 
     out, _ = core(pad(q), pad(k), pad(v), mask, pad(positions), **kwargs)
     out = out.reshape(batch * max_seqlen, *q.shape[1:])
-    real = torch.nonzero_static(mask.flatten(), size=q.shape[0]).squeeze(1)   # size known: no device sync
-    return out.index_select(0, real)
+    return out.index_select(0, unpad_index(cu_seqlens, max_seqlen, q.shape[0]))
 
 
 # ---- MPNet: bucketed relative bias (T5-style buckets, as transformers' MPNet) -------------------------
@@ -310,7 +300,7 @@ def _blocked(q, k, v, cu_seqlens, max_seqlen, positions, *, scale, dropout_p, po
     if q.shape[0] == 0:
         return q * 0 + k * 0 + v * 0
     batch, L = cu_seqlens.numel() - 1, max_seqlen
-    src, mask = repad_varlen(cu_seqlens, L)
+    src, mask = repad_index(cu_seqlens, L)
     c = _compute(q)
 
     def pad(t):
@@ -358,8 +348,7 @@ def _blocked(q, k, v, cu_seqlens, max_seqlen, positions, *, scale, dropout_p, po
             add = key_add if add is None else add.add_(key_add)
         outs.append(F.scaled_dot_product_attention(qb, kh, vh, attn_mask=add, dropout_p=dropout_p, scale=scale))
     out = torch.cat(outs, 2).transpose(1, 2).reshape(batch * L, *q.shape[1:])
-    real = torch.nonzero_static(mask.flatten(), size=q.shape[0]).squeeze(1)
-    return out.index_select(0, real).to(q.dtype)
+    return out.index_select(0, unpad_index(cu_seqlens, L, q.shape[0])).to(q.dtype)
 
 
 # ---- The custom ops (kernel only: CPU tensors run it under the interpreter, interpret=True) ----------

@@ -1,4 +1,5 @@
-"""Bidirectional sliding-window (local) attention over packed varlen sequences.
+"""Bidirectional sliding-window (local) attention over packed varlen sequences: the blockwise torch
+path of `fastbert.ops.attention.varlen_attention(..., window=)` and `sliding_window_attention`.
 
 Query i of a sequence attends to key j of the same sequence when |pos_i - pos_j| <= window
 (transformers' `sliding_window_bidirectional_overlay`; ModernBERT's window = local_attention // 2).
@@ -11,7 +12,7 @@ inputs) share one (block, span) mask and run on `unfold` views of k and v (no co
 mask); the rest (sequence edges, holes, the ends) gather their keys and build their own mask. Blocks
 go to SDPA in chunks so the scores of its math fallback stay bounded too. One host sync (the list of
 the rest; under torch.compile every block takes the gathered path instead); sequence ids and offsets
-are cumsums over cu_seqlens.
+are cumsums over cu_seqlens (fastbert.ops.varlen).
 
 `positions` (tokens,) are the indices the window is measured in (default: the offset inside each
 packed sequence). They may have holes (a left-padded or holey mask keeps array indices): packed
@@ -23,29 +24,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from fastbert.ops.attention import varlen_attention
+from fastbert.ops.varlen import check_cu_seqlens_shape, packed_positions, sequence_ids
 
 _MAX_SCORES = 1 << 24   # score elements per chunk of query blocks (64 MiB in fp32)
 
 
-def sequence_ids(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
-    """(tokens,) index of the packed sequence each token belongs to."""
-    # count the sequence ends at or before each token: a histogram and a cumsum (searchsorted is far slower)
-    ends = cu_seqlens[1:].long().clamp(max=tokens)
-    return torch.zeros(tokens + 1, dtype=torch.long, device=ends.device).index_add_(
-        0, ends, torch.ones_like(ends)).cumsum(0)[:tokens]
-
-
-def packed_offsets(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
-    """(tokens,) int64 position of each token inside its sequence (0, 1, ... per sequence)."""
-    # each sequence's start: cu[0], plus from each later start on the length of the one before (a cumsum)
-    cu = cu_seqlens.long()
-    at = torch.cat([cu.new_zeros(1), cu[1:].clamp(max=tokens)])
-    starts = cu.new_zeros(tokens + 1).index_add_(0, at, cu.diff(prepend=cu.new_zeros(1)))
-    return torch.arange(tokens, device=cu.device) - starts.cumsum(0)[:tokens]
-
-
-def _check(q, k, v, cu_seqlens, window, positions):
+def check_window_inputs(q, k, v, cu_seqlens, window, positions) -> None:
+    """Shapes, the window and cu_seqlens' layout (no values read)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim), got shape {tuple(t.shape)}")
@@ -53,9 +38,7 @@ def _check(q, k, v, cu_seqlens, window, positions):
         raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative int, got {window!r}")
-    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D int32 of length batch+1 >= 2, got {cu_seqlens.dtype} "
-                         f"shape {tuple(cu_seqlens.shape)}")
+    check_cu_seqlens_shape(cu_seqlens)
     if positions is not None and tuple(positions.shape) != (q.shape[0],):
         raise ValueError(f"positions must be (tokens,) = ({q.shape[0]},), got {tuple(positions.shape)}")
 
@@ -64,7 +47,7 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
                                  scale: Optional[float] = None, *, dropout_p: float = 0.0,
                                  block: Optional[int] = None) -> torch.Tensor:
     """Blockwise torch reference: (tokens, heads, head_dim) -> same, linear memory in tokens."""
-    _check(q, k, v, cu_seqlens, window, positions)
+    check_window_inputs(q, k, v, cu_seqlens, window, positions)
     tokens, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     if tokens == 0:
@@ -76,7 +59,7 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
     qc, kc, vc = (t.to(compute) for t in (q, k, v))                # no copy when already `compute`
     seq = sequence_ids(cu_seqlens, tokens)
     pack = torch.arange(tokens, device=q.device)
-    pos = packed_offsets(cu_seqlens, tokens) if positions is None else positions.long()
+    pos = packed_positions(cu_seqlens, tokens) if positions is None else positions.long()
     right = nb * block - tokens                                    # query padding of the last block
 
     def keys(t, fill):                  # (tokens,) -> (nb, span) view: block b sees b * block - window + [0, span)
@@ -120,21 +103,3 @@ def sliding_window_attention_ref(q, k, v, cu_seqlens, window: int, positions: Op
                    & ((pq[:, :, None] - pos_k[idx, None, :]).abs() <= window))
         attend(idx, qc[qidx], kc[kidx], vc[kidx], allowed[:, None])
     return out.view(nb * block, heads, dim)[:tokens].to(q.dtype)
-
-
-def sliding_window_attention(q, k, v, cu_seqlens, max_seqlen: int, window: int,
-                             positions: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
-                             dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
-    """Local attention over packed sequences: the varlen flash kernel with its window (backend
-    "triton", or "auto" on CUDA; it skips key blocks outside the window), else the blockwise torch
-    path above. When no sequence is longer than the window reaches (max_seqlen - 1 <= window, with
-    default positions) it is plain varlen attention."""
-    _check(q, k, v, cu_seqlens, window, positions)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if positions is None and max_seqlen - 1 <= window:
-        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale=scale, dropout_p=dropout_p,
-                                backend=backend)
-    # varlen_attention runs the kernel where the backend picks it, else sliding_window_attention_ref
-    return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale=scale, dropout_p=dropout_p, backend=backend,
-                            window=window, positions=positions)

@@ -233,7 +233,7 @@ def test_log_buckets_and_op_on_packed_sequences():
     n = sum(lengths)
     q, k, v = (torch.randn(n, h, d, generator=g, dtype=torch.float64) for _ in range(3))
     pk, pq = (torch.randn(2 * span, h, d, generator=g, dtype=torch.float64) for _ in range(2))
-    out = R.disentangled_attention(q, k, v, cu, 30, fastbert.padding.packed_positions(cu, n), pk, pq, span=span,
+    out = R.disentangled_attention(q, k, v, cu, 30, fastbert.ops.varlen.packed_positions(cu, n), pk, pq, span=span,
                                    scale_factor=3)
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         if e == s:
@@ -246,7 +246,7 @@ def test_log_buckets_and_op_on_packed_sequences():
         ref = torch.einsum("hij,jhd->ihd", torch.softmax(scores, -1), v[s:e])
         assert (out[s:e] - ref).abs().max() < 1e-12
     with pytest.raises(ValueError, match="float64"):   # the kernel takes fp16 / bf16 / fp32
-        R.disentangled_attention(q, k, v, cu, 30, fastbert.padding.packed_positions(cu, n), pk, pq, span=span,
+        R.disentangled_attention(q, k, v, cu, 30, fastbert.ops.varlen.packed_positions(cu, n), pk, pq, span=span,
                                  backend="triton")
 
 

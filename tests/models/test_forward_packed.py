@@ -105,7 +105,7 @@ def test_forward_packed_reads_nothing_and_padded_forward_reads_once():
     # device sync; CUDA tensors are never read there)
     in_ops = {(os.path.basename(f), n, k) for f, n, k in packed_reads.reads + padded_reads.reads
               if f.startswith(OPS_DIR)}
-    assert in_ops <= {("attention.py", "check_cu_seqlens", "tolist")}, sorted(in_ops)
+    assert in_ops <= {("varlen.py", "check_cu_seqlens", "tolist")}, sorted(in_ops)
 
 
 def test_forward_packed_compiles_with_fullgraph():
@@ -203,7 +203,7 @@ def test_forward_packed_input_errors():
         model.forward_packed(packed["input_ids"], packed["cu_seqlens"], 10_000)
     with pytest.raises(ValueError, match="smaller than the longest sequence"):
         model.check_packed(packed["input_ids"], packed["cu_seqlens"], 3)
-    with pytest.raises(ValueError, match="end at the token count 14"):
+    with pytest.raises(ValueError, match="end at total_tokens=14"):
         model.check_packed(packed["input_ids"], torch.tensor([0, 9, 13], dtype=torch.int32), 9)
     with pytest.raises(ValueError, match="token id 99 is out of range"):
         model.check_packed(torch.full_like(packed["input_ids"], 99), packed["cu_seqlens"], 9)

@@ -170,7 +170,7 @@ def test_bias_op_packed_equals_per_sequence_padded():
     n, h, d = sum(lengths), 3, 8
     q, k, v = (torch.randn(n, h, d, generator=g, dtype=torch.float64) for _ in range(3))
     table = torch.randn(32, h, generator=g, dtype=torch.float64)
-    positions = fastbert.padding.packed_positions(cu, n)
+    positions = fastbert.ops.varlen.packed_positions(cu, n)
     out = R.relative_bias_attention(q, k, v, cu, 140, positions, table)
     for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         if e == s:

@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
-from fastbert.ops.sliding_window import packed_offsets, sliding_window_attention, sliding_window_attention_ref
+from fastbert.ops.attention import sliding_window_attention
+from fastbert.ops.sliding_window import sliding_window_attention_ref
+from fastbert.ops.varlen import packed_positions
 
 
 def dense_window_ref(q, k, v, lengths, window, positions=None):
@@ -114,7 +116,7 @@ def test_scores_stay_local_at_8k_tokens(monkeypatch):
 
 def test_offsets_and_errors():
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
-    assert packed_offsets(cu, 5).tolist() == [0, 1, 2, 0, 1]
+    assert packed_positions(cu, 5).tolist() == [0, 1, 2, 0, 1]
     q, k, v, cu = packed([4])
     with pytest.raises(ValueError, match="window"):
         sliding_window_attention_ref(q, k, v, cu, -1)
