@@ -14,14 +14,23 @@ import warnings
 from typing import Any, Iterable
 
 import numpy as np
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from fastbert import _C
-from fastbert.tokenizer import files, pad as pad_module, template
+from fastbert.tokenizer import files, template
+from fastbert.tokenizer import pad as pad_module
 from fastbert.tokenizer.alignment import Aligner
 from fastbert.tokenizer.encoding import BatchEncoding, as_tensor
 from fastbert.tokenizer.files import SPECIAL_ATTRS
-from fastbert.tokenizer.options import (MAX_SIZE, SIDES, VERY_LARGE_INTEGER, OptionsCache, count, enum_value,
-                                       resolve_strategies)
+from fastbert.tokenizer.options import (
+    MAX_SIZE,
+    SIDES,
+    VERY_LARGE_INTEGER,
+    OptionsCache,
+    count,
+    enum_value,
+    resolve_strategies,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -192,8 +201,16 @@ class _BackendView:
         self.model = model
 
 
-class BertTokenizer:
-    """A WordPiece BERT tokenizer with `transformers.BertTokenizerFast`'s behaviour and API."""
+class BertTokenizer(PreTrainedTokenizerBase):
+    """A WordPiece BERT tokenizer with `transformers.BertTokenizerFast`'s behaviour and API.
+
+    It is a `transformers.PreTrainedTokenizerBase`, so code that checks for one takes it (Trainer
+    pads batches with DataCollatorWithPadding for it). The base's __init__ does not run (its state is
+    transformers' own tokenizers'): this class defines the base's public methods over the C++ core,
+    and plain attribute access in place of the base's special-token routing."""
+
+    __setattr__ = object.__setattr__
+    chat_template = None   # BERT tokenizers have none: apply_chat_template says so, as transformers'
 
     vocab_files_names = {"vocab_file": "vocab.txt"}
     model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
@@ -319,6 +336,14 @@ class BertTokenizer:
         kwargs["name_or_path"] = os.fspath(path)   # as given (a hub id stays one), as transformers
         kwargs.update(overrides)
         return cls(**kwargs)
+
+    def __getattr__(self, name: str):
+        # only for names not found: the base's would look them up in state its __init__ sets
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def push_to_hub(self, *args, **kwargs):
+        raise NotImplementedError("fastbert.BertTokenizer does not push to the hub: save_pretrained() to a directory "
+                                  "and upload it with huggingface_hub")
 
     @staticmethod
     def _resolve_threads(n):
@@ -898,6 +923,10 @@ class BertTokenizer:
         rows) as transformers' tokenizer.pad does; DataCollatorWithPadding calls this."""
         return pad_module.pad(self, encoded_inputs, padding, max_length, pad_to_multiple_of, padding_side,
                    return_attention_mask, return_tensors, verbose)
+
+    def save_vocabulary(self, save_directory, filename_prefix: str | None = None) -> tuple[str]:
+        """Writes vocab.txt (the base vocabulary, without added tokens), as transformers' BertTokenizer."""
+        return (files.write_vocab(save_directory, self._core.tokens()[:self._core.base_ids()], filename_prefix),)
 
     def save_pretrained(self, save_directory, legacy_format: bool | None = None, filename_prefix: str | None = None,
                         push_to_hub: bool = False, **kwargs) -> tuple[str, ...]:

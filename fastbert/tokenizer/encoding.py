@@ -1,4 +1,4 @@
-"""BatchEncoding: the tokenizer's output, a dict with attribute access like transformers.BatchEncoding,
+"""BatchEncoding: the tokenizer's output, a dict with attribute access that is a transformers.BatchEncoding,
 with the alignment methods of a fast tokenizer's output computed on first use (alignment.py)."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+from transformers.tokenization_utils_base import BatchEncoding as _HFBatchEncoding
 
 from fastbert.tokenizer.alignment import Aligner, CharSpan, Encoding, TokenSpan
 from fastbert.tokenizer.options import enum_value
@@ -15,14 +16,16 @@ from fastbert.tokenizer.options import enum_value
 logger = logging.getLogger(__name__)
 
 
-class BatchEncoding(dict):
-    """Model inputs as a dict with attribute access, like transformers.BatchEncoding, with the
-    alignment methods of a fast tokenizer's output (word_ids, sequence_ids, tokens, char_to_token,
-    ...), computed on first use (alignment.py)."""
+class BatchEncoding(dict, _HFBatchEncoding):
+    """Model inputs as a dict with attribute access, a transformers.BatchEncoding (code that checks
+    for one takes it), with the alignment methods of a fast tokenizer's output (word_ids,
+    sequence_ids, tokens, char_to_token, ...), computed on first use (alignment.py). dict comes
+    first: its storage and methods are the ones used; every method transformers' class defines is
+    defined here too, and `data` is this dict itself."""
 
     # _source: Aligner.encodings arguments (how to encode this batch again with alignment data);
     # _encodings: list[Encoding] once computed. Slots: setting them on every call stays cheap.
-    __slots__ = ("_source", "_encodings", "_n_sequences", "__dict__")
+    __slots__ = ("_source", "_encodings", "_n_sequences")
     _ALIGNMENT_SLOTS = frozenset(("_source", "_encodings", "_n_sequences"))
 
     def __getattr__(self, name: str) -> Any:

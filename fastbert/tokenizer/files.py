@@ -234,6 +234,19 @@ def read_pretrained(path) -> dict[str, Any]:
     return kwargs
 
 
+def write_vocab(save_directory, tokens: list[str], filename_prefix: str | None = None) -> str:
+    """Writes vocab.txt (after `filename_prefix` and "-" when given), one token a line; -> its path."""
+    save_directory = os.fspath(save_directory)
+    if os.path.isfile(save_directory):
+        raise OSError(f"saving a tokenizer needs a directory, {save_directory} is a file")
+    os.makedirs(save_directory, exist_ok=True)
+    vocab_path = os.path.join(save_directory, (f"{filename_prefix}-" if filename_prefix else "") + "vocab.txt")
+    with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
+        for t in tokens:
+            f.write(t + "\n")
+    return vocab_path
+
+
 def write_pretrained(save_directory, tokens: list[str], added: list[dict], config: dict,
                      specials: dict, filename_prefix: str | None = None) -> tuple[str, str, str]:
     """Writes vocab.txt (the base vocabulary `tokens`), tokenizer_config.json (`config`, the added
@@ -241,13 +254,7 @@ def write_pretrained(save_directory, tokens: list[str], added: list[dict], confi
     name after `filename_prefix` and "-" when given (transformers' names)."""
     prefix = f"{filename_prefix}-" if filename_prefix else ""
     save_directory = os.fspath(save_directory)
-    if os.path.isfile(save_directory):
-        raise OSError(f"save_pretrained needs a directory, {save_directory} is a file")
-    os.makedirs(save_directory, exist_ok=True)
-    vocab_path = os.path.join(save_directory, prefix + "vocab.txt")
-    with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
-        for t in tokens:
-            f.write(t + "\n")
+    vocab_path = write_vocab(save_directory, tokens, filename_prefix)
     decoder = {}
     for a in added:
         decoder[str(a["id"])] = {"content": a["content"], "lstrip": bool(a.get("lstrip", False)),
