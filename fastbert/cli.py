@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", default=None, metavar="PART,PART,...",
                        help="run only these parts: tokenizer, tokenizer_latency, models, encoder, quantize")
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tiny: CLI tests
+    bench.add_argument("--serve", action="store_true",
+                       help="instead of the suite: `fastbert serve` against a hand-written sentence-transformers "
+                            "FastAPI server (and infinity-emb when installed) at 1, 16 and 64 clients, on the CPU")
 
     encode = sub.add_parser(
         "encode", help="embed a text file, one embedding per line, into a .npy file",
@@ -162,6 +165,12 @@ def cmd_bench(parser, args) -> int:
     output_dir = args.output_dir or results_file.default_dir()
     if output_dir.exists() and not output_dir.is_dir():
         parser.error(f"--output-dir {output_dir}: exists and is not a directory")
+    if args.serve:  # HTTP servers on 127.0.0.1, CPU only (fastbert.benchmarks.serve)
+        if args.device != "cpu" or args.only or args.batch_sizes or args.seq_lens:
+            parser.error("--serve measures servers on the CPU; it takes --model, --quick and --output-dir only")
+        from fastbert.benchmarks import serve as serve_bench
+        return serve_bench.main_bench(model_dir, output_dir, quick=args.quick,
+                                      command="fastbert bench --serve" + (" --quick" if args.quick else ""))
     only = None if args.only is None else tuple(part.strip() for part in args.only.split(",") if part.strip())
     if only == ():  # --only "" is a mistake, not "everything"
         parser.error(f"--only {args.only!r}: names no part; parts: "

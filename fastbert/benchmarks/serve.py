@@ -1,0 +1,295 @@
+"""`fastbert bench --serve`: `fastbert serve` against the servers users run, over HTTP on 127.0.0.1.
+
+Servers, each in its own process, the same model (all-MiniLM-L6-v2 by default) on the CPU:
+- fastbert: `fastbert serve` (token-budget batching, one model thread);
+- handwritten: sentence-transformers' SentenceTransformer.encode called once per request inside a
+  FastAPI route with the same OpenAI-shaped body (`handwritten_app` below): what users write by hand,
+  no batching across requests;
+- infinity: `infinity_emb v2` (infinity-emb, its torch engine) when the command is found (on PATH, or
+  named by $FASTBERT_BENCH_INFINITY); else a row saying why not.
+Clients: 1, 16 and 64 at a time (asyncio + httpx in this process), one English line per request
+(pydoc lines of mixed length) to POST /v1/embeddings (infinity: /embeddings), each level for a fixed
+time after a warm-up. Direct: fastbert.Encoder.encode([line]) in this process, one at a time, on the
+same lines: the latency a server adds to. Servers and levels are measured in turns, `rounds` times;
+each figure is the median over rounds. Every server's vectors are checked against Encoder.encode.
+
+Bars (issue: serve it): fastbert >= 2x the handwritten server's requests/s at 16 clients; fastbert's
+p99 at 1 client <= 1.2x the direct call's p99.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LEVELS = (1, 16, 64)
+
+
+def handwritten_app(model_dir: str):
+    """The server users write by hand: one SentenceTransformer.encode per request, no batching."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_dir, device="cpu")
+    app = FastAPI()
+
+    class Body(BaseModel):
+        input: list[str] | str
+        model: str | None = None
+
+    @app.post("/v1/embeddings")
+    def embeddings(body: Body):             # a plain def: FastAPI runs it on its thread pool
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        vectors = model.encode(texts)
+        return {"object": "list", "model": body.model,
+                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]}
+
+    return app
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process on 127.0.0.1; `path` is its OpenAI embeddings route."""
+
+    def __init__(self, name: str, argv: list, path: str, port: int, model: str):
+        self.name, self.path, self.model = name, path, model
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(os.devnull, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait(self, health: str, timeout: float = 600):
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + health, timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not answer {health} within {timeout:.0f} s")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def start_servers(model_dir: str, infinity: str | None) -> tuple[list, list]:
+    """(running servers, rows for those that could not run)."""
+    servers, notes = [], []
+    port = _free_port()
+    servers.append((Server("fastbert", [sys.executable, "-m", "fastbert", "serve", str(model_dir), "--port", str(port),
+                                        "--device", "cpu", "--log-level", "warning"], "/v1/embeddings", port, "m"),
+                    "/health"))
+    port = _free_port()
+    servers.append((Server("handwritten", [sys.executable, "-m", "fastbert.benchmarks.serve", "handwritten",
+                                           str(model_dir), str(port)], "/v1/embeddings", port, "m"), "/docs"))
+    infinity = infinity or os.environ.get("FASTBERT_BENCH_INFINITY") or shutil.which("infinity_emb")
+    if infinity:
+        port = _free_port()
+        servers.append((Server("infinity", [infinity, "v2", "--model-id", str(model_dir), "--port", str(port),
+                                            "--engine", "torch", "--device", "cpu", "--no-model-warmup"],
+                               "/embeddings", port, str(model_dir)), "/health"))
+    else:
+        notes.append({"server": "infinity", "note": "infinity-emb is not installed here: its requirements "
+                      "(numpy<2, sentence-transformers<4, transformers<5) conflict with fastbert's test "
+                      "environment; install it in its own venv and set FASTBERT_BENCH_INFINITY=<its infinity_emb>"})
+    ready = []
+    for server, health in servers:
+        try:
+            server.wait(health)
+            ready.append(server)
+        except RuntimeError as exc:
+            notes.append({"server": server.name, "note": str(exc)})
+            server.stop()
+    return ready, notes
+
+
+async def _level(server, texts: list, clients: int, seconds: float) -> dict:
+    """`clients` concurrent clients, one text per request, for `seconds`: requests/s, p50/p99 ms."""
+    import httpx
+
+    latencies, errors = [], 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as http:
+        for text in texts[:clients]:                                     # warm-up: connections, first calls
+            await http.post(server.path, json={"input": [text], "model": server.model})
+        stop = time.perf_counter() + seconds
+
+        async def client(k: int):
+            nonlocal errors
+            i = k
+            while time.perf_counter() < stop:
+                start = time.perf_counter()
+                r = await http.post(server.path, json={"input": [texts[i % len(texts)]], "model": server.model})
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - start)
+                else:
+                    errors += 1
+                i += clients
+        began = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        wall = time.perf_counter() - began
+    return _summary(latencies, wall, errors)
+
+
+def _summary(latencies: list, wall: float, errors: int = 0) -> dict:
+    import numpy as np
+
+    p50, p99 = (np.percentile(latencies, [50, 99]) * 1000).tolist() if latencies else (None, None)
+    return {"req/s": len(latencies) / wall if wall else None, "p50 ms": p50, "p99 ms": p99,
+            "requests": len(latencies), "errors": errors}
+
+
+def _direct(encoder, texts: list, seconds: float) -> dict:
+    """Encoder.encode of one text at a time, in this process: what a server adds latency to."""
+    for text in texts[:4]:
+        encoder.encode([text])
+    latencies, stop, i = [], time.perf_counter() + seconds, 0
+    began = time.perf_counter()
+    while time.perf_counter() < stop:
+        start = time.perf_counter()
+        encoder.encode([texts[i % len(texts)]])
+        latencies.append(time.perf_counter() - start)
+        i += 1
+    return _summary(latencies, time.perf_counter() - began)
+
+
+def _check(server, encoder, texts: list) -> float:
+    """The smallest cosine between the server's vectors and Encoder.encode's, on a few texts."""
+    import httpx
+    import numpy as np
+
+    r = httpx.post(server.url + server.path, json={"input": texts, "model": server.model}, timeout=120)
+    r.raise_for_status()
+    got = np.array([d["embedding"] for d in sorted(r.json()["data"], key=lambda d: d["index"])])
+    ref = encoder.encode(texts)
+    cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+    return float(cos.min())
+
+
+def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, infinity: str | None = None,
+        progress=print) -> tuple[list, dict]:
+    """(figure rows, config): one row per server and client count, and one for the direct call."""
+    import fastbert
+    from fastbert.benchmarks.corpus import pydoc_lines
+
+    if quick:
+        rounds, seconds = min(rounds, 2), min(seconds, 4.0)
+    texts = [t for t in pydoc_lines(4000) if t.strip()][:2000]
+    encoder = fastbert.Encoder.from_pretrained(model_dir, device="cpu")
+    progress(f"starting the servers ({model_dir})")
+    servers, rows = start_servers(model_dir, infinity)
+    measured = {}
+    try:
+        checks = {s.name: _check(s, encoder, texts[:16]) for s in servers}
+        for r in range(rounds):
+            progress(f"round {r + 1}/{rounds}")
+            measured.setdefault(("direct", 1), []).append(_direct(encoder, texts, seconds))
+            for server in servers:
+                for clients in LEVELS:
+                    measured.setdefault((server.name, clients), []).append(
+                        asyncio.run(_level(server, texts, clients, seconds)))
+    finally:
+        for server in servers:
+            server.stop()
+    medians = {}
+    for (name, clients), runs in measured.items():
+        row = {"server": name, "clients": clients}
+        for key in ("req/s", "p50 ms", "p99 ms"):
+            values = [x[key] for x in runs if x[key] is not None]
+            row[key] = statistics.median(values) if values else None
+            row[key.replace(" ms", "") + " range"] = [min(values), max(values)] if values else None
+        row["errors"] = sum(x["errors"] for x in runs)
+        if name in checks:
+            row["min cosine vs Encoder"] = checks[name]
+        medians[(name, clients)] = row
+    for (name, clients), row in medians.items():
+        hand = medians.get(("handwritten", clients))
+        if name != "direct" and hand and hand["req/s"] and row["req/s"]:
+            row["vs handwritten req/s"] = row["req/s"] / hand["req/s"]
+    direct = medians[("direct", 1)]
+    fb1 = medians.get(("fastbert", 1))
+    if fb1 and fb1["p99 ms"] and direct["p99 ms"]:
+        fb1["p99 vs direct"] = fb1["p99 ms"] / direct["p99 ms"]
+    config = {"model": str(model_dir), "rounds": rounds, "seconds per level": seconds, "levels": list(LEVELS),
+              "texts": len(texts), "torch threads": __import__("torch").get_num_threads(), "quick": quick}
+    return list(medians.values()) + rows, config
+
+
+def bars(rows: list) -> list:
+    """The issue's two bars as lines of text, met or not."""
+    by = {(r.get("server"), r.get("clients")): r for r in rows}
+    out = []
+    fb16 = by.get(("fastbert", 16), {})
+    if fb16.get("vs handwritten req/s") is not None:
+        x = fb16["vs handwritten req/s"]
+        out.append(f"16 clients: fastbert {x:.2f}x the handwritten server's requests/s (bar >= 2x): "
+                   f"{'met' if x >= 2 else 'NOT met'}")
+    fb1 = by.get(("fastbert", 1), {})
+    if fb1.get("p99 vs direct") is not None:
+        x = fb1["p99 vs direct"]
+        out.append(f"1 client: fastbert's p99 {x:.2f}x the direct Encoder.encode call's (bar <= 1.2x): "
+                   f"{'met' if x <= 1.2 else 'NOT met'}")
+    return out
+
+
+def table(rows: list) -> str:
+    def num(v, fmt):
+        return "—" if v is None else format(v, fmt)
+
+    lines = ["| server | clients | req/s | p50 ms | p99 ms | vs handwritten req/s | min cosine |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "note" in r:
+            lines.append(f"| {r['server']} | — | — | — | — | — | {r['note']} |")
+            continue
+        lines.append(f"| {r['server']} | {r['clients']} | {num(r['req/s'], '.0f')} | {num(r['p50 ms'], '.1f')} | "
+                     f"{num(r['p99 ms'], '.1f')} | {num(r.get('vs handwritten req/s'), '.2f')} | "
+                     f"{num(r.get('min cosine vs Encoder'), '.6f')} |")
+    return "\n".join(lines)
+
+
+def main_bench(model_dir, output_dir, quick: bool = False, rounds: int = 3, command: str | None = None) -> int:
+    """`fastbert bench --serve`: measure, print the table and the bars, append a line to serve.jsonl."""
+    from fastbert.benchmarks import results
+    from fastbert.benchmarks.env import versions
+
+    rows, config = run(model_dir, rounds=rounds, quick=quick, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(table(rows))
+    for line in bars(rows):
+        print(line)
+    row = results.record("serve", rows, variant="quick" if quick else None, config=config, command=command,
+                         versions=versions(("fastbert", "torch", "transformers", "sentence-transformers", "fastapi",
+                                            "uvicorn", "httpx", "infinity-emb")))
+    path = results.append(row, output_dir)
+    print(f"appended to {path}")
+    bad = [r for r in rows if r.get("min cosine vs Encoder") is not None and r["min cosine vs Encoder"] < 0.9999]
+    return 1 if bad or any(r.get("errors") for r in rows) else 0
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "handwritten":
+    import uvicorn
+
+    uvicorn.run(handwritten_app(sys.argv[2]), host="127.0.0.1", port=int(sys.argv[3]), log_level="warning",
+                access_log=False)
