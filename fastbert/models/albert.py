@@ -71,6 +71,7 @@ class AlbertModel(EncoderModel):
         self.embeddings = Embeddings(self.dims)
         self.encoder = AlbertTransformer(config, self.dims)
         self.pooler = nn.Linear(self.dims.hidden_size, self.dims.hidden_size) if add_pooling_layer else None
+        self.post_init()
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)

@@ -96,6 +96,7 @@ class BertModel(EncoderModel):
             self.embeddings_project = nn.Linear(d.embedding_size, d.hidden_size)
         self.encoder = BertEncoder(d)
         self.pooler = Pooler(d.hidden_size) if add_pooling_layer else None
+        self.post_init()
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)

@@ -77,6 +77,7 @@ class DistilBertModel(EncoderModel):
         super().__init__(config)
         self.embeddings = Embeddings(self.dims)
         self.transformer = Transformer(self.dims)
+        self.post_init()
 
     def init_fixed_tables(self, modules) -> None:
         """With sinusoidal_pos_embds, transformers initialises the position table as sin (even
@@ -88,6 +89,10 @@ class DistilBertModel(EncoderModel):
             angle = torch.arange(n, dtype=torch.float64)[:, None] / 10000 ** (2 * (features // 2) / dim)
             table.weight.copy_(torch.where(features % 2 == 0, angle.sin(), angle.cos()))
 
+    def get_position_embeddings(self) -> nn.Embedding:
+        """transformers' accessor (DistilBERT's alone): the position table."""
+        return self.embeddings.position_embeddings
+
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)
 
@@ -97,6 +102,9 @@ class DistilBertModel(EncoderModel):
 
 class _DistilBertHead:
     base_class, base_model_prefix, model_types = DistilBertModel, "distilbert", ("distilbert",)
+
+    def get_position_embeddings(self) -> nn.Embedding:
+        return self.distilbert.get_position_embeddings()
 
 
 class DistilBertForMaskedLM(_DistilBertHead, MaskedLMModel):

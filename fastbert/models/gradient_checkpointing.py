@@ -1,5 +1,17 @@
-"""transformers' gradient (activation) checkpointing switches; the encoder's layer loop reads the
-options they set."""
+"""transformers' gradient (activation) checkpointing switches. fastbert's layers are transformers
+GradientCheckpointingLayers (layers.FastLayer): the switch sets each layer's flag and checkpoint
+function, and the layer's own forward runs inside it, as in transformers."""
+import functools
+
+import torch
+from torch.autograd.graph import save_on_cpu
+from torch.utils.checkpoint import checkpoint
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+
+def _offloaded_checkpoint(function, *args, **kwargs):
+    with save_on_cpu(pin_memory=torch.cuda.is_available()):
+        return checkpoint(function, *args, **kwargs)
 
 
 class GradientCheckpointing:
@@ -17,8 +29,15 @@ class GradientCheckpointing:
             # as transformers: reentrant checkpointing gives layer weights gradients only when the layer's
             # input requires grad, which frozen embeddings (LoRA, adapters) do not
             self.enable_input_require_grads()
+        function = functools.partial(_offloaded_checkpoint if offload else checkpoint, **kwargs)
+        index = 0
         for m in self.modules():
-            if isinstance(m, GradientCheckpointing):
+            if isinstance(m, GradientCheckpointingLayer):
+                m.gradient_checkpointing = index % every_n_layers == 0
+                m._gradient_checkpointing_func = function
+                index += 1
+            elif isinstance(m, GradientCheckpointing):
+                # a layer stack that checkpoints in its own loop (rotary_encoder) reads these
                 m.gradient_checkpointing = True
                 m._checkpoint_options = (kwargs, every_n_layers, bool(offload))
 
@@ -42,13 +61,13 @@ class GradientCheckpointing:
 
     def activation_checkpointing_disable(self) -> None:
         for m in self.modules():
-            if isinstance(m, GradientCheckpointing):
+            if isinstance(m, (GradientCheckpointing, GradientCheckpointingLayer)):
                 m.gradient_checkpointing = False
 
     gradient_checkpointing_disable = activation_checkpointing_disable
 
     @property
     def is_activation_checkpointing(self) -> bool:
-        return self.gradient_checkpointing
+        return any(getattr(m, "gradient_checkpointing", False) is True for m in self.modules())
 
     is_gradient_checkpointing = is_activation_checkpointing

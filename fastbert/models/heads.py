@@ -126,15 +126,34 @@ def sequence_classification_loss(config, logits, labels):
                      "'single_label_classification', 'multi_label_classification'")
 
 
-def qa_loss(start_logits, end_logits, start_positions, end_positions):
-    if start_positions.dim() > 1:
-        start_positions = start_positions.squeeze(-1)
-    if end_positions.dim() > 1:
-        end_positions = end_positions.squeeze(-1)
-    ignored = start_logits.size(1)  # positions outside the sequence are clamped here and ignored
-    start = F.cross_entropy(start_logits, start_positions.clamp(0, ignored), ignore_index=ignored)
-    end = F.cross_entropy(end_logits, end_positions.clamp(0, ignored), ignore_index=ignored)
-    return (start + end) / 2
+def qa_loss(start_logits, end_logits, start_positions, end_positions, attention_mask=None):
+    """transformers' QA loss (positions outside the sequence are clamped to its length and ignored). With
+    an attention_mask, padded positions are out of the softmax (their logits set to the dtype's minimum)
+    and a target on padding is ignored like one outside: fastbert's padded rows are zeros, so their
+    logits are the head's bias, which training cannot push below the real positions' (transformers'
+    are computed on pad tokens, and can), and a padded batch would learn worse than transformers'."""
+    ignored = start_logits.size(1)
+
+    def one(logits, positions):
+        if positions.dim() > 1:
+            positions = positions.squeeze(-1)
+        positions = positions.clamp(0, ignored)
+        if attention_mask is not None:
+            pad = attention_mask.to(logits.device) == 0
+            logits = logits.masked_fill(pad, torch.finfo(logits.dtype).min)
+            on_pad = pad.gather(1, positions.clamp(max=ignored - 1)[:, None]).squeeze(1)
+            positions = positions.masked_fill(on_pad, ignored)
+        return F.cross_entropy(logits, positions, ignore_index=ignored)
+
+    return (one(start_logits, start_positions) + one(end_logits, end_positions)) / 2
+
+
+def ignore_padding(labels, attention_mask, ignore_index: int = -100):
+    """Per-token labels with padded positions set to ignore_index (MLM, token classification): the loss
+    reads no padded row (fastbert's are zeros; a label there would only train the head's bias)."""
+    if attention_mask is None or labels.shape != attention_mask.shape:
+        return labels
+    return labels.masked_fill(attention_mask.to(labels.device) == 0, ignore_index)
 
 
 # ---- task models ---------------------------------------------------------------------------------------
@@ -153,7 +172,7 @@ class TaskModel(FastPreTrainedModel):
         super().__init__(config)
         self.add_module(self.base_model_prefix, self.base_class(config, add_pooling_layer=self.uses_pooler))
         self.build_head(config)
-        self.tie_weights()
+        self.post_init()
 
     def build_head(self, config) -> None:
         raise NotImplementedError
@@ -163,6 +182,11 @@ class TaskModel(FastPreTrainedModel):
 
     def loss(self, fields: dict, **targets) -> torch.Tensor:
         raise NotImplementedError
+
+    def without_padding(self, fields: dict, targets: dict, attention_mask) -> tuple:
+        """(fields, targets) as the loss reads them: heads whose loss could see padded positions hide
+        them here (see qa_loss, ignore_padding); the returned outputs are unchanged."""
+        return fields, targets
 
     def encoder_inputs(self, inputs: dict) -> dict:
         return inputs
@@ -178,7 +202,10 @@ class TaskModel(FastPreTrainedModel):
         out = self.base_model(**self.encoder_inputs(inputs), output_attentions=output_attentions,
                               output_hidden_states=output_hidden_states, return_dict=True)
         fields = self.head(out, inputs)
-        loss = self.loss(fields, **targets) if all(t is not None for t in targets.values()) else None
+        loss = None
+        if all(t is not None for t in targets.values()):
+            fields_read, targets = self.without_padding(fields, targets, inputs["attention_mask"])
+            loss = self.loss(fields_read, **targets)
         return self._finish(self.output_class(loss=loss, **fields, hidden_states=out.hidden_states,
                                               attentions=out.attentions), return_dict)
 
@@ -205,6 +232,9 @@ class MaskedLMModel(TaskModel):
 
     def head(self, out, inputs):
         return {"logits": self.mlm_logits(out.last_hidden_state)}
+
+    def without_padding(self, fields, targets, attention_mask):
+        return fields, {"labels": ignore_padding(targets["labels"], attention_mask)}
 
     def loss(self, fields, labels):
         logits = fields["logits"]
@@ -258,6 +288,9 @@ class TokenClassificationModel(TaskModel):
     def head(self, out, inputs):
         return {"logits": self.classifier(self.dropout(out.last_hidden_state))}
 
+    def without_padding(self, fields, targets, attention_mask):
+        return fields, {"labels": ignore_padding(targets["labels"], attention_mask)}
+
     def loss(self, fields, labels):
         return F.cross_entropy(fields["logits"].view(-1, self.config.num_labels), labels.view(-1))  # -100 ignored
 
@@ -289,8 +322,11 @@ class QuestionAnsweringModel(TaskModel):
         return {"start_logits": start_logits.squeeze(-1).contiguous(),
                 "end_logits": end_logits.squeeze(-1).contiguous()}
 
-    def loss(self, fields, start_positions, end_positions):
-        return qa_loss(fields["start_logits"], fields["end_logits"], start_positions, end_positions)
+    def without_padding(self, fields, targets, attention_mask):
+        return fields, {**targets, "attention_mask": attention_mask}   # qa_loss leaves padding out
+
+    def loss(self, fields, start_positions, end_positions, attention_mask=None):
+        return qa_loss(fields["start_logits"], fields["end_logits"], start_positions, end_positions, attention_mask)
 
 
 class MultipleChoiceModel(TaskModel):

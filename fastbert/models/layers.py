@@ -25,11 +25,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from fastbert import ops
 from fastbert.ops.attention import attention_probs_ref
 from fastbert.ops.linear import linear, uses_onednn
-from fastbert.ops.varlen import Packing, pack, repad
+from fastbert.padding import Packing, pack, repad
 
 # Dims.activation -> fastbert.ops.linear's epilogue name, and the same as a plain function
 EPILOGUE = {"none": "gelu", "tanh": "gelu_tanh", "relu": "relu"}
@@ -128,8 +129,13 @@ class LayerParts:
         self.ffn_in, self.ffn_out, self.ffn_norm = ffn_in, ffn_out, ffn_norm
 
 
-class FastLayer(nn.Module):
-    """Mixin for a family's layer module: subclasses set `parts()` and call `init_fast(dims)`."""
+class FastLayer(GradientCheckpointingLayer):
+    """Mixin for a family's layer module: subclasses set `parts()` and call `init_fast(dims)`.
+
+    A transformers GradientCheckpointingLayer: when checkpointing is on (its `gradient_checkpointing`
+    flag and `_gradient_checkpointing_func`, set by the model's activation_checkpointing_enable or by
+    transformers' own on an optimized model) its forward runs inside that function, so code that finds
+    checkpointed layers as transformers' tests do finds these."""
 
     def init_fast(self, dims, attn_output_dropout: bool = True, ffn_output_dropout: bool = True) -> None:
         """The flags say where the family applies hidden dropout, as transformers does: BERT-shaped

@@ -22,8 +22,9 @@ _POOLER = re.compile(r"(^|\.)pooler\.")
 _WEIGHTS_FILE = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint whose keys or shapes do not fit the model."""
+class CheckpointError(ValueError, RuntimeError):
+    """A checkpoint whose keys or shapes do not fit the model (a RuntimeError, as transformers raises
+    for a shape mismatch, and a ValueError)."""
 
 
 def _fmt_shape(t) -> str:
@@ -35,7 +36,8 @@ class CheckpointIO:
     base_model and init_weights)."""
 
     @classmethod
-    def from_pretrained(cls, path_or_hub_id: str, dtype=None, device=None, backend: str = "auto", *,
+    def from_pretrained(cls, pretrained_model_name_or_path, dtype=None, device=None, backend: str = "auto", *,
+                        config=None, state_dict=None, output_loading_info: bool = False,
                         torch_dtype=None, device_map=None, ignore_mismatched_sizes: bool = False,
                         revision=None, cache_dir=None, local_files_only: bool = False, token=None,
                         low_cpu_mem_usage=None, trust_remote_code=None, attn_implementation=None, **kwargs):
@@ -45,50 +47,79 @@ class CheckpointIO:
         then the adapter on it: a peft.PeftModel around fastbert's model (transformers' from_pretrained
         gives its own model with the adapter inside; both run the adapter).
 
-        transformers' arguments mean what they mean there: `torch_dtype` is the old name of `dtype`;
-        `device_map` names one device ("cpu", "cuda:1", a GPU index, or "auto": the GPU when there is
-        one); `revision`, `cache_dir`, `local_files_only` and `token` are for a hub id;
-        `ignore_mismatched_sizes` re-initialises head weights whose shape differs from the checkpoint's
-        (a new num_labels). Other keyword arguments set config attributes (num_labels, id2label,
-        output_hidden_states, classifier_dropout, ...) or, when the config has no such attribute, go to
-        the model's constructor (add_pooling_layer); anything else is a TypeError. `low_cpu_mem_usage`
-        and `trust_remote_code` change nothing: fastbert always builds on the meta device before
-        loading, and never runs code from a checkpoint. `attn_implementation` is refused: fastbert's
-        attention is its own."""
-        from fastbert.hub import load_adapter, load_checkpoint_files, resolve_directory
+        transformers' arguments mean what they mean there: `config` is used instead of the checkpoint's
+        config.json, `state_dict` instead of its weights (then `pretrained_model_name_or_path` may be
+        None, with `config` given); `output_loading_info=True` returns (model, {"missing_keys",
+        "unexpected_keys", "mismatched_keys", "error_msgs"}) and, the caller reading that report, missing
+        or unexpected encoder weights are reported there instead of raising (freshly initialised);
+        `torch_dtype` is the old name of `dtype`; `device_map` names one device ("cpu", "cuda:1", a GPU
+        index, or "auto": the GPU when there is one); `revision`, `cache_dir`, `local_files_only` and
+        `token` are for a hub id; `ignore_mismatched_sizes` re-initialises head weights whose shape
+        differs from the checkpoint's (a new num_labels); without it a shape mismatch is a RuntimeError
+        (CheckpointError), as in transformers. `attn_implementation` is recorded on the config ("eager":
+        the unfused attention; see modeling.ATTN_IMPLEMENTATIONS). Other keyword arguments set config
+        attributes (num_labels, id2label, output_hidden_states, classifier_dropout, ...) or, when the
+        config has no such attribute, go to the model's constructor (add_pooling_layer); anything else
+        is a TypeError. `low_cpu_mem_usage` and `trust_remote_code` change nothing: fastbert always
+        builds on the meta device before loading, and never runs code from a checkpoint. Refused (a
+        RuntimeError) inside a `torch.device("meta")` context, which would leave every weight empty."""
+        from fastbert.hub import load_adapter, load_config, load_state, resolve_directory
 
-        if attn_implementation is not None:
-            raise ValueError(f"attn_implementation={attn_implementation!r}: fastbert runs its own attention "
-                             "(on packed tokens, without padding) whatever transformers' setting; drop the argument")
+        if torch.empty(0).is_meta:
+            raise RuntimeError("You are using `from_pretrained` with a meta device context manager "
+                               "(torch.device('meta')): the loaded weights would be discarded; load outside it, "
+                               "or build the model there with cls(config) for an empty one")
         dtype = dtype_argument(dtype, torch_dtype)
         device = device_argument(device, device_map)
-        directory = resolve_directory(path_or_hub_id, revision=revision, cache_dir=cache_dir,
-                                      local_files_only=local_files_only, token=token)
-        # a peft adapter: its base model (revision is the adapter's), then the adapter
-        adapted = load_adapter(directory, lambda base: cls.from_pretrained(
-            base, dtype=dtype, device=device, backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,
-            cache_dir=cache_dir, local_files_only=local_files_only, token=token, **kwargs))
-        if adapted is not None:
-            return adapted
-        config, state, source = load_checkpoint_files(directory)
-        # as transformers records it (peft writes it into a saved adapter as its base model)
-        config.name_or_path = str(path_or_hub_id)
+        if pretrained_model_name_or_path is None:
+            if config is None or state_dict is None:
+                raise ValueError("from_pretrained(None, ...) needs both config= and state_dict= (there is no "
+                                 "checkpoint to read them from)")
+            directory, source = None, "state_dict"
+        else:
+            directory = resolve_directory(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
+                                          local_files_only=local_files_only, token=token)
+            # a peft adapter: its base model (revision is the adapter's), then the adapter
+            adapted = load_adapter(directory, lambda base: cls.from_pretrained(
+                base, dtype=dtype, device=device, backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,
+                cache_dir=cache_dir, local_files_only=local_files_only, token=token, **kwargs))
+            if adapted is not None:
+                return adapted
+            source = directory
+        if config is None:
+            config = load_config(os.path.join(directory, "config.json"))
+            # as transformers records it (peft writes it into a saved adapter as its base model)
+            config.name_or_path = str(pretrained_model_name_or_path)
+        if state_dict is None:
+            state_dict = load_state(directory)
+        if attn_implementation is not None:
+            config._attn_implementation = attn_implementation
         init_kwargs = config_arguments(cls, config, kwargs)
-        return cls.from_state_dict(config, state, dtype=dtype, device=device, source=source, backend=backend,
-                                   ignore_mismatched_sizes=ignore_mismatched_sizes, **init_kwargs)
-
+        model, info = cls._from_state_dict_reporting(config, state_dict, dtype=dtype, device=device, source=source,
+                                                     backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,
+                                                     report=output_loading_info, **init_kwargs)
+        return (model, info) if output_loading_info else model
 
     @classmethod
     def from_state_dict(cls, config, state: Dict[str, torch.Tensor], dtype=None, device=None,
                         source: str = "state_dict", backend: str = "auto", ignore_mismatched_sizes: bool = False,
                         **init_kwargs):
+        return cls._from_state_dict_reporting(config, state, dtype=dtype, device=device, source=source,
+                                              backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,
+                                              **init_kwargs)[0]
+
+    @classmethod
+    def _from_state_dict_reporting(cls, config, state, dtype=None, device=None, source: str = "state_dict",
+                                   backend: str = "auto", ignore_mismatched_sizes: bool = False, report: bool = False,
+                                   **init_kwargs):
+        """-> (model in eval mode, loading info as transformers' output_loading_info gives it)."""
         dtype = resolve_dtype(dtype, config, state)
         with torch.device("meta"):
             model = cls(config, **init_kwargs)
-        model.load_checkpoint(state, dtype=dtype, device=device or "cpu", source=source,
-                              ignore_mismatched_sizes=ignore_mismatched_sizes)
+        info = model.load_checkpoint(state, dtype=dtype, device=device or "cpu", source=source,
+                                     ignore_mismatched_sizes=ignore_mismatched_sizes, report=report)
         model.backend = backend
-        return model.eval()
+        return model.eval(), info
 
     def share_parameters_with(self, other: nn.Module) -> "CheckpointIO":
         """Use `other`'s parameter tensors (same names) in place of ours: no copy, both see updates."""
@@ -105,7 +136,8 @@ class CheckpointIO:
         return self
 
     def load_checkpoint(self, state: Dict[str, torch.Tensor], dtype=None, device="cpu",
-                        source: str = "state_dict", ignore_mismatched_sizes: bool = False) -> None:
+                        source: str = "state_dict", ignore_mismatched_sizes: bool = False,
+                        report: bool = False) -> dict:
         """Strict, transformers-compatible loading (also works on a model built on the meta device).
 
         Encoder keys must match exactly (names and shapes) or CheckpointError names them; a "bert."-
@@ -115,7 +147,9 @@ class CheckpointIO:
         naming them; weights of another head are left unused, with a warning. With
         `ignore_mismatched_sizes`, head weights whose shape differs from the model's (a classifier
         for another num_labels) are initialised afresh instead, with a warning; an encoder weight of
-        another shape is still an error."""
+        another shape is still an error. With `report` (from_pretrained's output_loading_info), missing
+        and unexpected encoder weights are reported instead of raising: the missing ones initialised.
+        -> {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"} as transformers reports."""
         state, foreign = self._normalize_keys(state)
         expected = dict(self.named_parameters(remove_duplicate=False))
         tied = self.tied_weights() if getattr(self.config, "tie_word_embeddings", True) else {}
@@ -124,6 +158,7 @@ class CheckpointIO:
         def is_encoder(key):
             return key.startswith(head_prefix) and not _POOLER.search(key)
 
+        resized = []
         if ignore_mismatched_sizes:
             resized = [k for k in state if k in expected and not is_encoder(k)
                        and tuple(state[k].shape) != tuple(expected[k].shape)]
@@ -139,6 +174,10 @@ class CheckpointIO:
         bad_missing = [k for k in missing if is_encoder(k)]
         mismatched = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
         not_float = [k for k in state if k in expected and not state[k].is_floating_point()]
+        info = {"missing_keys": set(missing), "unexpected_keys": set(foreign + unexpected),
+                "mismatched_keys": set(resized), "error_msgs": []}
+        if report:   # the caller reads the report: only what cannot load at all raises
+            bad_unexpected, bad_missing = [], []
         if bad_unexpected or bad_missing or mismatched or not_float:
             lines = [f"{source} does not fit {type(self).__name__}:"]
             lines += [f"  missing: {k} {_fmt_shape(expected[k])}" for k in bad_missing]
@@ -147,7 +186,7 @@ class CheckpointIO:
                       for k in mismatched]
             lines += [f"  not floating point: {k} has dtype {state[k].dtype}" for k in not_float]
             raise CheckpointError("\n".join(lines))
-        unused = foreign + [k for k in unexpected if not is_encoder(k)]
+        unused = foreign + [k for k in unexpected if report or not is_encoder(k)]
         if unused:
             logger.warning("%s: weights not used by %s: %s", source, type(self).__name__, ", ".join(unused))
         if missing:
@@ -167,6 +206,7 @@ class CheckpointIO:
         if fresh:
             self.init_weights(fresh)
         self.tie_weights()
+        return info
 
     def _normalize_keys(self, state: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
         """-> (state under this model's names, keys of a head this bare model does not have)."""

@@ -12,13 +12,10 @@ Sharing parameters with a transformers model (what fastbert.optimize builds on):
 or, to share the very same tensors instead of copying them, `fast.load_state_dict(sd, strict=True,
 assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
 """
-import contextlib
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
-from torch.autograd.graph import save_on_cpu
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from fastbert.models.config import check_supported, config_from_dict, resolve
@@ -30,7 +27,33 @@ from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
 from fastbert.models.registry import family
 from fastbert.models.resizing import Resizing
 from fastbert.ops._dispatch import BACKENDS
-from fastbert.ops.varlen import Packing, pack, packed_positions, repad, unpad
+from fastbert.padding import Packing, pack, packed_positions, repad, unpad
+
+
+def _selected(hidden_states: Optional[list], which) -> Optional[tuple]:
+    """transformers' output_hidden_states: True (all) or a list of indices (negative from the end),
+    the others None in a tuple of the full length."""
+    if hidden_states is None:
+        return None
+    if isinstance(which, bool):
+        return tuple(hidden_states)
+    n = len(hidden_states)
+    kept = {i % n for i in which}
+    return tuple(h if i in kept else None for i, h in enumerate(hidden_states))
+
+
+# transformers' attention implementation names: fastbert runs its fused attention for all of them but
+# "eager", which takes the unfused path (probabilities materialised, as output_attentions=True does)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def attn_implementation(config, where: str) -> str:
+    """The config's attention implementation, checked; "sdpa" when unset (transformers' default)."""
+    name = getattr(config, "_attn_implementation", None) or "sdpa"
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"{where}: attn_implementation={name!r} is not one fastbert runs; use one of "
+                         f"{ATTN_IMPLEMENTATIONS} (all but 'eager' run fastbert's fused attention)")
+    return name
 
 
 class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrainedModel):
@@ -50,6 +73,13 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
     input_modalities = "text"  # transformers pipelines' repr reads it
     supports_gradient_checkpointing = True
     _keys_to_ignore_on_save = None
+    # transformers' class flags that code reads: no module must stay in float32, and every attention
+    # implementation name is accepted (see ATTN_IMPLEMENTATIONS) and may be switched at run time
+    _keep_in_fp32_modules = frozenset()
+    _keep_in_fp32_modules_strict = frozenset()
+    _supports_sdpa = True
+    _can_set_attn_implementation_cached_value = True
+
 
     def __init__(self, config):
         nn.Module.__init__(self)
@@ -62,15 +92,44 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
         self.config = config
         self.name_or_path = getattr(config, "name_or_path", "")   # transformers': where it was loaded from
         self.dims = resolve(config)
+        config._attn_implementation_internal = attn_implementation(config, type(self).__name__)
         self.gradient_checkpointing = False
         self._checkpoint_options = ({"use_reentrant": False}, 1, False)  # (checkpoint kwargs, every n, offload)
+
+    def post_init(self) -> None:
+        """transformers' end of construction (every fastbert model calls it last in __init__): modules not
+        initialised yet get transformers' initialisation, once (a second call, or one after
+        resize_token_embeddings, changes nothing; a model built on the meta device is left to its
+        loader); word embeddings are tied; the old `config.gradient_checkpointing=True` switches
+        checkpointing on and is removed from the config, as transformers does."""
+        if not any(p.is_meta for p in self.parameters()):
+            fresh = [m for m in self.modules() if not getattr(m, "_is_hf_initialized", False)]
+            if fresh:
+                self.init_weights(fresh)
+            for m in fresh:
+                m._is_hf_initialized = True
+        else:
+            self.tie_weights()
+        if getattr(self.config, "gradient_checkpointing", False):
+            self.activation_checkpointing_enable()
+            delattr(self.config, "gradient_checkpointing")
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' per-module initialisation hook (its init_weights calls it on every module)."""
+        self.init_weights([module])
+
+    @property
+    def _tied_weights_keys(self) -> Dict[str, str]:
+        """transformers' declaration of tied parameters: {parameter: the parameter it shares}."""
+        return self.tied_weights()
+
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, config, backend: str = "auto"):
-        """A model with transformers' initialisation, ready for load_state_dict(hf.state_dict())."""
+        """A model with transformers' initialisation (as `cls(config)`), ready for
+        load_state_dict(hf.state_dict())."""
         model = cls(config)
-        model.init_weights()
         model.backend = backend
         return model
 
@@ -228,18 +287,16 @@ class EncoderModel(FastPreTrainedModel):
 
     # ---- entry points --------------------------------------------------------------------------------
     def _run_layers(self, x, packing, output_attentions: bool, hidden_states: Optional[list]):
+        """Each layer on packed x (checkpointed by the layer itself when that is on); with
+        `hidden_states`, each layer's output is repadded there and the next layer reads it back from
+        the padded tensor, so that gradients reach every returned hidden state (saliency, attribution)."""
         attentions = [] if output_attentions else None
-        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        ckpt_kwargs, every, offload = self._checkpoint_options
         backend = self._backend
-        for i, layer in enumerate(self.layers()):
-            if checkpointing and i % every == 0:
-                with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
-                    x, probs = checkpoint(layer, x, packing, output_attentions, backend, **ckpt_kwargs)
-            else:
-                x, probs = layer(x, packing, output_attentions, backend)
+        for layer in self.layers():
+            x, probs = layer(x, packing, output_attentions, backend)
             if hidden_states is not None:
                 hidden_states.append(repad(x, packing))
+                x = pack(hidden_states[-1], packing)
             if output_attentions:
                 attentions.append(probs)
         return x, attentions
@@ -270,11 +327,16 @@ class EncoderModel(FastPreTrainedModel):
         x = self.embed(None if input_ids is None else pack(input_ids, packing),
                        None if token_type_ids is None else pack(token_type_ids, packing), positions,
                        None if inputs_embeds is None else pack(inputs_embeds, packing), self._backend)
-        hidden_states = [repad(x, packing)] if output_hidden_states else None
-        x, attentions = self.run_encoder(x, packing, positions, bool(output_attentions), hidden_states)
+        hidden_states = None
+        if output_hidden_states:   # the layers read the padded embeddings back (see _run_layers)
+            hidden_states = [repad(x, packing)]
+            x = pack(hidden_states[0], packing)
+        # "eager" (transformers' unfused attention) takes the path that materialises the probabilities
+        unfused = bool(output_attentions) or getattr(self.config, "_attn_implementation", None) == "eager"
+        x, attentions = self.run_encoder(x, packing, positions, unfused, hidden_states)
         sequence_output = hidden_states[-1] if output_hidden_states else repad(x, packing)
         out = self.output_class(last_hidden_state=sequence_output,
-                                hidden_states=tuple(hidden_states) if output_hidden_states else None,
+                                hidden_states=_selected(hidden_states, output_hidden_states),
                                 attentions=tuple(attentions) if output_attentions else None,
                                 **({"pooler_output": self.pool(sequence_output)}
                                    if self.output_class is BaseModelOutputWithPooling else {}))

@@ -27,7 +27,7 @@ from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, PooledCla
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
 from fastbert.ops import relative_attention as rel_ops
-from fastbert.ops.varlen import Packing, pack, packed_positions, repad
+from fastbert.padding import Packing, pack, packed_positions, repad
 
 NUM_BUCKETS, MAX_DISTANCE = 32, 128   # transformers' MPNetEncoder.compute_position_bias defaults
 
@@ -167,6 +167,7 @@ class MPNetModel(EncoderModel):
         self.embeddings = Embeddings(self.dims)
         self.encoder = MPNetEncoder(config, self.dims)
         self.pooler = Pooler(self.dims.hidden_size) if add_pooling_layer else None
+        self.post_init()
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)

@@ -20,6 +20,10 @@ class Resizing:
         if new_num_tokens is None and pad_to_multiple_of is None:
             return old
         n = old.num_embeddings if new_num_tokens is None else int(new_num_tokens)
+        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int)
+                                               or isinstance(pad_to_multiple_of, bool)):
+            raise ValueError(f"Asking to pad the embedding matrix to a multiple of `{pad_to_multiple_of}`, which is "
+                             "not and integer. Please make sure to pass an integer")   # transformers' words
         if pad_to_multiple_of:
             n = -(-n // pad_to_multiple_of) * pad_to_multiple_of
         if n < 1:
@@ -32,6 +36,7 @@ class Resizing:
             if n > old_n:
                 new.weight[old_n:] = added_rows(old.weight, n - old_n, mean_resizing, self.config)
         new.weight.requires_grad_(old.weight.requires_grad)
+        new._is_hf_initialized = True   # a later post_init() must keep these rows
         self.set_input_embeddings(new)
         tied = set(self.tied_weights()) if getattr(self.config, "tie_word_embeddings", True) else set()
         base = self.base_model_prefix + "."
@@ -51,6 +56,7 @@ class Resizing:
             if isinstance(m, nn.Linear) and m.out_features != m.weight.shape[0]:
                 m.out_features = m.weight.shape[0]
         self.config.vocab_size = n
+        self.vocab_size = n   # transformers sets both
         self.tie_weights()
         return self.get_input_embeddings()
 

@@ -1,0 +1,205 @@
+"""What transformers' own model tests found fastbert doing differently from transformers (one test per
+cause), checked against transformers itself: initialisation, from_pretrained's arguments, gradients
+into returned hidden states, checkpointing through GradientCheckpointingLayer, hidden-state selection,
+MPNet's tuple outputs, transformers' model attributes and attention implementation names."""
+import copy
+import unittest.mock
+
+import pytest
+import torch
+import transformers as T
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+import fastbert
+import fastbert.models as fm
+
+BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+
+
+def bert_config(**kw):
+    return T.BertConfig(**{**BERT, **kw})
+
+
+def batch(seed=0, vocab=99, shape=(2, 7)):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    mask[1, 4:] = 0
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+def both_modes(cls_name, config):
+    """(fastbert's own class, transformers' class after optimize()), built from the same config."""
+    fast = getattr(fm, cls_name)(copy.deepcopy(config))
+    hf = fastbert.optimize(getattr(T, cls_name)(copy.deepcopy(config)))
+    return {"native": fast, "optimize": hf}
+
+
+# ---- 2: initialisation ----------------------------------------------------------------------------------
+def test_model_config_initialises_as_transformers():
+    torch.manual_seed(0)
+    fast = fm.BertForMaskedLM(bert_config())
+    q = fast.bert.encoder.layer[0].attention.self.query
+    assert abs(fast.bert.embeddings.word_embeddings.weight.std().item() - 0.02) < 0.003
+    assert abs(q.weight.std().item() - 0.02) < 0.004
+    assert q.bias.abs().max().item() == 0.0
+    assert torch.equal(fast.bert.embeddings.LayerNorm.weight, torch.ones(32))
+    before = {k: v.clone() for k, v in fast.state_dict().items()}
+    fast.post_init()                                  # transformers': once initialised, left alone
+    assert all(torch.equal(before[k], v) for k, v in fast.state_dict().items())
+
+
+def test_distilbert_sinusoidal_table_as_transformers():
+    config = T.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4, hidden_dim=37,
+                                max_position_embeddings=24, sinusoidal_pos_embds=True)
+    want = T.DistilBertModel(config).embeddings.position_embeddings.weight
+    got = fm.DistilBertModel(config).embeddings.position_embeddings.weight
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_resized_embeddings_survive_post_init():
+    fast = fm.BertForMaskedLM(bert_config(tie_word_embeddings=False))
+    fast.resize_token_embeddings(109)
+    rows = fast.get_input_embeddings().weight.clone()
+    decoder = fast.get_output_embeddings().weight.clone()
+    fast.post_init()
+    assert torch.equal(rows, fast.get_input_embeddings().weight)
+    assert torch.equal(decoder, fast.get_output_embeddings().weight)
+    assert fast.vocab_size == fast.config.vocab_size == 109
+    with pytest.raises(ValueError, match="integer"):
+        fast.resize_token_embeddings(110, pad_to_multiple_of=1.3)
+
+
+# ---- 3: from_pretrained's arguments -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_classifier(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cls")
+    torch.manual_seed(0)
+    model = fm.BertForSequenceClassification(bert_config(num_labels=3))
+    model.save_pretrained(path)
+    return path, model
+
+
+def test_from_pretrained_takes_transformers_arguments(saved_classifier):
+    path, model = saved_classifier
+    loaded = fm.BertForSequenceClassification.from_pretrained(pretrained_model_name_or_path=path)
+    assert torch.equal(loaded.classifier.weight, model.classifier.weight)
+    again = fm.BertForSequenceClassification.from_pretrained(None, config=model.config, state_dict=model.state_dict())
+    assert torch.equal(again.classifier.weight, model.classifier.weight)
+    with pytest.raises(ValueError, match="config= and state_dict="):
+        fm.BertForSequenceClassification.from_pretrained(None, config=model.config)
+    loaded, info = fm.BertForSequenceClassification.from_pretrained(path, output_loading_info=True)
+    assert info == {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}
+    # a bare checkpoint into a head: transformers reports the head's weights as missing
+    bare = fm.BertModel(bert_config())
+    _, info = fm.BertForSequenceClassification.from_pretrained(None, config=bert_config(), state_dict=bare.state_dict(),
+                                                               output_loading_info=True)
+    assert info["missing_keys"] == {"classifier.weight", "classifier.bias"}
+
+
+def test_shape_mismatch_is_a_runtime_error_unless_ignored(saved_classifier):
+    path, _ = saved_classifier
+    with pytest.raises(RuntimeError, match="shape mismatch: classifier.weight"):
+        fm.BertForSequenceClassification.from_pretrained(path, num_labels=5)
+    model, info = fm.BertForSequenceClassification.from_pretrained(path, num_labels=5, ignore_mismatched_sizes=True,
+                                                                   output_loading_info=True)
+    assert model.classifier.weight.shape == (5, 32) and info["mismatched_keys"] == {"classifier.weight",
+                                                                                    "classifier.bias"}
+
+
+def test_from_pretrained_refuses_the_meta_device(saved_classifier):
+    path, _ = saved_classifier
+    with torch.device("meta"), pytest.raises(RuntimeError, match="meta device"):
+        fm.BertForSequenceClassification.from_pretrained(path)
+
+
+# ---- 4, 6: returned hidden states ---------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["native", "optimize"])
+def test_gradients_reach_returned_hidden_states(mode):
+    torch.manual_seed(0)
+    model = both_modes("BertModel", bert_config())[mode]
+    out = model(**batch(), output_hidden_states=True, output_attentions=True)
+    out.hidden_states[0].retain_grad()
+    out.attentions[0].retain_grad()
+    out[0].flatten()[0].backward()
+    assert out.hidden_states[0].grad is not None and out.hidden_states[0].grad.abs().sum() > 0
+    assert out.attentions[0].grad is not None
+
+
+@pytest.mark.parametrize("mode", ["native", "optimize"])
+def test_output_hidden_states_selects_layers(mode):
+    torch.manual_seed(0)
+    model = both_modes("BertModel", bert_config())[mode].eval()
+    full = model(**batch(), output_hidden_states=True).hidden_states
+    some = model(**batch(), output_hidden_states=[0, -1]).hidden_states
+    assert len(some) == len(full) == 3 and some[1] is None
+    torch.testing.assert_close(some[0], full[0])
+    torch.testing.assert_close(some[2], full[2])
+
+
+# ---- 5: gradient checkpointing ------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["native", "optimize"])
+def test_checkpointing_through_transformers_layers(mode):
+    torch.manual_seed(0)
+    model = both_modes("BertForSequenceClassification", bert_config())[mode].train()
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    assert len(layers) == 2 and not model.is_activation_checkpointing
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert model.is_activation_checkpointing and all(layer.gradient_checkpointing for layer in layers)
+    real = layers[0]._gradient_checkpointing_func
+    with unittest.mock.patch.object(layers[0], "_gradient_checkpointing_func", side_effect=real) as mocked:
+        model(**batch(), labels=torch.tensor([0, 1])).loss.backward()
+    assert mocked.call_count == 1
+    model.activation_checkpointing_disable()
+    assert not model.is_activation_checkpointing
+
+
+def test_config_gradient_checkpointing_switches_it_on():
+    config = bert_config()
+    config.gradient_checkpointing = True
+    model = fm.BertModel(config)
+    assert model.is_activation_checkpointing and not hasattr(config, "gradient_checkpointing")
+
+
+# ---- 7: MPNet tuples -------------------------------------------------------------------------------------
+def test_optimized_mpnet_heads_keep_transformers_tuple_order():
+    config = T.MPNetConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=37)
+    torch.manual_seed(0)
+    hf = T.MPNetForSequenceClassification(config).eval()
+    fast = fastbert.optimize(copy.deepcopy(hf))
+    inputs = dict(input_ids=batch()["input_ids"], output_hidden_states=True, output_attentions=True,
+                  return_dict=False)
+    want, got = hf(**inputs), fast(**inputs)
+    assert len(got) == len(want) == 3                 # (logits, hidden_states, attentions)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    assert len(got[1]) == len(want[1]) == 3 and len(got[2]) == len(want[2]) == 2
+
+
+# ---- 9: transformers' model attributes -----------------------------------------------------------------
+def test_transformers_model_attributes():
+    model = fm.BertForMaskedLM(bert_config())
+    assert len(model._keep_in_fp32_modules) == 0 and len(model._keep_in_fp32_modules_strict) == 0
+    assert model._tied_weights_keys == {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+                                        "cls.predictions.decoder.bias": "cls.predictions.bias"}
+    assert model._tied_weights_keys == T.BertForMaskedLM._tied_weights_keys
+    distil = fm.DistilBertForQuestionAnswering(T.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4,
+                                                                  hidden_dim=37))
+    assert distil.get_position_embeddings() is distil.distilbert.embeddings.position_embeddings
+
+
+# ---- 10: attention implementation names --------------------------------------------------------------------
+def test_attn_implementation_names():
+    torch.manual_seed(0)
+    sdpa = fm.BertModel._from_config(bert_config(), attn_implementation="sdpa").eval()
+    assert sdpa.config._attn_implementation == "sdpa"
+    eager = copy.deepcopy(sdpa)
+    eager.set_attn_implementation("eager")
+    assert eager.config._attn_implementation == "eager"
+    unfused = fastbert.models.layers.padded_attention
+    with unittest.mock.patch("fastbert.models.layers.padded_attention", side_effect=unfused) as called:
+        out = eager(**batch())
+    assert called.call_count == 2, "eager did not take the unfused path in both layers"
+    torch.testing.assert_close(out.last_hidden_state, sdpa(**batch()).last_hidden_state, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="attn_implementation"):
+        fm.BertModel(bert_config(attn_implementation="no_such_attention"))
