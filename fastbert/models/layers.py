@@ -30,7 +30,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from fastbert import ops
 from fastbert.ops.attention import attention_probs_ref
 from fastbert.ops.linear import linear, uses_onednn
-from fastbert.padding import Packing, pack, repad
+from fastbert.ops.varlen import Packing, pack, repad
 
 # Dims.activation -> fastbert.ops.linear's epilogue name, and the same as a plain function
 EPILOGUE = {"none": "gelu", "tanh": "gelu_tanh", "relu": "relu"}

@@ -27,7 +27,7 @@ from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
 from fastbert.models.registry import family
 from fastbert.models.resizing import Resizing
 from fastbert.ops._dispatch import BACKENDS
-from fastbert.padding import Packing, pack, packed_positions, repad, unpad
+from fastbert.ops.varlen import Packing, pack, packed_positions, repad, unpad
 
 
 def _selected(hidden_states: Optional[list], which) -> Optional[tuple]:

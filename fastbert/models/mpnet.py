@@ -27,7 +27,7 @@ from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, PooledCla
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
 from fastbert.ops import relative_attention as rel_ops
-from fastbert.padding import Packing, pack, packed_positions, repad
+from fastbert.ops.varlen import Packing, pack, packed_positions, repad
 
 NUM_BUCKETS, MAX_DISTANCE = 32, 128   # transformers' MPNetEncoder.compute_position_bias defaults
 
