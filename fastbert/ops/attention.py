@@ -20,9 +20,8 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.library import triton_op
 
-from fastbert.ops._dispatch import dropout_seed, records_grad, run_kernel, use_triton
+from fastbert.ops._dispatch import dropout_seed, records_grad, run_kernel, triton_op, use_triton
 from fastbert.ops.sliding_window import check_window_inputs, sliding_window_attention_ref
 from fastbert.ops.varlen import check_cu_seqlens, check_cu_seqlens_shape, repad_index, unpad_index
 
@@ -474,7 +473,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if _use_kernel(backend, q, k, v):
         window_args = () if window is None else (window, None if positions is None else positions.contiguous())
-        return torch.ops.fastbert.varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), scale, float(dropout_p),
+        return torch.ops.fastbert.varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p),
                                                    dropout_seed(dropout_p, q.device, generator),
                                                    records_grad(q, k, v), not q.is_cuda, *window_args)[0]
     if window is not None:
@@ -482,6 +481,10 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
             raise ValueError("the sliding-window torch path draws dropout from torch's default generator; "
                              "pass generator=None")
         return sliding_window_attention_ref(q, k, v, cu_seqlens, window, positions, scale, dropout_p=dropout_p)
+    from fastbert.ops.length_runs import runs_apply, varlen_attention_runs   # CPU inference: no padding
+    runs = runs_apply(q, k, v, cu_seqlens, dropout_p)
+    if runs is not None:
+        return varlen_attention_runs(q, k, v, runs, scale)
     return varlen_attention_ref(q, k, v, cu_seqlens, int(max_seqlen), scale, dropout_p=dropout_p,
                                 generator=generator)
 

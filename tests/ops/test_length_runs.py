@@ -1,0 +1,53 @@
+"""fastbert.ops.length_runs: packed CPU attention, one SDPA per run of equal lengths, no padding."""
+import pytest
+import torch
+
+from fastbert.ops import varlen_attention
+from fastbert.ops.attention import varlen_attention_ref
+from fastbert.ops.length_runs import MAX_RUNS, length_runs, runs_apply, varlen_attention_runs
+
+
+def _packed(lengths, heads=3, dim=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    qkv = torch.randn(int(cu[-1]), 3, heads, dim, generator=g)    # q, k, v strided, as the fused QKV GEMM gives
+    return (*qkv.unbind(1), cu)
+
+
+def test_runs_of_adjacent_equal_lengths():
+    _, _, _, cu = _packed([5, 5, 3, 0, 0, 5, 1])
+    assert length_runs(cu) == [(0, 2, 5), (10, 1, 3), (13, 2, 0), (13, 1, 5), (18, 1, 1)]
+
+
+@pytest.mark.parametrize("lengths", [[7, 7, 7, 6, 4, 4, 1], [1, 13, 2, 13, 0, 5], [1]])
+def test_matches_the_padded_reference(lengths):
+    q, k, v, cu = _packed(lengths)
+    want = varlen_attention_ref(q.double(), k.double(), v.double(), cu, max(lengths)).float()
+    got = varlen_attention(q, k, v, cu, max(lengths))             # the op's CPU inference path
+    assert runs_apply(q, k, v, cu, 0.0) is not None and got.is_contiguous()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sequence_gives_the_same_bits_alone_and_in_any_batch():
+    q, k, v, cu = _packed([9, 9, 9, 4])
+    together = varlen_attention(q, k, v, cu, 9)
+    for first, n in ((0, 9), (9, 9), (27, 4)):
+        alone = varlen_attention(q[first:first + n], k[first:first + n], v[first:first + n],
+                                 torch.tensor([0, n], dtype=torch.int32), n)
+        assert torch.equal(alone, together[first:first + n])
+
+
+def test_falls_back_where_it_does_not_apply():
+    q, k, v, cu = _packed([3, 2])
+    assert runs_apply(q, k, v, cu, 0.1) is None                                   # dropout
+    assert runs_apply(q.half(), k.half(), v.half(), cu, 0.0) is None              # half precision
+    qg = q.clone().requires_grad_()
+    assert runs_apply(qg, k, v, cu, 0.0) is None                                  # autograd
+    out = varlen_attention(qg, k, v, cu, 3)
+    out.sum().backward()
+    assert qg.grad is not None
+    q, k, v, cu = _packed([1 + i % 2 for i in range(MAX_RUNS + 1)])
+    assert runs_apply(q, k, v, cu, 0.0) is None                                   # too many runs: padded
+    torch.testing.assert_close(varlen_attention_runs(q, k, v, length_runs(cu), q.shape[-1] ** -0.5),
+                               varlen_attention(q, k, v, cu, 2), atol=1e-6, rtol=1e-5)
