@@ -1,12 +1,13 @@
-"""Embedding throughput: fastbert.Encoder.encode vs sentence-transformers' encode (as is, and after
-fastbert.optimize), same checkpoint.
+"""Text to embeddings on the CPU: fastbert.Encoder against sentence-transformers and the engines users
+pick (ONNX Runtime, OpenVINO, CTranslate2; fp32 and int8), in one interleaved run.
 
-    pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark (FASTBERT_BENCH_QUICK=1: 500 lines)
-    python bench/bench_encoder.py [--quick]          # all, interleaved; ratios, cosine check, a line in bench/results/encoder.jsonl
+    python bench/bench_encoder.py [--quick] [--lines N] [--repeats R] [--threads T] [--lines-table]
+    pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark, fastbert vs sentence-transformers
 
-2,000 non-empty lines of CPython's pydoc topics, batch size 32, fp32; every round's lines are new to
-every tokenizer (a fresh tag before each). The measurement logic lives in fastbert.benchmarks.encoder
-(also behind `fastbert bench`); this file only wraps it.
+The workload, the peers and the columns are described in fastbert.benchmarks.encoder (also behind
+`fastbert bench`) and fastbert.benchmarks.peers (pip install 'fastbert[peers]'; a missing peer is
+skipped with its reason); this file wraps them, prints the table and appends the run to
+bench/results/encoder.jsonl.
 """
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ if pytest is not None:
         _time_encode(benchmark, reference.encode, reference)
 
     def test_sentence_transformers_optimized_encode(benchmark, reference):
-        import fastbert
         from sentence_transformers import SentenceTransformer
+
+        import fastbert
 
         model = fastbert.optimize(SentenceTransformer(model_dir(), device="cpu"))
         cosine = _time_encode(benchmark, model.encode, reference)
@@ -69,23 +71,44 @@ if pytest is not None:
 
 # ---- script -------------------------------------------------------------------------------------------
 
+def _table(rows) -> str:
+    out = [f"{'engine':<44} {'sent/s':>7} {'x fastbert':>10} {'% GEMM':>7} {'b1 p50 ms':>9} {'min cos':>8}"]
+    for row in rows:
+        if "sentences/s" not in row:
+            value = f"{row['GFLOP/s']:.0f} GFLOP/s" if "GFLOP/s" in row else row.get("note", "")
+            out.append(f"{row['name']:<44} {value}")
+            continue
+        x = row["x fastbert"]
+        out.append(f"{row['name']:<44} {row['sentences/s']:7.1f} {'' if x is None else f'{x:.2f}x':>10} "
+                   f"{100 * row['GEMM fraction']:6.0f}% {row['batch1 p50 ms']:9.1f} {row['min_cosine']:8.5f}")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="500 lines, 2 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs of each (default 3)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--quick", action="store_true", help="500 texts, 2 rounds")
+    parser.add_argument("--lines", type=int, default=None, help="texts to time (default 2,000)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, and each peer's (default 2)")
+    parser.add_argument("--no-peers", action="store_true", help="fastbert and sentence-transformers only")
+    parser.add_argument("--lines-table", action="store_true",
+                        help="also the older short-lines workload (fastbert vs sentence-transformers)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of encoder.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats,
-                  progress=say)
+    rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats, lines=args.lines,
+                  peers=not args.no_peers, progress=say)
     print(rows[0]["device"], rows[0]["versions"])
-    for row in rows:
-        times = ", ".join(f"{t:.2f}" for t in row.get("all_seconds", []))
-        print(f"{row['name']:<42} {row['lines/s']:8.1f} lines/s  best {row['seconds']:.2f} s  [{times}]"
-              + (f"  {row['note']}" if row.get("note") else ""))
+    print(_table(rows))
     variant = "quick" if args.quick else None
-    print(f"appended to {append_run('encoder', rows, args.out, variant=variant, config={'threads': args.threads})}")
+    config = {"threads": args.threads, "lines": args.lines, "quick": args.quick, "batch_size": eb.BATCH_SIZE}
+    print(f"JSONL: {append_run('encoder', rows, args.out, variant=variant, config=config)}")
+    if args.lines_table:
+        lines_rows = eb.run_lines(model_dir(), quick=args.quick, repeats=args.repeats, progress=say)
+        for row in lines_rows:
+            print(f"{row['name']:<44} {row['lines/s']:8.1f} lines/s  {row.get('note', '')}")
+        append_run("encoder", lines_rows, args.out, variant="lines", config=config)
+        rows += lines_rows
     return 1 if any(r.get("ok") is False for r in rows) else 0
 
 
