@@ -4,6 +4,8 @@ The project's metadata, dependencies and extras are in pyproject.toml.
 
 Environment switches (read at build time):
   FASTBERT_SANITIZE=1     AddressSanitizer + UBSan build (csrc/fuzz/ci.sh)
+  FASTBERT_STAGE_TIMES=1  a bench build: encode_batch's stage timers (csrc/stage_clock.h), read by
+                          the tokenizer bench's --scaling; without it they are not compiled in
 """
 import os
 from glob import glob
@@ -15,6 +17,7 @@ from setuptools import find_packages, setup
 ParallelCompile("NPY_NUM_BUILD_JOBS").install()
 
 SANITIZE = os.environ.get("FASTBERT_SANITIZE") == "1"
+STAGE_TIMES = os.environ.get("FASTBERT_STAGE_TIMES") == "1"
 
 
 def _compile_args():
@@ -31,6 +34,7 @@ ext_modules = [
         include_dirs=["csrc"],
         depends=sorted(glob("csrc/*.h")),  # a changed header rebuilds the extension, as a source does
         cxx_std=17,
+        define_macros=[("FASTBERT_STAGE_TIMES", "1")] if STAGE_TIMES else [],
         extra_compile_args=_compile_args(),
         extra_link_args=["-fsanitize=address,undefined"] if SANITIZE else [],
     ),

@@ -16,8 +16,8 @@
                                                             # each count, under valgrind (+ JSONL)
 
 --scaling also reports each stage's CPU time per call and the GIL-held (serial) share when the
-extension was built with the stage timers: in a copy of the tree,
-`python setup.py build_ext --inplace --define FASTBERT_STAGE_TIMES`, then run this from that copy.
+extension was built with the stage timers (a bench build: `FASTBERT_STAGE_TIMES=1 pip install
+--no-build-isolation -e .`, in a copy of the tree to keep the product build; the table says when they are missing).
 CPU time does not depend on other load on the machine, so the serial share holds on a busy machine
 where the wall-clock ratios do not. The pool's idle workers spin for up to 100 us after each
 parallel step before they sleep (csrc/thread_pool.h), and the process CPU of a parallel stage

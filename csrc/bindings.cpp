@@ -1,179 +1,31 @@
-// The only file that includes pybind11: module fastbert._C. Binds EncodeOptions and the
-// tokenizer: converts Python inputs to UTF-8 views (with the GIL), runs the batch without the
-// GIL, and hands the rows to output_layout (numpy buffers, packed or padded) or py_lists (lists).
+// Module fastbert._C: binds EncodeOptions and the tokenizer. A batch's Python inputs become UTF-8
+// views here (with the GIL), the batch runs without the GIL, and py_outputs makes its outputs
+// (numpy buffers, packed or padded, or lists).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <time.h>
-
-#ifdef __GLIBCXX__
-#include <cxxabi.h>
-#endif
-
 #include <algorithm>
-#include <array>
 #include <atomic>
-#include <chrono>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "encode_options.h"
 #include "output_layout.h"
+#include "py_gil.h"
 #include "py_lists.h"
+#include "py_outputs.h"
+#include "stage_clock.h"
 #include "tokenizer.h"
 
 namespace py = pybind11;
 using namespace fastbert;
 
 namespace {
-
-// Takes the GIL back. During interpreter exit, Python 3.11-3.13 end a daemon thread that asks for
-// it with pthread_exit, a forced unwind. Unwinding the call would release its Python objects (the
-// lists built so far, the output dict) without the GIL while the main thread tears the interpreter
-// down, and crash the process. Such a thread is parked instead until the process ends (Python 3.14
-// parks daemon threads itself).
-void take_gil(PyThreadState* state) {
-#ifdef __GLIBCXX__
-    try {
-        PyEval_RestoreThread(state);
-    } catch (abi::__forced_unwind&) {
-        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-    }
-#else
-    PyEval_RestoreThread(state);
-#endif
-}
-
-// Runs f with the GIL released. Deliberately not py::gil_scoped_release, whose destructor takes the
-// GIL back without take_gil.
-template <class F>
-void without_gil(F&& f) {
-    PyThreadState* state = PyEval_SaveThread();
-    std::exception_ptr error;
-    try {
-        f();
-#ifdef __GLIBCXX__
-    } catch (abi::__forced_unwind&) {
-        throw;  // a forced unwind must go on (catch (...) below would swallow it and abort)
-#endif
-    } catch (...) {
-        error = std::current_exception();
-    }
-    take_gil(state);
-    if (error) std::rethrow_exception(error);
-}
-
-// Stage timers for measuring the serial (GIL-held) part of encode_batch: compiled in only with
-// -DFASTBERT_STAGE_TIMES (bench/bench_tokenizer.py --scaling reads them); otherwise no-ops.
-// CPU time, not wall time, so that a loaded machine does not change the figures: a GIL stage
-// counts the calling thread's CPU time, a stage without the GIL the whole process's (every thread
-// of the pool). Lists built chunk by chunk while the pool encodes count in "encode".
-#ifdef FASTBERT_STAGE_TIMES
-constexpr bool kStageTimes = true;
-#else
-constexpr bool kStageTimes = false;
-#endif
-enum Stage : int { kInputs, kEncode, kLayout, kOutputGil, kOutputThreads, kExtras, kStages };
-const char* const kStageNames[kStages] = {"inputs", "encode", "layout", "output", "output_threads", "extras"};
-constexpr bool kStageHoldsGil[kStages] = {true, false, true, true, false, true};
-struct StageClock {
-    static double now(clockid_t id) {
-        timespec t{};
-        clock_gettime(id, &t);
-        return static_cast<double>(t.tv_sec) * 1e9 + static_cast<double>(t.tv_nsec);
-    }
-    double thread = kStageTimes ? now(CLOCK_THREAD_CPUTIME_ID) : 0;
-    double process = kStageTimes ? now(CLOCK_PROCESS_CPUTIME_ID) : 0;
-    // adds the CPU time since the last mark to stage s
-    void mark(std::array<double, kStages>& ns, int s) {
-        if (!kStageTimes) return;
-        const double t = now(CLOCK_THREAD_CPUTIME_ID), p = now(CLOCK_PROCESS_CPUTIME_ID);
-        ns[s] += kStageHoldsGil[s] ? t - thread : p - process;
-        thread = t;
-        process = p;
-    }
-};
-
-// Pauses Python's cyclic GC while it lives (restored also when an exception leaves the scope).
-struct GcPause {
-#if PY_VERSION_HEX >= 0x030A0000
-    const int was_enabled = PyGC_Disable();
-    ~GcPause() {
-        if (was_enabled) PyGC_Enable();
-    }
-#endif
-};
-
-// Output buffers handed back to the tokenizer when their numpy arrays die, so the next batch
-// writes into memory whose pages are already mapped: fresh multi-MB arrays cost more in page
-// faults and kernel zeroing than the tokenization that fills them. Holds at most kMaxBytes.
-class BufferPool {
- public:
-    static constexpr size_t kMaxBytes = size_t{64} << 20;
-    void* get(size_t n) {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            size_t best = free_.size();
-            for (size_t i = 0; i < free_.size(); ++i)
-                if (free_[i].second >= n && free_[i].second <= 2 * n + 4096 &&
-                    (best == free_.size() || free_[i].second < free_[best].second))
-                    best = i;
-            if (best < free_.size()) {
-                void* p = free_[best].first;
-                held_ -= free_[best].second;
-                free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-                return p;
-            }
-        }
-        void* p = std::malloc(n ? n : 1);
-        if (!p) throw std::bad_alloc();
-        return p;
-    }
-    void put(void* p, size_t n) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (n < (size_t{1} << 16) || held_ + n > kMaxBytes) {
-            std::free(p);
-            return;
-        }
-        free_.emplace_back(p, n);
-        held_ += n;
-    }
-    ~BufferPool() {
-        for (auto& f : free_) std::free(f.first);
-    }
-
- private:
-    std::mutex mu_;
-    std::vector<std::pair<void*, size_t>> free_;
-    size_t held_ = 0;
-};
-
-// An int64 numpy array whose memory comes from (and returns to) the pool.
-py::array_t<int64_t> pooled_array(const std::shared_ptr<BufferPool>& pool, const std::vector<py::ssize_t>& shape) {
-    size_t count = 1;
-    for (py::ssize_t d : shape) count *= static_cast<size_t>(d);
-    const size_t bytes = count * sizeof(int64_t);
-    struct Holder {
-        std::shared_ptr<BufferPool> pool;
-        void* data;
-        size_t bytes;
-    };
-    auto* h = new Holder{pool, pool->get(bytes), bytes};
-    py::capsule owner(h, [](void* p) {
-        auto* holder = static_cast<Holder*>(p);
-        holder->pool->put(holder->data, holder->bytes);
-        delete holder;
-    });
-    return py::array_t<int64_t>(shape, static_cast<int64_t*>(h->data), owner);
-}
 
 // A str of a batch whose UTF-8 bytes are made without the GIL: segment seg of the batch, and what
 // names it in an error (a text or a text_pair, its item and word). A batch's pending strs are in
@@ -287,16 +139,12 @@ class PyTokenizer {
         } catch (const std::invalid_argument& e) {
             throw py::value_error(e.what());
         }
-        try {
-            ints_.reset(new IntTable(std::max<size_t>(tok_->vocab().size(), 65536)));
-        } catch (const PythonError&) {
-            throw py::error_already_set();
-        }
+        outputs_.reset(new Outputs(std::max<size_t>(tok_->vocab().size(), 65536)));
     }
 
     // (out, widest row): the outputs as a dict, and the longest row's length (the long-sequence notice).
     py::tuple encode_batch(py::object texts, py::object pairs, const EncodeOptions& o) {
-        StageClock clock;
+        StageClock clock(stage_ns_);
         // This thread's input and row buffers, reused from its last batch (about 20 allocations
         // less per call: most of the C++ cost of one short text); a fresh set if they are in use
         // (a call made again from inside this one, by a finalizer the GC ran).
@@ -348,7 +196,7 @@ class PyTokenizer {
             }
         }
         std::vector<Rows>& rows = ws.rows;
-        clock.mark(stage_ns_, kInputs);
+        clock.mark(kInputs);
         size_t bytes = 0;
         for (const std::string_view& seg : in.segs) bytes += seg.size();
         // a short input is encoded in about the time that releasing and taking back the GIL takes
@@ -359,50 +207,7 @@ class PyTokenizer {
         ws.utf8.resize(ws.pending.size());
         if (!ws.pending.empty())
             hooks.prepare = [&ws, &bad_text](size_t begin, size_t end) { return to_utf8(ws, begin, end, bad_text); };
-        // Padded arrays whose shape is known before encoding (padding="max_length", rows cut to
-        // fit, one row per item) are filled by the thread that encoded each chunk, right after it and
-        // while its rows are in that core's cache, not in a second parallel pass after the batch.
-        py::dict out;
-        const bool fill_early = o.numpy && !o.packed && !o.overflow && !o.words &&
-                                o.padding == Padding::kMaxLength && o.truncation != Truncation::kNone;
-        const size_t early_width = fill_early ? padded_width(o, 0) : 0;
-        PadOut early;
-        if (fill_early) {
-            early = padded_arrays(n, early_width, o, out);
-            hooks.encoded = [&early, early_width, &o](const Rows& rs) {
-                if (rs.rows()) fill_padded_rows(rs, static_cast<size_t>(rs.item[0]), early_width, o, early);
-            };
-            clock.mark(stage_ns_, kOutputGil);
-        }
-        // Lists whose shape is known before encoding (one row per item, a fixed width) are built
-        // chunk by chunk on this thread, with the GIL taken back for each chunk, while the pool
-        // encodes the chunks after it: building them was the largest serial step of a batch.
-        std::unique_ptr<ListBuilder> builder;
-        if (!o.packed && !o.numpy && !o.overflow && o.padding != Padding::kLongest) {
-            const size_t width = o.padding == Padding::kMaxLength ? padded_width(o, 0) : 0;
-            try {
-                check_cells(n, width);
-                builder.reset(new ListBuilder(n, width, o, *ints_));
-            } catch (const LayoutTooLarge& e) {
-                PyErr_SetString(PyExc_MemoryError, e.what());
-                throw py::error_already_set();
-            } catch (const PythonError&) {
-                throw py::error_already_set();
-            }
-            PyThreadState* const state = PyThreadState_Get();
-            hooks.consume = [&builder, &rows, gil_released, state](size_t c) {
-                // at interpreter exit this may not return (see take_gil): nothing to undo yet
-                if (gil_released) take_gil(state);
-                try {
-                    GcPause pause;
-                    builder->add(rows[c]);
-                } catch (...) {
-                    if (gil_released) PyEval_SaveThread();
-                    throw;
-                }
-                if (gil_released) PyEval_SaveThread();
-            };
-        }
+        BatchOutput output(*outputs_, o, n, gil_released, rows, hooks, clock);
         // A lone surrogate: Python's encoder raises, with the same message as ever. It names the
         // first such str, also when another item failed too (a task's error skips later chunks,
         // so every pending str is checked then).
@@ -428,7 +233,7 @@ class PyTokenizer {
             throw py::error_already_set();
         }
         raise_bad_text(false);
-        clock.mark(stage_ns_, kEncode);
+        clock.mark(kEncode);
         Layout layout;
         try {
             layout = plan_layout(rows, o);
@@ -441,81 +246,8 @@ class PyTokenizer {
         const ParallelFor run = [&](size_t count, const std::function<void(size_t)>& fn) {
             tok_->parallel(count, o.num_threads, fn);
         };
-        clock.mark(stage_ns_, kLayout);
-        if (o.packed) {
-            pack(rows, layout, o, run, out);
-        } else if (fill_early && layout.rect) {
-            // filled while encoding (a row longer than the width, e.g. max_length below the
-            // special tokens' count, leaves the layout ragged: the lists below then)
-        } else if (o.numpy && layout.rect && !o.words) {
-            const PadOut po = padded_arrays(layout.rows, layout.width, o, out);
-            clock.mark(stage_ns_, kOutputGil);
-            without_gil([&] { fill_padded(rows, layout, o, po, run); });
-            clock.mark(stage_ns_, kOutputThreads);
-        } else if (builder) {
-            if (builder->filled() != layout.rows)
-                throw std::logic_error("fastbert: " + std::to_string(layout.rows) + " rows, " +
-                                       std::to_string(builder->filled()) + " of them as lists");
-            put_lists(builder->lists(), out);
-        } else {
-            out = py::dict();  // without the arrays filled early, when the rows did not fit them
-            lists(rows, layout, o, out);
-        }
-        clock.mark(stage_ns_, kOutputGil);
-        if (o.length) {
-            py::list lengths(layout.rows);
-            size_t k = 0;
-            const size_t width = o.padding != Padding::kNone ? layout.width : 0;
-            for (const Rows& rs : rows)
-                for (size_t r = 0; r < rs.rows(); ++r) lengths[k++] = int_obj(std::max(rs.len(r), width));
-            out[keys_.length] = lengths;
-        }
-        if (o.words) {  // alignment: which windows of A and B each row holds, and A's token count
-            py::list windows(layout.rows);
-            size_t k = 0;
-            for (const Rows& rs : rows)
-                for (size_t r = 0; r < rs.rows(); ++r)
-                    windows[k++] = py::make_tuple(int_obj(rs.window[3 * r]), int_obj(rs.window[3 * r + 1]),
-                                                  int_obj(rs.window[3 * r + 2]));
-            out[keys_.windows] = windows;
-        }
-        if (o.overflow) {
-            py::list mapping(layout.rows);
-            size_t k = 0;
-            for (const Rows& rs : rows)
-                for (size_t r = 0; r < rs.rows(); ++r) mapping[k++] = int_obj(rs.item[r]);
-            out[keys_.overflow_to_sample_mapping] = mapping;
-        }
-        clock.mark(stage_ns_, kExtras);
-        return py::make_tuple(out, layout.widest);
-    }
-
-    // The padded int64 arrays the options ask for, rows x width (offsets rows x width x 2), put in out.
-    PadOut padded_arrays(size_t rows, size_t width, const EncodeOptions& o, py::dict& out) {
-        try {
-            check_cells(rows, width);
-        } catch (const LayoutTooLarge& e) {
-            PyErr_SetString(PyExc_MemoryError, e.what());
-            throw py::error_already_set();
-        }
-        size_t bytes = 0;
-        auto mk = [&](bool want, const py::str& key, bool pairs2 = false) -> int64_t* {
-            if (!want) return nullptr;
-            std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(width)};
-            if (pairs2) shape.push_back(2);
-            py::array_t<int64_t> a = pooled_array(pool_, shape);
-            out[key] = a;
-            bytes += static_cast<size_t>(a.nbytes());
-            return a.mutable_data();
-        };
-        PadOut po;
-        po.ids = mk(true, keys_.input_ids);
-        po.type_ids = mk(o.type_ids, keys_.token_type_ids);
-        po.attention = mk(o.attention_mask, keys_.attention_mask);
-        po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
-        po.offsets = mk(o.offsets, keys_.offset_mapping, true);
-        po.stream = bytes >= kStreamBytes;
-        return po;
+        clock.mark(kLayout);
+        return py::make_tuple(output.finish(layout, run, clock), layout.widest);
     }
 
     // The stages' CPU seconds summed since the last call (empty unless built with
@@ -590,67 +322,6 @@ class PyTokenizer {
     }
 
  private:
-    py::object int_obj(size_t v) const {
-        try {
-            return py::reinterpret_steal<py::object>(ints_->new_ref(v));
-        } catch (const PythonError&) {
-            throw py::error_already_set();
-        }
-    }
-
-    // Packed output: 1-D arrays of every row's real tokens back to back, cu_seqlens and max_seqlen.
-    void pack(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, const ParallelFor& run,
-              py::dict& out) {
-        const std::vector<py::ssize_t> flat{static_cast<py::ssize_t>(layout.tokens)};
-        auto mk = [&](bool want, const py::str& key, std::vector<py::ssize_t> shape = {}) -> int64_t* {
-            if (!want) return nullptr;
-            py::array_t<int64_t> a = pooled_array(pool_, shape.empty() ? flat : shape);
-            out[key] = a;
-            return a.mutable_data();
-        };
-        PackedOut po;
-        po.ids = mk(true, keys_.input_ids);
-        po.type_ids = mk(o.type_ids, keys_.token_type_ids);
-        po.position_ids = mk(true, keys_.position_ids);
-        po.special = mk(o.special_tokens_mask, keys_.special_tokens_mask);
-        po.offsets = mk(o.offsets, keys_.offset_mapping, {static_cast<py::ssize_t>(layout.tokens), 2});
-        py::array_t<int32_t> cu(static_cast<py::ssize_t>(layout.rows + 1));
-        po.cu_seqlens = cu.mutable_data();
-        try {
-            without_gil([&] { fill_packed(rows, po, run); });
-        } catch (const LayoutTooLarge& e) {
-            PyErr_SetString(PyExc_MemoryError, e.what());
-            throw py::error_already_set();
-        }
-        out[keys_.cu_seqlens] = cu;
-        out[keys_.max_seqlen] = int_obj(layout.widest);
-    }
-
-    void lists(const std::vector<Rows>& rows, const Layout& layout, const EncodeOptions& o, py::dict& out) {
-        // Thousands of new lists would trigger the cyclic GC again and again while we build
-        // them; none of them can be part of a cycle, so pause it for the duration.
-        GcPause pause;
-        try {
-            ListBuilder b(layout.rows, layout.width, o, *ints_);
-            for (const Rows& rs : rows) b.add(rs);
-            put_lists(b.lists(), out);
-        } catch (const PythonError&) {
-            throw py::error_already_set();
-        }
-    }
-
-    void put_lists(const RowLists& l, py::dict& out) {
-        auto put = [&](const py::str& key, PyObject* v) {
-            if (v) out[key] = py::reinterpret_borrow<py::object>(v);
-        };
-        put(keys_.input_ids, l.ids);
-        put(keys_.token_type_ids, l.type_ids);
-        put(keys_.attention_mask, l.attention);
-        put(keys_.special_tokens_mask, l.special);
-        put(keys_.offset_mapping, l.offsets);
-        put(keys_.word_ids, l.words);
-    }
-
     // "batch item 3" / "text_pair item 3" or, for a pre-split word (word >= 0), "word 2 of batch item 3";
     // made only on error
     static std::string where(bool pair, size_t index, long word) {
@@ -789,19 +460,11 @@ class PyTokenizer {
     static thread_local Workspace workspace_;
 
     std::unique_ptr<Tokenizer> tok_;
-    std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
-    std::unique_ptr<IntTable> ints_;
-    // output keys, made (and hashed) once instead of per call
-    struct Keys {
-        py::str input_ids{"input_ids"}, token_type_ids{"token_type_ids"}, attention_mask{"attention_mask"},
-            special_tokens_mask{"special_tokens_mask"}, offset_mapping{"offset_mapping"}, word_ids{"word_ids"},
-            length{"length"}, windows{"windows"}, overflow_to_sample_mapping{"overflow_to_sample_mapping"},
-            position_ids{"position_ids"}, cu_seqlens{"cu_seqlens"}, max_seqlen{"max_seqlen"};
-    } keys_;
+    std::unique_ptr<Outputs> outputs_;
     static constexpr size_t kReleaseGilBytes = 2048;
     size_t base_size_ = 0;  // distinct tokens of the vocabulary file (HF's vocab_size)
     size_t base_ids_ = 0;   // its lines
-    std::array<double, kStages> stage_ns_{};  // with FASTBERT_STAGE_TIMES (one caller at a time)
+    StageTimes stage_ns_{};  // with FASTBERT_STAGE_TIMES (one caller at a time)
 };
 
 thread_local PyTokenizer::Workspace PyTokenizer::workspace_;

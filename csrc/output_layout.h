@@ -1,5 +1,5 @@
 // Output layout: the shape of a batch's outputs (padded rows or packed sequences) and the loops
-// that write the rows into flat buffers. Pure C++; bindings.cpp allocates the buffers.
+// that write the rows into flat buffers. Pure C++; py_outputs.cpp allocates the buffers.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The list outputs of encode_batch (rows as Python lists of ints), with the Python C API only
-// (pybind11 stays in bindings.cpp). Call with the GIL held.
+// (no pybind11). Call with the GIL held.
 #pragma once
 #include <Python.h>
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harness against the C++ core (every csrc/*.cpp but the Python-facing
-# bindings.cpp and py_lists.cpp) with AddressSanitizer + UndefinedBehaviorSanitizer.  Usage: csrc/fuzz/build.sh [OUT_DIR]
+# bindings.cpp and py_*.cpp) with AddressSanitizer + UndefinedBehaviorSanitizer.  Usage: csrc/fuzz/build.sh [OUT_DIR]
 # Output: OUT_DIR/fuzz_tokenizer (default OUT_DIR: build/fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build/fuzz}
 mkdir -p "$out"
 CXX=${CXX:-clang++}
-srcs=$(ls csrc/*.cpp | grep -v -e '/bindings\.cpp$' -e '/py_lists\.cpp$' | sort)
+srcs=$(ls csrc/*.cpp | grep -v -e '/bindings\.cpp$' -e '/py_[a-z_]*\.cpp$' | sort)
 # -O1 -g: readable stacks at a useful speed; UB aborts (no recover) so libFuzzer records it.
 flags="-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -Icsrc -pthread"

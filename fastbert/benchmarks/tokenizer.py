@@ -705,6 +705,9 @@ def format_scaling(rows: list[dict]) -> str:
         busy = f"{r['busy']:.0%}" if r.get("busy") else "-"
         lines.append(f"{r['text']:<13}{r['path']:<10}{r['threads']:>4}  {how:<14}{mbs:>9}{vs:>13}{ms:>9}{tasks:>10}"
                      f"{busy:>6}{serial:>12}{bound:>14}  {stages}")
+    if rows and not any("stages" in r for r in rows):
+        lines.append("stages, serial CPU, Amdahl bound: not measured, this build of the extension has no stage timers "
+                     "(a bench build has them: FASTBERT_STAGE_TIMES=1 pip install --no-build-isolation -e .)")
     top = max((r for r in rows if "machine ceiling" in r), key=lambda r: r["threads"], default=None)
     if top:
         low, high = top["machine ceiling range"]

@@ -315,10 +315,10 @@ tok(lines[:256], padding=True)  # the pool is running
 
 # Python 3.11/3.12 end a daemon thread that asks for the GIL during finalization with pthread_exit;
 # that forced unwind used to cross gil_scoped_release's noexcept destructor and abort the process
-# (exit -6). bindings.cpp released the GIL without RAII since; "daemon_busy" is the regression test.
+# (exit -6). fastbert._C released the GIL without RAII since; "daemon_busy" is the regression test.
 # The unwind then still released the call's Python objects (the lists built so far) without the GIL
 # while the interpreter was torn down: "daemon_busy_lists" crashed (exit -11) in most runs once the
-# tokenizer alone no longer imported torch. bindings.cpp's take_gil parks such a thread instead.
+# tokenizer alone no longer imported torch. csrc/py_gil.h's take_gil parks such a thread instead.
 
 
 @pytest.mark.parametrize("tail", [

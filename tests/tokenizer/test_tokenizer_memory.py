@@ -56,7 +56,7 @@ def chunks(total_mb, chunk_mb, seed=0, tag="zq"):
 
 
 def test_stream_in_chunks_keeps_rss_bounded(tok):
-    # By design the tokenizer keeps up to 64 MB of freed output buffers for reuse (bindings.cpp
+    # By design the tokenizer keeps up to 64 MB of freed output buffers for reuse (csrc/py_outputs.cpp
     # BufferPool) and a few MB of chunk caches per thread. Fill the buffer pool first with padded
     # batches of many sizes (short texts: cheap), so the stream below measures leaks, not the pool.
     before = rss_bytes()
