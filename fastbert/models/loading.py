@@ -10,6 +10,7 @@ from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
+from transformers.utils import logging as hf_logging
 
 from fastbert.models.hf_arguments import config_arguments, device_argument, dtype_argument, resolve_dtype
 
@@ -162,10 +163,11 @@ class CheckpointIO:
         if ignore_mismatched_sizes:
             resized = [k for k in state if k in expected and not is_encoder(k)
                        and tuple(state[k].shape) != tuple(expected[k].shape)]
-            if resized:
-                logger.warning("%s: %s weights of another shape than the checkpoint's, initialised afresh "
-                               "(ignore_mismatched_sizes=True): %s", source, type(self).__name__,
-                               ", ".join(f"{k} {_fmt_shape(state[k])} -> {_fmt_shape(expected[k])}" for k in resized))
+            if resized:   # reported where transformers reports it, in its words
+                hf_logging.get_logger("transformers.modeling_utils").warning(
+                    "%s: %s weights initialised afresh (ignore_mismatched_sizes=True): %s", source, type(self).__name__,
+                    ", ".join(f"{k}: Reinit due to size mismatch - ckpt: {_fmt_shape(state[k])} vs model: "
+                              f"{_fmt_shape(expected[k])}" for k in resized))
                 state = {k: v for k, v in state.items() if k not in resized}
 
         unexpected = [k for k in state if k not in expected]

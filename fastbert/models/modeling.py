@@ -48,7 +48,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3
 
 
 def attn_implementation(config, where: str) -> str:
-    """The config's attention implementation, checked; "sdpa" when unset (transformers' default)."""
+    """The config's attention implementation, checked; "sdpa" (fused) when unset."""
     name = getattr(config, "_attn_implementation", None) or "sdpa"
     if name not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"{where}: attn_implementation={name!r} is not one fastbert runs; use one of "
@@ -92,7 +92,7 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
         self.config = config
         self.name_or_path = getattr(config, "name_or_path", "")   # transformers': where it was loaded from
         self.dims = resolve(config)
-        config._attn_implementation_internal = attn_implementation(config, type(self).__name__)
+        attn_implementation(config, type(self).__name__)   # checked, not written: the config may be transformers' too
         self.gradient_checkpointing = False
         self._checkpoint_options = ({"use_reentrant": False}, 1, False)  # (checkpoint kwargs, every n, offload)
 
@@ -113,6 +113,9 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
         if getattr(self.config, "gradient_checkpointing", False):
             self.activation_checkpointing_enable()
             delattr(self.config, "gradient_checkpointing")
+        # transformers' tensor / expert / pipeline / FSDP plans name modules to shard; fastbert's fused
+        # layers have none (read by transformers' distributed code and tests)
+        self._tp_plan, self._ep_plan, self._pp_plan, self._fsdp_plan = {}, {}, {}, {}
 
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' per-module initialisation hook (its init_weights calls it on every module)."""

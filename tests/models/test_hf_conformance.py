@@ -9,6 +9,8 @@ import pytest
 import torch
 import transformers as T
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as hf_logging
 
 import fastbert
 import fastbert.models as fm
@@ -101,8 +103,10 @@ def test_shape_mismatch_is_a_runtime_error_unless_ignored(saved_classifier):
     path, _ = saved_classifier
     with pytest.raises(RuntimeError, match="shape mismatch: classifier.weight"):
         fm.BertForSequenceClassification.from_pretrained(path, num_labels=5)
-    model, info = fm.BertForSequenceClassification.from_pretrained(path, num_labels=5, ignore_mismatched_sizes=True,
-                                                                   output_loading_info=True)
+    with CaptureLogger(hf_logging.get_logger("transformers.modeling_utils")) as log:   # where transformers reports it
+        model, info = fm.BertForSequenceClassification.from_pretrained(path, num_labels=5, output_loading_info=True,
+                                                                       ignore_mismatched_sizes=True)
+    assert "classifier.weight: Reinit due to size mismatch - ckpt: (3, 32) vs model: (5, 32)" in log.out
     assert model.classifier.weight.shape == (5, 32) and info["mismatched_keys"] == {"classifier.weight",
                                                                                     "classifier.bias"}
 
@@ -183,6 +187,7 @@ def test_transformers_model_attributes():
     assert model._tied_weights_keys == {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
                                         "cls.predictions.decoder.bias": "cls.predictions.bias"}
     assert model._tied_weights_keys == T.BertForMaskedLM._tied_weights_keys
+    assert model.tp_plan == {}                        # fused layers: nothing for tensor parallelism to shard
     distil = fm.DistilBertForQuestionAnswering(T.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4,
                                                                   hidden_dim=37))
     assert distil.get_position_embeddings() is distil.distilbert.embeddings.position_embeddings
@@ -203,3 +208,6 @@ def test_attn_implementation_names():
     torch.testing.assert_close(out.last_hidden_state, sdpa(**batch()).last_hidden_state, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="attn_implementation"):
         fm.BertModel(bert_config(attn_implementation="no_such_attention"))
+    config = bert_config()
+    fm.BertModel(config)
+    assert config._attn_implementation is None, "the config (maybe a transformers model's too) was changed"
