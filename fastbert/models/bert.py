@@ -9,13 +9,14 @@ to an existing transformers model:
 
 Differences from transformers, by design: the encoder runs on packed real tokens, so padding rows
 of last_hidden_state / hidden_states are zeros (transformers fills them with values computed on
-pad tokens), and per-token head outputs at padding positions are the head applied to zeros. Losses
-that only read real positions (MLM / token labels -100 at padding, sequence and multiple-choice
-classification with right padding: with left padding their position 0 is a pad token, zeros here) equal
-transformers'; question answering's loss equals it without padding (with
-padding transformers' softmax also spans the padding positions' logits). output_attentions=True
-takes an unfused attention path (probabilities materialised; rows of padded queries are not
-meaningful).
+pad tokens), and per-token head outputs at padding positions are the head applied to zeros. So the
+losses leave padded positions out (fastbert.models.heads): MLM and token labels there are ignored,
+and question answering's softmax spans the real positions only (a padded position's logit would be the
+head's bias, which training cannot push down). They equal transformers' when the labels at padding are
+-100 (MLM, token classification) or there is no padding (question answering); sequence and
+multiple-choice classification read position 0, which with left padding is a pad token, zeros here.
+output_attentions=True (or attn_implementation="eager") takes an unfused attention path
+(probabilities materialised; rows of padded queries are not meaningful).
 """
 from typing import List
 
