@@ -5,6 +5,7 @@ output_layer_norm), no token type embeddings, no pooler. Names are transformers'
 
 works both ways. forward() takes token_type_ids and ignores them, as transformers' does.
 """
+import dataclasses
 from typing import List
 
 import torch
@@ -93,6 +94,27 @@ class DistilBertModel(EncoderModel):
         """transformers' accessor (DistilBERT's alone): the position table."""
         return self.embeddings.position_embeddings
 
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        """transformers' DistilBERT resize: the position table gets that many rows and
+        config.max_position_embeddings follows; old rows are kept, new ones initialised (a sinusoidal
+        table is computed for the new length)."""
+        n, old = int(new_num_position_embeddings), self.embeddings.position_embeddings
+        if n < 1:
+            raise ValueError(f"new_num_position_embeddings must be at least 1, got {n}")
+        if n == old.num_embeddings:
+            return
+        new = nn.Embedding(n, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype)
+        self.embeddings.position_embeddings = new
+        self.init_weights([new])                      # a sinusoidal table is filled here, as at construction
+        if not getattr(self.config, "sinusoidal_pos_embds", False):
+            with torch.no_grad():
+                keep = min(n, old.num_embeddings)
+                new.weight[:keep] = old.weight[:keep]
+        new.weight.requires_grad_(old.weight.requires_grad)
+        new._is_hf_initialized = True
+        self.config.max_position_embeddings = n
+        self.dims = dataclasses.replace(self.dims, max_position_embeddings=n)
+
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)
 
@@ -105,6 +127,10 @@ class _DistilBertHead:
 
     def get_position_embeddings(self) -> nn.Embedding:
         return self.distilbert.get_position_embeddings()
+
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        self.distilbert.resize_position_embeddings(new_num_position_embeddings)
+        self.dims = self.distilbert.dims
 
 
 class DistilBertForMaskedLM(_DistilBertHead, MaskedLMModel):

@@ -87,7 +87,8 @@ class CheckpointIO:
             if adapted is not None:
                 return adapted
             source = directory
-        if config is None:
+        loaded_config = config is None
+        if loaded_config:
             config = load_config(os.path.join(directory, "config.json"))
             # as transformers records it (peft writes it into a saved adapter as its base model)
             config.name_or_path = str(pretrained_model_name_or_path)
@@ -95,6 +96,8 @@ class CheckpointIO:
             state_dict = load_state(directory)
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
+        elif loaded_config and config._attn_implementation is None:
+            config._attn_implementation = "sdpa"      # a config of its own: named as transformers names its default
         init_kwargs = config_arguments(cls, config, kwargs)
         model, info = cls._from_state_dict_reporting(config, state_dict, dtype=dtype, device=device, source=source,
                                                      backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,

@@ -193,6 +193,23 @@ def test_transformers_model_attributes():
     assert distil.get_position_embeddings() is distil.distilbert.embeddings.position_embeddings
 
 
+@pytest.mark.parametrize("sinusoidal", [False, True])
+def test_distilbert_resize_position_embeddings(sinusoidal):
+    config = T.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4, hidden_dim=37,
+                                max_position_embeddings=20, sinusoidal_pos_embds=sinusoidal)
+    model = fm.DistilBertForQuestionAnswering(config)
+    rows = model.get_position_embeddings().weight.clone()
+    model.resize_position_embeddings(30)
+    table = model.get_position_embeddings().weight
+    assert table.shape == (30, 32) and model.config.max_position_embeddings == 30
+    assert torch.equal(table[:20], rows)
+    if sinusoidal:   # the longer table is the one transformers computes for that length
+        want = T.DistilBertModel(T.DistilBertConfig(**{**config.to_dict(), "max_position_embeddings": 30}))
+        torch.testing.assert_close(table, want.embeddings.position_embeddings.weight, rtol=0, atol=1e-6)
+    ids = torch.randint(3, 99, (1, 25))                # longer than before: accepted now
+    assert model(input_ids=ids).start_logits.shape == (1, 25)
+
+
 # ---- 10: attention implementation names --------------------------------------------------------------------
 def test_attn_implementation_names():
     torch.manual_seed(0)
@@ -211,3 +228,10 @@ def test_attn_implementation_names():
     config = bert_config()
     fm.BertModel(config)
     assert config._attn_implementation is None, "the config (maybe a transformers model's too) was changed"
+
+
+def test_loaded_model_names_its_attention_as_transformers(saved_classifier):
+    path, _ = saved_classifier
+    assert fm.BertForSequenceClassification.from_pretrained(path).config._attn_implementation == "sdpa"
+    eager = fm.BertForSequenceClassification.from_pretrained(path, attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
