@@ -1,6 +1,7 @@
-"""Small launcher helpers shared by the kernel files: 2-D views and grid sizing."""
+"""Small helpers shared by the kernel files: 2-D views, grid sizing, and the dropout mask."""
 import torch
 import triton
+import triton.language as tl
 
 
 def as_2d(t: torch.Tensor, n_cols: int) -> torch.Tensor:
@@ -21,3 +22,16 @@ def split_rows(n_rows: int, device: torch.device):
     n_prog = row_programs(n_rows, device)
     rows_per_program = triton.cdiv(n_rows, n_prog)
     return triton.cdiv(n_rows, rows_per_program), rows_per_program
+
+
+@triton.jit
+def dropout_keep(seed, c0, c1, p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) dropout keep mask (uniform >= p) from one Philox4x32-10 call per four columns:
+    c0 (BLOCK_M, BLOCK_N // 4) and c1 (broadcastable) int32 counters name each group of four columns,
+    whose uniforms are the call's four outputs. Counters, not a flat element index: no int32 product
+    that a large tensor would overflow, and no 64-bit Philox."""
+    zero = tl.zeros_like(c0)
+    r0, r1, r2, r3 = tl.philox(seed, c0, zero + c1, zero, zero)
+    u = tl.join(tl.join(tl.uint_to_uniform_float(r0), tl.uint_to_uniform_float(r1)),
+                tl.join(tl.uint_to_uniform_float(r2), tl.uint_to_uniform_float(r3)))
+    return tl.reshape(u, (BLOCK_M, BLOCK_N)) >= p

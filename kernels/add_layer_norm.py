@@ -11,8 +11,9 @@
 # would be, e.g. fp32 for an fp16 x and an fp32 residual stream under autocast); math in fp32.
 # dw and db are deterministic: each backward program sums its rows into its own row of an
 # (n_programs, N) fp32 buffer and the launcher adds those rows in a fixed order (no atomics).
-# Dropout draws keep = rand(seed, row * N + col) >= p from Triton's counter-based Philox generator,
-# so the backward regenerates the same mask from the seed instead of storing it. The seed is read
+# Dropout draws keep = u >= p, u the (col % 4)-th output of Philox4x32-10(seed, counter (col // 4, row))
+# (one call per four elements, no row * N product to overflow), so the backward regenerates the same
+# mask from the seed instead of storing it. The seed is read
 # from a one-element int64 device tensor, so a call needs no host value (CUDA graphs capture it).
 # Inference skips the stores the backward alone reads (mean, rstd: STORE_STATS=False).
 # Reference: Ba, Kiros & Hinton, "Layer Normalization" (arXiv:1607.06450); Triton tutorial 05.
@@ -21,9 +22,15 @@ import triton
 import triton.language as tl
 
 from fastbert.kernels._autotune import TunedKernel
-from fastbert.kernels._common import as_2d, split_rows
+from fastbert.kernels._common import as_2d, dropout_keep, split_rows
 
 MAX_N = 8192
+
+
+@triton.jit
+def _keep(seed_ptr, rows, p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    groups = tl.arange(0, BLOCK_N // 4)
+    return dropout_keep(tl.load(seed_ptr), groups[None, :] + rows[:, None] * 0, rows[:, None], p, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -51,8 +58,7 @@ def _add_layer_norm_fwd_kernel(
     rows64 = rows.to(tl.int64)[:, None]
     s = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if DROPOUT:
-        keep = tl.rand(tl.load(seed_ptr), rows[:, None] * N + cols[None, :]) >= p
-        s = tl.where(keep, s / (1.0 - p), 0.0)
+        s = tl.where(_keep(seed_ptr, rows, p, BLOCK_M, BLOCK_N), s / (1.0 - p), 0.0)
     if HAS_RESIDUAL:
         s += tl.load(r_ptr + rows64 * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if STORE_SUM:
@@ -118,16 +124,16 @@ def _add_layer_norm_bwd_kernel(
         if STORE_DR:
             tl.store(dr_ptr + rows64 * stride_dr + cols[None, :], ds.to(dr_ptr.dtype.element_ty), mask=mask)
         if DROPOUT:
-            keep = tl.rand(tl.load(seed_ptr), rows[:, None] * N + cols[None, :]) >= p
-            ds = tl.where(keep, ds / (1.0 - p), 0.0)
+            ds = tl.where(_keep(seed_ptr, rows, p, BLOCK_M, BLOCK_N), ds / (1.0 - p), 0.0)
         tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
-    tl.store(dwp_ptr + pid * N + cols, dw, mask=col_ok)
-    tl.store(dbp_ptr + pid * N + cols, db, mask=col_ok)
+    part = pid.to(tl.int64) * N
+    tl.store(dwp_ptr + part + cols, dw, mask=col_ok)
+    tl.store(dbp_ptr + part + cols, db, mask=col_ok)
 
 
 def _configs():
     return [triton.Config({"BLOCK_M": m}, num_warps=w)
-            for m in (64, 16, 4, 1) for w in (4, 8)]  # few configs: each one compiles on the first call
+            for m in (64, 16, 4, 1) for w in (4, 8, 16)]  # few configs: each one compiles on the first call
 
 
 def _prune(max_elems):
@@ -138,8 +144,9 @@ def _prune(max_elems):
                 and 256 <= c.kwargs["BLOCK_M"] * block_n // c.num_warps <= 2048]
         if not keep:  # tiny rows: fall back to the biggest allowed tile
             keep = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems]
-        # largest tile per warp first: the interpreter runs the first config only
-        return sorted(keep, key=lambda c: -c.kwargs["BLOCK_M"] * block_n // c.num_warps)
+        # the default (first) config: 512 elements per warp (16 per thread) or the nearest, fewer warps
+        # first; the largest tile per warp first spilled at N = 8192. A GPU times the rest.
+        return sorted(keep, key=lambda c: (abs(c.kwargs["BLOCK_M"] * block_n // c.num_warps - 512), c.num_warps))
     return prune
 
 
@@ -190,7 +197,7 @@ def add_layer_norm_fwd(x, residual, weight, bias, eps: float, store_sum: bool = 
     rstd = torch.empty_like(mean)
     if n_rows > 0:
         has_res, dropout = residual is not None, dropout_p > 0
-        block_n = triton.next_power_of_2(n)
+        block_n = max(4, triton.next_power_of_2(n))   # dropout draws four columns at a time
         key = (n, has_res, store_sum, dropout, store_stats, x.dtype, r2.dtype, w.dtype, b.dtype)
         grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)  # noqa: E731
         _fwd.launch(key, grid, y, s, mean if store_stats else y, rstd if store_stats else y, x2, r2, w, b,
@@ -232,5 +239,5 @@ def add_layer_norm_bwd(dy, s, weight, mean, rstd, dsum=None, dropout_p: float = 
     _bwd.launch(key, lambda meta: (n_prog,), dx, dr, dw_partial, db_partial, dy2, ds2, s2, w, mean, rstd,
                 n_rows, n, dx.stride(0), dr.stride(0), dy2.stride(0), ds2.stride(0), s2.stride(0),
                 rows_per_program, dropout_p, seed if dropout else s2, HAS_DSUM=dsum is not None,
-                DROPOUT=dropout, STORE_DR=store_dr, BLOCK_N=triton.next_power_of_2(n))
+                DROPOUT=dropout, STORE_DR=store_dr, BLOCK_N=max(4, triton.next_power_of_2(n)))
     return dx.view(s.shape), dr.view(s.shape), dw_partial.sum(0), db_partial.sum(0)

@@ -14,8 +14,12 @@
 #           P = exp(S - lse) is 0 there and the row's output and gradients are exactly 0.
 # Limits: head_dim 1..128 (padded to the next power of two >= 16 with masked loads), any sequence
 # length, fp16 / bf16 / fp32 in, fp32 accumulation and statistics, output in the input dtype.
-# Dropout: keep(b, h, i, j) = philox_uniform(seed, ((b*H + h)*L + i)*L + j) >= p with L = max_seqlen;
-# kept probabilities are scaled by 1/(1-p). The backward regenerates the same mask from the seed, which
+# fp32 products: TF32 tensor cores when torch.backends.cuda.matmul.allow_tf32 is set (as torch's own
+# matmuls), else 3xTF32 (split operands, fp32 accuracy, still tensor cores): never "ieee", which
+# lowers tl.dot to unrolled FMAs that spill. fp32 has config lists of its own that fit in shared memory.
+# Dropout: keep(b, h, i, j) = u >= p, u the (j % 4)-th uniform of Philox4x32-10(seed, counter
+# (i * ceil(L / 4) + j // 4, b*H + h)), L = max_seqlen: one Philox call per four scores, whatever the
+# tile shape; kept probabilities are scaled by 1/(1-p). The backward regenerates the same mask from the seed, which
 # the kernels read from a one-element int64 device tensor (no host value per call: CUDA graphs capture
 # a training step). Inference skips the lse store (STORE_LSE=False): only the backward reads it.
 # Backward (deterministic, no atomics): delta = rowsum(dO * O); a dk/dv pass over key blocks and a
@@ -31,7 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fastbert.kernels._autotune import TunedKernel, gpu_compiles, launch
+from fastbert.kernels._autotune import TunedKernel, launch
+from fastbert.kernels._common import dropout_keep
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
@@ -39,31 +44,82 @@ SEQ_BUCKET_CAP = 4096
 
 
 def seq_bucket(n: int) -> int:
-    """Autotune key for a sequence length: next power of two in [16, SEQ_BUCKET_CAP]."""
+    """Autotune key for a sequence length: next power of two in [16, SEQ_BUCKET_CAP]. A symbolic length
+    (torch.compile) stays as it is: rounding it would specialise the graph on its value, and a traced
+    launch runs a fixed config anyway."""
+    if isinstance(n, torch.SymInt):
+        return n
     return min(max(16, triton.next_power_of_2(max(int(n), 1))), SEQ_BUCKET_CAP)
 
 
 def _configs(pairs):
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-               for m, n, w, s in pairs]
-    # Multi-config autotune needs a GPU driver to time configs; the interpreter gets the first one.
-    return configs if gpu_compiles() else configs[:1]
+    # all of them everywhere: TunedKernel times them on a GPU and runs the first under the interpreter
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in pairs]
 
 
 _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3),
                          (128, 128, 8, 2), (64, 64, 4, 4)])
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2),
-                         (64, 128, 8, 2), (32, 32, 4, 3)])
+                         (64, 128, 8, 2), (32, 32, 4, 3), (64, 64, 8, 2)])
+# fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at
+# head_dim 128 to fit 99 KB of shared memory)
+_FWD_CONFIGS_FP32 = _configs([(32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1),
+                              (16, 32, 4, 2), (32, 32, 8, 1), (16, 32, 4, 1)])
+_BWD_CONFIGS_FP32 = _configs([(16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (32, 32, 4, 1),
+                              (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)])
+# The config that runs untuned (interpreter, torch.compile graphs, FASTBERT_AUTOTUNE=0) per BLOCK_D where
+# the list's first one spills there (registers and spills measured with the AOT compile test, sm_89)
+_FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 128): (32, 32, 8, 1)}
+_DKDV_DEFAULT = {(2, 64): (32, 32, 4, 3), (2, 128): (32, 32, 4, 3), (4, 64): (16, 32, 8, 2), (4, 128): (16, 16, 8, 1)}
+_DQ_DEFAULT = {(2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2), (4, 64): (32, 32, 4, 2), (4, 128): (16, 32, 8, 1)}
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"]  # + argument dtypes
+
+
+def dot_precision(dtype) -> str:
+    """tl.dot's input_precision for q's dtype: fp32 through TF32 when torch allows TF32 matmuls, else
+    3xTF32 (fp32 accuracy); 16-bit inputs take tensor cores whatever is asked."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "tf32x3"
+    return "tf32"
+
+
+def shared_bytes(factor16, factor32):
+    """TunedKernel's `shared` for an attention kernel: a bound on a config's shared memory, the bytes of
+    the tiles of each pipeline stage times a factor per kernel and dtype (MMA operand copies, 3xTF32's
+    split operands), fitted to and checked against the compiler's figures by the AOT compile test."""
+    def shared(config, nargs, meta):
+        size = nargs["q_ptr"].element_size()
+        tiles = config.num_stages * (config.kwargs["BLOCK_M"] + config.kwargs["BLOCK_N"]) * meta["BLOCK_D"] * size
+        return int(tiles * (factor32 if size == 4 else factor16))
+    return shared
+
+
+def preprocess_block(block_d: int) -> int:
+    """Rows per program of the backward's preprocess (two (rows, BLOCK_D) fp32 tiles in registers: 64
+    rows of 128 spill on 4 warps)."""
+    return min(64, 4096 // block_d)
+
+
+def by_dtype(configs16, configs32, defaults=None):
+    """(configs, prune) of a kernel whose 16-bit and fp32 inputs tune over config lists of their own;
+    defaults {(element size, BLOCK_D): (BLOCK_M, BLOCK_N, warps, stages)} goes first there."""
+    def prune(configs, nargs, **meta):
+        size = nargs["q_ptr"].element_size()
+        kept = configs[len(configs16):] if size == 4 else configs[:len(configs16)]
+        first = (defaults or {}).get((size, meta["BLOCK_D"]))
+        shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+        return sorted(kept, key=lambda c: shape(c) != first)      # stable: the rest keep their order
+    return configs16 + configs32, prune
 
 
 @triton.jit
 def _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN: tl.constexpr):
-    """This program's (batch * heads index, block index, batch, head, first token, length)."""
+    """This program's (batch * heads index, block index, batch, head (int64: it multiplies strides
+    that may span all tokens), first token, length)."""
     pid_bh = tl.program_id(0)  # batch * heads on axis 0: axis 1 is limited to 65535
     pid = tl.program_id(1)
     b = pid_bh // n_heads
-    h = pid_bh % n_heads
+    h = (pid_bh % n_heads).to(tl.int64)
     if IS_VARLEN:
         start = tl.load(cu_ptr + b)
         n = tl.load(cu_ptr + b + 1) - start
@@ -96,17 +152,21 @@ def _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK: tl.constexp
 
 
 @triton.jit
-def _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p):
-    offsets = rng_base + rows[:, None].to(tl.int64) * max_seqlen + cols[None, :]
-    return tl.rand(tl.load(seed_ptr), offsets) >= dropout_p
+def _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) dropout keep mask of rows x columns [col0, col0 + BLOCK_N) of head bh (col0 a
+    multiple of 4): counters (row * ceil(max_seqlen / 4) + column // 4, bh)."""
+    groups = col0 // 4 + tl.arange(0, BLOCK_N // 4)
+    c0 = rows[:, None] * ((max_seqlen + 3) // 4) + groups[None, :]
+    return dropout_keep(tl.load(seed_ptr), c0, bh, dropout_p, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _drop_bwd(p, dp, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p, HAS_DROPOUT: tl.constexpr):
+def _drop_bwd(p, dp, seed_ptr, bh, rows, col0, max_seqlen, dropout_p, HAS_DROPOUT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(P as the forward multiplied it into V, dP through the same mask): the forward's keep mask
     regenerated from the seed, kept entries scaled by 1/(1-p), dropped ones 0."""
     if HAS_DROPOUT:
-        keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+        keep = _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
         scale_keep = 1.0 / (1.0 - dropout_p)
         p_drop = tl.where(keep, p * scale_keep, 0.0)
         dp = tl.where(keep, dp * scale_keep, 0.0)
@@ -141,15 +201,15 @@ def _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW: tl.constex
 
 
 @triton.jit
-def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, rng_base, rows, cols, max_seqlen, qk_scale, dropout_p,
-              DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, bh, rows, col0, max_seqlen, qk_scale, dropout_p,
+              DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One (rows x cols) tile of the backward: (dropped P, dS), P recomputed from the saved lse.
     col_ok: (cols,) key validity, or a (rows, cols) visibility mask (sliding window)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
     p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
     p = tl.where(col_ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    p_drop, dp = _drop_bwd(p, dp, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p, HAS_DROPOUT)
+    p_drop, dp = _drop_bwd(p, dp, seed_ptr, bh, rows, col0, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
     return p_drop, p * (dp - delta[:, None])
 
 
@@ -188,7 +248,6 @@ def _attention_fwd_kernel(
     q = _tile(_head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh), rows, n, offs_d,
               stride_qs, stride_qd, HEAD_DIM)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
-    rng_base = pid_bh.to(tl.int64) * max_seqlen * max_seqlen
     # A finite start for the running max: rows whose keys are all masked keep m finite, p = 0, l = 0.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -207,7 +266,7 @@ def _attention_fwd_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+            keep = _keep(seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -282,7 +341,6 @@ def _attention_bwd_dkdv_kernel(
               stride_vs, stride_vd, HEAD_DIM)
     qk_scale = sm_scale * 1.4426950408889634
     stat_base = pid_bh.to(tl.int64) * max_seqlen
-    rng_base = stat_base * max_seqlen
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo, hi = _window_span(pid_n * BLOCK_N, BLOCK_N, n, window, BLOCK_M, WINDOW)
@@ -294,8 +352,8 @@ def _attention_bwd_dkdv_kernel(
         do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
         lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, rng_base, rows, cols, max_seqlen,
-                               qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
+        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, pid_bh, rows, pid_n * BLOCK_N, max_seqlen,
+                               qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
@@ -334,7 +392,6 @@ def _attention_bwd_dq_kernel(
     do = _tile(_head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh), rows, n, offs_d,
                stride_ds, stride_dd, HEAD_DIM)
     stat_base = pid_bh.to(tl.int64) * max_seqlen
-    rng_base = stat_base * max_seqlen
     lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
     k_base = _head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh)
@@ -348,8 +405,8 @@ def _attention_bwd_dq_kernel(
         ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        _, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, rng_base, rows, cols, max_seqlen,
-                          qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
+        _, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, pid_bh, rows, start_n, max_seqlen,
+                          qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
     g_base = _head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
@@ -357,9 +414,12 @@ def _attention_bwd_dq_kernel(
              mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-_fwd = TunedKernel(_attention_fwd_kernel, _FWD_CONFIGS, key=_KEY + ["STORE_LSE"])
-_dkdv = TunedKernel(_attention_bwd_dkdv_kernel, _BWD_CONFIGS, key=_KEY)
-_dq = TunedKernel(_attention_bwd_dq_kernel, _BWD_CONFIGS, key=_KEY)
+_fwd = TunedKernel(_attention_fwd_kernel, *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT),
+                   key=_KEY + ["STORE_LSE"], shared=shared_bytes(1.0, 1.4))
+_dkdv = TunedKernel(_attention_bwd_dkdv_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT),
+                    key=_KEY, shared=shared_bytes(1.25, 1.75))
+_dq = TunedKernel(_attention_bwd_dq_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DQ_DEFAULT),
+                  key=_KEY, shared=shared_bytes(1.25, 1.75))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,7 +446,7 @@ class _Call:
         if self.varlen:
             if max_seqlen is None:
                 raise ValueError("varlen attention needs max_seqlen")
-            self.batch, self.max_seqlen = cu_seqlens.numel() - 1, int(max_seqlen)
+            self.batch, self.max_seqlen = cu_seqlens.numel() - 1, max_seqlen   # symbolic under torch.compile
             self.cu, self.mask, self.mstride = cu_seqlens, q, (0, 0)
         else:
             self.batch, self.max_seqlen, self.cu = q.shape[0], q.shape[1], q
@@ -408,9 +468,10 @@ class _Call:
         self.scalars = (self.heads, self.max_seqlen, float(scale), float(dropout_p), int(window or 0))
         self.meta = dict(SEQ_BUCKET=seq_bucket(self.max_seqlen), HEAD_DIM=head_dim,
                          BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                         DOT_PRECISION=dot_precision(q.dtype),
                          IS_VARLEN=self.varlen, HAS_MASK=has_mask, HAS_DROPOUT=self.dropout, WINDOW=flag)
-        self.key = (self.meta["SEQ_BUCKET"], head_dim, self.varlen, has_mask, self.dropout, flag, q.dtype)
+        self.key = (self.meta["SEQ_BUCKET"], head_dim, self.varlen, has_mask, self.dropout, flag, q.dtype,
+                    self.meta["DOT_PRECISION"])
 
     def grid(self, block):
         return lambda meta: (self.batch * self.heads, triton.cdiv(self.max_seqlen, meta[block]))
@@ -444,7 +505,7 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
     if q.numel() == 0:
         return dq, dk, dv
     delta = torch.empty_like(lse)
-    block_m = 64
+    block_m = preprocess_block(c.meta["BLOCK_D"])
     launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, block_m)),
            delta, out, do, c.cu, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
            HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=c.varlen, BLOCK_M=block_m)

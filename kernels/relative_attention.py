@@ -15,13 +15,16 @@
 # gradients are scatter-adds (fp32 atomics: several (i, j) of a tile share an index) into zeroed
 # dc2p / dp2c (tokens, heads, K) and dbias (2R + 1, heads) buffers; the caller chains them into q, k,
 # pos_key, pos_query and the table with torch GEMMs / index_add.
-# Dropout (HAS_DROPOUT) on the probabilities, exactly as fastbert.kernels.attention: keep(b, h, i, j) =
-# philox_uniform(seed, ((b*H + h)*L + i)*L + j) >= p (i, j offsets in the sequence, L = max_seqlen),
-# kept ones scaled by 1/(1-p); softmax statistics are those of the undropped P (transformers drops
+# Dropout (HAS_DROPOUT) on the probabilities, exactly as fastbert.kernels.attention (one Philox4x32
+# call per four scores, counter (i * ceil(L / 4) + j // 4, b*H + h), i, j offsets in the sequence,
+# L = max_seqlen), kept ones scaled by 1/(1-p); softmax statistics are those of the undropped P (transformers drops
 # after the softmax). The seed is a one-element int64 device tensor; the backward regenerates the
 # same mask from it, and dS, dc2p, dp2c and dbias go through it like dP.
 # Limits: head_dim <= 128, fp16 / bf16 / fp32 q, k, v (c2p, p2c, bias fp32), fp32 accumulators and
-# statistics. Each sequence has at least one key for each of its rows, so lse is finite on real rows
+# statistics; fp32 products as in fastbert.kernels.attention (TF32 or 3xTF32, never unrolled FMAs).
+# Offsets that scale with the token count are int64: c2p / p2c are transposed views whose head stride is
+# tokens * K, so h * stride_ch passes 2^31 at a few hundred thousand tokens. Each sequence has at least
+# one key for each of its rows, so lse is finite on real rows
 # (an empty sequence has no rows: nothing is written for it).
 # Reference: fastbert/ops/relative_attention.py (relative_bias_attention_padded,
 # disentangled_attention_padded); math: Dao, "FlashAttention-2" (2023); He et al., "DeBERTa" (2021).
@@ -30,11 +33,32 @@ import triton
 import triton.language as tl
 
 from fastbert.kernels._autotune import TunedKernel, launch
-from fastbert.kernels.attention import (MAX_HEAD_DIM, _attention_bwd_preprocess_kernel, _configs, _drop_bwd,
-                                        _head, _keep, _program, _strides4, _tile, seq_bucket)
+from fastbert.kernels.attention import (
+    MAX_HEAD_DIM,
+    _attention_bwd_preprocess_kernel,
+    _configs,
+    _drop_bwd,
+    _head,
+    _keep,
+    _program,
+    _strides4,
+    _tile,
+    by_dtype,
+    dot_precision,
+    preprocess_block,
+    seq_bucket,
+    shared_bytes,
+)
 
-_FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2)])
-_BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2)])
+_FWD_CONFIGS, _fwd_prune = by_dtype(
+    _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2)]),
+    _configs([(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (16, 32, 8, 1)]),
+    {(2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2), (4, 64): (32, 32, 4, 2),
+     (4, 128): (16, 32, 8, 1)})    # the first config spills there (AOT compile test, sm_89)
+# The backward is not timed (see _bwd): the first config per head-dim block always runs, so it is one
+# that fits the registers (no spills) there.
+_BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2),
+                         (16, 32, 4, 1), (32, 16, 4, 1), (16, 16, 4, 1), (16, 16, 8, 1), (16, 32, 8, 1)])
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS", "HAS_DROPOUT"]
 
 
@@ -62,13 +86,23 @@ def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr,
     return s, d, ok
 
 
+def _bwd_prune(configs, nargs, BLOCK_D, **meta):
+    """The backward's one config by dtype and head-dim block: the largest tile that neither spills nor
+    overflows 99 KB of shared memory there (measured with the AOT compile test)."""
+    fp32 = nargs["q_ptr"].element_size() == 4
+    shape = {(False, 16): (64, 64, 4, 2), (False, 32): (64, 64, 4, 2), (False, 64): (32, 32, 4, 2),
+             (False, 128): (32, 32, 8, 2), (True, 16): (32, 64, 4, 2), (True, 32): (32, 32, 4, 2),
+             (True, 64): (16, 32, 4, 1), (True, 128): (16, 16, 8, 1)}[fp32, BLOCK_D]
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == shape]
+
+
 @triton.jit
-def _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p,
-               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+def _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, bh, rows, col0, max_seqlen, dropout_p,
+               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)), P from the saved lse."""
     p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    p_drop, dp = _drop_bwd(p, dp, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p, HAS_DROPOUT)
+    p_drop, dp = _drop_bwd(p, dp, seed_ptr, bh, rows, col0, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
     return p_drop, p * (dp - delta[:, None])
 
 
@@ -103,7 +137,6 @@ def _relative_attention_fwd_kernel(
     q = _tile(_head(q_ptr, b, start64, h, 0, stride_qs, stride_qh), rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
     k_base = _head(k_ptr, b, start64, h, 0, stride_ks, stride_kh)
     v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
-    rng_base = pid_bh.to(tl.int64) * max_seqlen * max_seqlen
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -120,7 +153,7 @@ def _relative_attention_fwd_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = _keep(seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p)
+            keep = _keep(seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -168,7 +201,6 @@ def _relative_attention_bwd_kernel(
     v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
     do_base = _head(do_ptr, b, start64, h, 0, stride_ds, stride_dh)
     stat_base = pid_bh.to(tl.int64) * max_seqlen
-    rng_base = stat_base * max_seqlen
     if ROWS:
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
@@ -183,8 +215,8 @@ def _relative_attention_bwd_kernel(
             s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                                stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                                HAS_C2P, HAS_P2C, HAS_BIAS)
-            _, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, rng_base, rows, cols, max_seqlen, dropout_p,
-                               DOT_PRECISION, HAS_DROPOUT)                     # dL/ds
+            _, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p,
+                               DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)   # dL/ds
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
             if HAS_C2P:
                 idx = tl.load(lut_ptr + d, mask=ok, other=0)
@@ -209,8 +241,8 @@ def _relative_attention_bwd_kernel(
             s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                                stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                                HAS_C2P, HAS_P2C, HAS_BIAS)
-            p_drop, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, rng_base, rows, cols, max_seqlen,
-                                    dropout_p, DOT_PRECISION, HAS_DROPOUT)
+            p_drop, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, pid * BLOCK_N, max_seqlen,
+                                    dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)
             dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
             if HAS_P2C:
@@ -223,10 +255,11 @@ def _relative_attention_bwd_kernel(
         tl.store(dv_ptr + g_off, dv.to(dv_ptr.dtype.element_ty), mask=g_ok)
 
 
-_fwd = TunedKernel(_relative_attention_fwd_kernel, _FWD_CONFIGS, key=_KEY)
+_fwd = TunedKernel(_relative_attention_fwd_kernel, _FWD_CONFIGS, _fwd_prune, key=_KEY, shared=shared_bytes(1.4, 1.75))
 # dq and dk/dv programs write disjoint outputs; the scatter-adds make a re-run wrong, so no autotune
 # timing runs on the backward: it launches its first config (reset_to_zero would also work).
-_bwd = TunedKernel(_relative_attention_bwd_kernel, _BWD_CONFIGS, key=_KEY + ["ROWS"], autotune=False)
+_bwd = TunedKernel(_relative_attention_bwd_kernel, _BWD_CONFIGS, _bwd_prune, key=_KEY + ["ROWS"],
+                   shared=shared_bytes(1.5, 1.75), autotune=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,7 +278,7 @@ class _Call:
             raise ValueError("c2p / p2c need the relative index lut")
         if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
             raise ValueError("attention dropout needs a one-element int64 seed tensor")
-        self.batch, self.heads, self.max_seqlen = cu_seqlens.numel() - 1, q.shape[1], int(max_seqlen)
+        self.batch, self.heads, self.max_seqlen = cu_seqlens.numel() - 1, q.shape[1], max_seqlen  # may be symbolic
         rel = c2p if c2p is not None else p2c
         self.cstrides = tuple(rel.stride()[:2]) if rel is not None else (0, 0)
         self.ptrs = (cu_seqlens, positions, q if c2p is None else c2p, q if p2c is None else p2c,
@@ -255,8 +288,8 @@ class _Call:
         self.scalars = (self.heads, self.max_seqlen, int(radius), float(scale), float(dropout_p))
         self.meta = dict(SEQ_BUCKET=seq_bucket(self.max_seqlen), HEAD_DIM=head_dim,
                          BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **self.flags)
-        self.key = (self.meta["SEQ_BUCKET"], head_dim, *self.flags.values(), q.dtype)
+                         DOT_PRECISION=dot_precision(q.dtype), **self.flags)
+        self.key = (self.meta["SEQ_BUCKET"], head_dim, *self.flags.values(), q.dtype, self.meta["DOT_PRECISION"])
         self.bstride = (bias.stride(0),) if bias is not None else (0,)
 
     def grid(self, block):
@@ -290,9 +323,10 @@ def relative_attention_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, positi
     if q.numel() == 0:
         return dq, dk, dv, dc2p, dp2c, dbias
     delta = torch.empty_like(lse)
-    launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, 64)),
+    block_m = preprocess_block(c.meta["BLOCK_D"])
+    launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, block_m)),
            delta, out, do, cu_seqlens, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
-           HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=True, BLOCK_M=64)
+           HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=True, BLOCK_M=block_m)
     grads = (dq, dk, dv, dq if dc2p is None else dc2p, dq if dp2c is None else dp2c, dq if dbias is None else dbias)
     args = (q, k, v, do, lse, delta, *c.ptrs, *_strides4(q)[1:], *_strides4(k)[1:], *_strides4(v)[1:],
             *_strides4(do)[1:], *_strides4(dq)[1:], *c.cstrides, *c.bstride, *c.scalars)

@@ -1,4 +1,4 @@
-"""TunedKernel: the interpreter launches the first (pruned) config; a tuned key launches the chosen
+"""TunedKernel: the interpreter launches the (pruned) config with the largest blocks; a tuned key launches the chosen
 config directly, without Triton's autotuner; the chosen configs live in the TunedKernel object.
 
 Triton's autotuner cannot time configs without a GPU, so the tuned-path tests replace its run() with
@@ -32,15 +32,25 @@ def _inputs(device, dtype=torch.float32):
     return torch.empty_like(x), x
 
 
-def test_without_a_gpu_the_first_config_runs(device):
+def test_without_a_gpu_the_largest_blocks_run(device):
     if gpu_compiles():
         pytest.skip("on a GPU the kernel is autotuned; the tuned-path tests cover it")
     tuned = TunedKernel(_scale_kernel, CONFIGS, key=["N_KEY"])
-    assert tuned.tuner is None
+    assert tuned.tuner is None and tuned.autotunes()
     out, x = _inputs(device)
     tuned.launch(("k",), _grid, out, x, 100, 3.0, N_KEY=128)
-    torch.testing.assert_close(out, x * 3.0 + 1)
-    assert tuned.chosen == {("k",): CONFIGS[0].all_kwargs()}
+    torch.testing.assert_close(out, x * 3.0 + 2)                 # CONFIGS[1]: fewer interpreted programs
+    assert tuned.chosen == {("k",): CONFIGS[1].all_kwargs()}
+    assert tuned.choosable({}, {})[0] is CONFIGS[0]              # what a GPU runs untuned
+
+
+def test_shared_memory_prunes_for_the_device():
+    sizes = {32: 40_000, 64: 120_000}
+    tuned = TunedKernel(_scale_kernel, CONFIGS, key=["N_KEY"], shared=lambda c, nargs, meta: sizes[c.kwargs["BLOCK"]])
+    assert tuned.choosable({}, {}, 99 * 1024) == CONFIGS[:1]
+    assert tuned.choosable({}, {}, 227 * 1024) == CONFIGS and tuned.choosable({}, {}) == CONFIGS
+    with pytest.raises(ValueError, match="no config fits"):
+        tuned.choosable({}, {}, 30_000)
 
 
 def test_prune_chooses_the_first_config(device):
