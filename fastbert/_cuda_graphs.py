@@ -12,13 +12,16 @@ to a bucket:
 - max_seqlen -> the smallest sequence bucket >= it.
 
 Attention never crosses sequences and every other op works per token, so the real tokens' outputs
-equal the unbucketed call's; the results are sliced back to the real tokens (copied out of the
-graph's buffers, which the next replay overwrites).
+equal the unbucketed call's; the results are sliced back to the real tokens and copied out of the
+graph's buffers, which the next replay overwrites (outputs of other shapes, such as pooled ones, are
+copied whole).
 
 On CUDA a bucket's graph is captured on its first call, after `warmup` eager calls on the same
 static inputs (first-call compilation and autotuning happen there, never during capture); all graphs
 share one memory pool. A call is one host-to-device copy of a packed int32 metadata buffer
-(input ids, token types, positions, cu_seqlens) and one replay(). The graphs are dropped when the
+(input ids, token types, positions, cu_seqlens) and one replay(). Capture and replay run on the
+model's device (not whichever is current) with capture_error_mode="thread_local", so other threads'
+CUDA calls (a server's) go on during a capture. The graphs are dropped when the
 model's weights (data_ptr or _version of any parameter or buffer; data_ptr alone for inference
 tensors, which keep no version), device or dtype change.
 Elsewhere (CPU) the same bucketing runs eagerly, without graphs.
@@ -27,6 +30,7 @@ The model is anything with forward_packed(input_ids, cu_seqlens, max_seqlen, tok
 position_ids=None) returning a tensor (tokens, ...), a tuple of them, or a ModelOutput. Inference
 only: the calls run under torch.inference_mode()."""
 import bisect
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -103,8 +107,9 @@ def pack_metadata(plan: Plan, input_ids, cu_seqlens, token_type_ids=None, positi
         row[tokens:].zero_()                    # padding tokens: id 0, type 0, position 0
     cu = buf[len(parts) * plan.tokens:]
     cu[:batch + 1].copy_(cu_seqlens)
-    # padding sequences of at most plan.max_seqlen tokens, then empty sequences
-    ends = torch.arange(1, plan.batch - batch + 1, dtype=torch.int64) * plan.max_seqlen + tokens
+    # padding sequences of at most plan.max_seqlen tokens, then empty sequences; built where buf is (no
+    # host tensor copied to the device on every call)
+    ends = torch.arange(1, plan.batch - batch + 1, dtype=torch.int32, device=buf.device) * plan.max_seqlen + tokens
     cu[batch + 1:].copy_(ends.clamp_(max=plan.tokens))
     return buf
 
@@ -127,6 +132,18 @@ def _map_tensors(out, fn):
     if isinstance(out, dict):                   # transformers' ModelOutput is an OrderedDict
         return type(out)(**{k: _map_tensors(v, fn) for k, v in out.items()})
     return out
+
+
+def _leaves(out):
+    """The tensors in out (a tensor, tuple/list, dict or ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, (tuple, list)):
+        for o in out:
+            yield from _leaves(o)
+    elif isinstance(out, dict):
+        for o in out.values():
+            yield from _leaves(o)
 
 
 @dataclass
@@ -216,7 +233,7 @@ class CudaGraphs:
             self._state = _State(signature)       # weights, device or dtype changed: drop every graph
         device = signature[0] if signature[0] is not None else input_ids.device
         tokens = input_ids.shape[0]
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.cuda.device(device) if device.type == "cuda" else nullcontext():
             if device.type != "cuda":
                 buf = pack_metadata(plan, input_ids, cu_seqlens, token_type_ids, position_ids)
                 out = self._forward(plan, buf.to(device))
@@ -231,7 +248,8 @@ class CudaGraphs:
             else:
                 entry.graph.replay()
                 out = entry.output
-            return _map_tensors(out, lambda t: t[:tokens].clone() if t.dim() and t.shape[0] == plan.tokens else t)
+            # copies out of the graph's memory, which the next replay overwrites
+            return _map_tensors(out, lambda t: (t[:tokens] if t.dim() and t.shape[0] == plan.tokens else t).clone())
 
     def _forward(self, plan: Plan, buf: torch.Tensor):
         input_ids, cu, token_types, positions = unpack_metadata(plan, buf)
@@ -257,12 +275,16 @@ class CudaGraphs:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 out = self._forward(entry.plan, entry.static)
-            torch.cuda.current_stream().wait_stream(stream)
+            current = torch.cuda.current_stream()
+            current.wait_stream(stream)
+            # made on the side stream, used on this one: the allocator must not reuse them early
+            for t in _leaves(out):
+                t.record_stream(current)
             return out
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             entry.output = self._forward(entry.plan, entry.static)
         entry.graph = graph
         graph.replay()
