@@ -3,8 +3,8 @@
 Servers, each in its own process, the same model (all-MiniLM-L6-v2 by default) on the CPU:
 - fastbert: `fastbert serve` (token-budget batching, one model thread);
 - handwritten: sentence-transformers' SentenceTransformer.encode called once per request inside a
-  FastAPI route with the same OpenAI-shaped body (`handwritten_app` below): what users write by hand,
-  no batching across requests;
+  FastAPI route with the same OpenAI-shaped body (serve_peer.py): what users write by hand, no
+  batching across requests;
 - infinity: `infinity_emb v2` (infinity-emb, its torch engine) when the command is found (on PATH, or
   named by $FASTBERT_BENCH_INFINITY); else a row saying why not.
 Clients: 1, 16 and 64 at a time (asyncio + httpx in this process), one English line per request
@@ -25,33 +25,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 LEVELS = (1, 16, 64)
-
-
-def handwritten_app(model_dir: str):
-    """The server users write by hand: one SentenceTransformer.encode per request, no batching."""
-    from fastapi import FastAPI
-    from pydantic import BaseModel
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(model_dir, device="cpu")
-    app = FastAPI()
-
-    class Body(BaseModel):
-        input: list[str] | str
-        model: str | None = None
-
-    @app.post("/v1/embeddings")
-    def embeddings(body: Body):             # a plain def: FastAPI runs it on its thread pool
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        vectors = model.encode(texts)
-        return {"object": "list", "model": body.model,
-                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]}
-
-    return app
 
 
 def _free_port() -> int:
@@ -66,8 +44,12 @@ class Server:
     def __init__(self, name: str, argv: list, path: str, port: int, model: str):
         self.name, self.path, self.model = name, path, model
         self.url = f"http://127.0.0.1:{port}"
-        self.log = open(os.devnull, "w")
+        self.log = tempfile.TemporaryFile("w+")              # its output, shown when it fails
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def tail(self, lines: int = 5) -> str:
+        self.log.seek(0)
+        return " | ".join(self.log.read().strip().splitlines()[-lines:])
 
     def wait(self, health: str, timeout: float = 600):
         import httpx
@@ -75,7 +57,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
             try:
                 if httpx.get(self.url + health, timeout=2).status_code == 200:
                     return
@@ -94,6 +76,10 @@ class Server:
         self.log.close()
 
 
+def infinity_command(given: str | None = None) -> str | None:
+    return given or os.environ.get("FASTBERT_BENCH_INFINITY") or shutil.which("infinity_emb")
+
+
 def start_servers(model_dir: str, infinity: str | None) -> tuple[list, list]:
     """(running servers, rows for those that could not run)."""
     servers, notes = [], []
@@ -102,13 +88,13 @@ def start_servers(model_dir: str, infinity: str | None) -> tuple[list, list]:
                                         "--device", "cpu", "--log-level", "warning"], "/v1/embeddings", port, "m"),
                     "/health"))
     port = _free_port()
-    servers.append((Server("handwritten", [sys.executable, "-m", "fastbert.benchmarks.serve", "handwritten",
-                                           str(model_dir), str(port)], "/v1/embeddings", port, "m"), "/docs"))
-    infinity = infinity or os.environ.get("FASTBERT_BENCH_INFINITY") or shutil.which("infinity_emb")
+    servers.append((Server("handwritten", [sys.executable, "-m", "fastbert.benchmarks.serve_peer", str(model_dir),
+                                           str(port)], "/v1/embeddings", port, "m"), "/docs"))
+    infinity = infinity_command(infinity)
     if infinity:
         port = _free_port()
         servers.append((Server("infinity", [infinity, "v2", "--model-id", str(model_dir), "--port", str(port),
-                                            "--engine", "torch", "--device", "cpu", "--no-model-warmup"],
+                                            "--engine", "torch", "--device", "cpu", "--log-level", "warning"],
                                "/embeddings", port, str(model_dir)), "/health"))
     else:
         notes.append({"server": "infinity", "note": "infinity-emb is not installed here: its requirements "
@@ -132,8 +118,8 @@ async def _level(server, texts: list, clients: int, seconds: float) -> dict:
     latencies, errors = [], 0
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as http:
-        for text in texts[:clients]:                                     # warm-up: connections, first calls
-            await http.post(server.path, json={"input": [text], "model": server.model})
+        await asyncio.gather(*(http.post(server.path, json={"input": [text], "model": server.model})
+                               for text in texts[:clients]))           # warm-up: connections, first calls
         stop = time.perf_counter() + seconds
 
         async def client(k: int):
@@ -141,8 +127,11 @@ async def _level(server, texts: list, clients: int, seconds: float) -> dict:
             i = k
             while time.perf_counter() < stop:
                 start = time.perf_counter()
-                r = await http.post(server.path, json={"input": [texts[i % len(texts)]], "model": server.model})
-                if r.status_code == 200:
+                try:
+                    r = await http.post(server.path, json={"input": [texts[i % len(texts)]], "model": server.model})
+                except httpx.TransportError:              # a dropped connection: a lost request
+                    r = None
+                if r is not None and r.status_code == 200:
                     latencies.append(time.perf_counter() - start)
                 else:
                     errors += 1
@@ -207,9 +196,15 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
             progress(f"round {r + 1}/{rounds}")
             measured.setdefault(("direct", 1), []).append(_direct(encoder, texts, seconds))
             for server in servers:
+                if server.proc.poll() is not None:
+                    continue
                 for clients in LEVELS:
                     measured.setdefault((server.name, clients), []).append(
                         asyncio.run(_level(server, texts, clients, seconds)))
+        for server in servers:
+            if server.proc.poll() is not None:
+                rows.append({"server": server.name, "note": f"exited with {server.proc.returncode} during the "
+                                                            f"run: {server.tail()}"})
     finally:
         for server in servers:
             server.stop()
@@ -233,7 +228,8 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
     if fb1 and fb1["p99 ms"] and direct["p99 ms"]:
         fb1["p99 vs direct"] = fb1["p99 ms"] / direct["p99 ms"]
     config = {"model": str(model_dir), "rounds": rounds, "seconds per level": seconds, "levels": list(LEVELS),
-              "texts": len(texts), "torch threads": __import__("torch").get_num_threads(), "quick": quick}
+              "texts": len(texts), "torch threads": __import__("torch").get_num_threads(), "quick": quick,
+              "infinity": infinity_command(infinity)}
     return list(medians.values()) + rows, config
 
 
@@ -258,15 +254,15 @@ def table(rows: list) -> str:
     def num(v, fmt):
         return "—" if v is None else format(v, fmt)
 
-    lines = ["| server | clients | req/s | p50 ms | p99 ms | vs handwritten req/s | min cosine |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| server | clients | req/s | p50 ms | p99 ms | vs handwritten req/s | min cosine | failed |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "note" in r:
-            lines.append(f"| {r['server']} | — | — | — | — | — | {r['note']} |")
+            lines.append(f"| {r['server']} | — | — | — | — | — | — | {r['note']} |")
             continue
         lines.append(f"| {r['server']} | {r['clients']} | {num(r['req/s'], '.0f')} | {num(r['p50 ms'], '.1f')} | "
                      f"{num(r['p99 ms'], '.1f')} | {num(r.get('vs handwritten req/s'), '.2f')} | "
-                     f"{num(r.get('min cosine vs Encoder'), '.6f')} |")
+                     f"{num(r.get('min cosine vs Encoder'), '.6f')} | {r['errors']} |")
     return "\n".join(lines)
 
 
@@ -284,12 +280,7 @@ def main_bench(model_dir, output_dir, quick: bool = False, rounds: int = 3, comm
                                             "uvicorn", "httpx", "infinity-emb")))
     path = results.append(row, output_dir)
     print(f"appended to {path}")
+    # exit 1 for a wrong result: vectors unlike Encoder.encode's, or requests fastbert lost
     bad = [r for r in rows if r.get("min cosine vs Encoder") is not None and r["min cosine vs Encoder"] < 0.9999]
-    return 1 if bad or any(r.get("errors") for r in rows) else 0
+    return 1 if bad or any(r.get("errors") for r in rows if r.get("server") == "fastbert") else 0
 
-
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "handwritten":
-    import uvicorn
-
-    uvicorn.run(handwritten_app(sys.argv[2]), host="127.0.0.1", port=int(sys.argv[3]), log_level="warning",
-                access_log=False)

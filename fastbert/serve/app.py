@@ -133,8 +133,8 @@ class Server:
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics()
         self.batcher = Batcher(runner.run, runner.padded, max_batch_tokens, max_batch_requests, self.metrics)
-        workers = tokenization_workers or min(4, os.cpu_count() or 1)
-        self.tokenizers = ThreadPoolExecutor(workers, thread_name_prefix="fastbert-serve-tokenize")
+        self.tokenization_workers = tokenization_workers or min(4, os.cpu_count() or 1)
+        self.tokenizers = ThreadPoolExecutor(self.tokenization_workers, thread_name_prefix="fastbert-serve-tokenize")
         self.in_flight = 0
 
     def close(self):
@@ -167,10 +167,12 @@ class Server:
             watcher.cancel()
 
     def prompt(self, prompt_name: Optional[str]) -> tuple:
-        if prompt_name is not None and prompt_name not in getattr(getattr(self.runner, "encoder", None), "prompts", {}):
-            known = sorted(getattr(getattr(self.runner, "encoder", None), "prompts", {}))
-            raise ApiError(422, f"prompt_name {prompt_name!r} is not one of this model's prompts {known}", "prompt_name")
-        return self.runner.prompt(prompt_name) if hasattr(self.runner, "prompt") else ("", 0)
+        """(prompt text, tokens pooling skips); only embedding models have prompts."""
+        known = getattr(getattr(self.runner, "encoder", None), "prompts", {})
+        if prompt_name is not None and prompt_name not in known:
+            raise ApiError(422, f"prompt_name {prompt_name!r} is not one of this model's prompts {sorted(known)}",
+                           "prompt_name")
+        return self.runner.prompt(prompt_name) if known else ("", 0)
 
     def check_dimensions(self, dimensions: Optional[int]):
         if dimensions is not None and dimensions > self.runner.dim:
@@ -221,8 +223,7 @@ class Server:
         return (_normalize(x) if req.normalize else x).astype(np.float32).tolist()
 
     async def embed_sparse(self, request, req: schemas.EmbedSparseRequest):
-        if req.prompt_name is not None:
-            raise ApiError(422, "prompt_name: this sparse model has no prompts", "prompt_name")
+        self.prompt(req.prompt_name)                 # a sparse model has none: any name is a 422
         texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
         seqs = await self.tokenize(self.runner.tokenize, texts, truncate=bool(req.truncate), direction=req.direction)
         out = await self.infer(request, seqs)
@@ -254,21 +255,7 @@ class Server:
     async def tokenize_route(self, request, req: schemas.TokenizeRequest):
         prompt, _ = self.prompt(req.prompt_name)
         texts = [prompt + t for t in ([req.inputs] if isinstance(req.inputs, str) else req.inputs)]
-        tok = self.runner.tokenizer
-
-        def run():
-            enc = tok(texts, padding=False, truncation=False, add_special_tokens=req.add_special_tokens,
-                      return_offsets_mapping=True, return_special_tokens_mask=True)
-            out = []
-            for text, ids, offsets, special in zip(texts, enc["input_ids"], enc["offset_mapping"],
-                                                   enc["special_tokens_mask"]):
-                pieces = tok.convert_ids_to_tokens(ids)
-                out.append([{"id": int(i), "text": piece if s else text[a:b], "special": bool(s),
-                             "start": None if s else int(a), "stop": None if s else int(b)}
-                            for i, piece, (a, b), s in zip(ids, pieces, offsets, special)])
-            return out
-
-        return await self.tokenize(run)
+        return await self.tokenize(self.runner.tokens, texts, req.add_special_tokens)
 
     def info(self) -> dict:
         from fastbert import __version__ as version
@@ -277,7 +264,7 @@ class Server:
         return {"model_id": self.model_name, "model_path": str(self.runner.path), **self.runner.info(),
                 "routes": list(self.runner.routes), "max_concurrent_requests": self.max_concurrent,
                 "max_batch_tokens": b.max_batch_tokens, "max_batch_requests": b.max_batch_requests,
-                "max_client_batch_size": schemas.MAX_INPUTS, "tokenization_workers": self.tokenizers._max_workers,
+                "max_client_batch_size": schemas.MAX_INPUTS, "tokenization_workers": self.tokenization_workers,
                 "version": version, "worker": f"{socket.gethostname()}:{os.getpid()}"}
 
 

@@ -18,6 +18,8 @@ on the fastbert model's padded forward over length-sorted rows (little padding, 
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
@@ -116,9 +118,14 @@ class Runner:
     padded = True          # True: a batch costs rows x longest row (padded forward); False: sum of rows
 
     def __init__(self, model, tokenizer, limit: int, path: Path, do_lower_case: bool = False):
+        from fastbert.tokenizer.bert import BertTokenizer
+
         self.model, self.tokenizer, self.limit, self.path = model, tokenizer, int(limit), Path(path)
         self.do_lower_case = do_lower_case
         self._left = None     # a tokenizer that truncates on the left, made on first use
+        # fastbert's tokenizer takes calls from many threads at once; transformers' fast tokenizers
+        # set their truncation on the shared Rust object per call ("Already borrowed"): one at a time
+        self._lock = contextlib.nullcontext() if isinstance(tokenizer, BertTokenizer) else threading.Lock()
 
     @property
     def routes(self) -> tuple:
@@ -144,6 +151,10 @@ class Runner:
                  direction: str = "right", skip: int = 0) -> list:
         """[Seq] for texts (or text pairs), specials included. An input over `limit` tokens raises
         TooLong unless truncate, then it is cut on `direction`'s side as the tokenizer cuts it."""
+        with self._lock:
+            return self._tokenize(texts, pairs, truncate, direction, skip)
+
+    def _tokenize(self, texts, pairs, truncate, direction, skip) -> list:
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
         args = (list(texts),) if pairs is None else (list(texts), list(pairs))
@@ -165,6 +176,21 @@ class Runner:
                 if types is not None:
                     types[i] = cut["token_type_ids"][k]
         return [Seq(list(r), None if types is None else list(types[i]), skip) for i, r in enumerate(ids)]
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list:
+        """/tokenize: per text, [{id, text, special, start, stop}] (character offsets; a special
+        token's text is the token itself, with no offsets)."""
+        with self._lock:
+            enc = self.tokenizer(list(texts), padding=False, truncation=False, add_special_tokens=add_special_tokens,
+                                 return_offsets_mapping=True, return_special_tokens_mask=True)
+            pieces = [self.tokenizer.convert_ids_to_tokens(ids) for ids in enc["input_ids"]]
+        out = []
+        for text, ids, names, offsets, special in zip(texts, enc["input_ids"], pieces, enc["offset_mapping"],
+                                                      enc["special_tokens_mask"]):
+            out.append([{"id": int(i), "text": name if s else text[a:b], "special": bool(s),
+                         "start": None if s else int(a), "stop": None if s else int(b)}
+                        for i, name, (a, b), s in zip(ids, names, offsets, special)])
+        return out
 
     def check_ids(self, rows: Sequence[Sequence[int]]) -> list:
         """[Seq] for token id rows given by a client: ids inside the vocabulary, within the limit."""
