@@ -201,6 +201,55 @@ class _BackendView:
         self.model = model
 
 
+def _wanted_outputs(model_input_names, return_token_type_ids, return_attention_mask) -> tuple[bool, bool]:
+    # token_type_ids / attention_mask: as asked, else as the model's inputs say
+    want_types = "token_type_ids" in model_input_names if return_token_type_ids is None \
+        else bool(return_token_type_ids)
+    want_attn = "attention_mask" in model_input_names if return_attention_mask is None \
+        else bool(return_attention_mask)
+    return want_types, want_attn
+
+
+class _OneText:
+    """What the one-text path of __call__ / encode reads, mirrored from the tokenizer as it is set (its
+    __setattr__): the base class's __getattr__ makes every attribute read on the tokenizer several
+    times slower than on a plain object (no specialised lookup), and a loop over single texts read ~15
+    per call, a fifth of its time."""
+
+    __slots__ = ("padding_side", "truncation_side", "model_input_names", "model_max_length", "_split_special_tokens",
+                 "_core", "_aligner", "_one_text", "warned_long")
+
+    def __init__(self):
+        self.warned_long = False   # transformers' too-long notice, given once per tokenizer
+
+    def call(self, text: str, add_special_tokens, return_token_type_ids, return_attention_mask,
+             verbose) -> BatchEncoding:
+        """__call__ on one str with no padding, truncation or extra outputs: what a loop over single
+        texts calls. The same result as the general path, without its per-call argument handling."""
+        want_types, want_attn = _wanted_outputs(self.model_input_names, return_token_type_ids, return_attention_mask)
+        out, options = self.encode(text, add_special_tokens, want_types, want_attn, verbose)
+        enc = BatchEncoding({k: v[0] for k, v in out.items()})
+        enc._source = (self._aligner, [text], None, options, False)
+        return enc
+
+    def encode(self, text: str, add_special_tokens, want_types: bool, want_attn: bool, verbose):
+        """The C++ output (rows of one) and the options it was made with."""
+        options = self._one_text[self._split_special_tokens, bool(add_special_tokens), want_types, want_attn]
+        out, longest = self._core.encode_batch((text,), None, options)
+        if verbose:
+            self.warn_if_long(longest)
+        return out, options
+
+    def warn_if_long(self, longest: int) -> None:
+        # transformers' notice, once per tokenizer, for a sequence longer than the model takes
+        if self.warned_long or longest <= self.model_max_length:
+            return
+        logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
+                       f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
+                       "the model will result in indexing errors")
+        self.warned_long = True
+
+
 class BertTokenizer(PreTrainedTokenizerBase):
     """A WordPiece BERT tokenizer with `transformers.BertTokenizerFast`'s behaviour and API.
 
@@ -209,7 +258,6 @@ class BertTokenizer(PreTrainedTokenizerBase):
     transformers' own tokenizers'): this class defines the base's public methods over the C++ core,
     and plain attribute access in place of the base's special-token routing."""
 
-    __setattr__ = object.__setattr__
     chat_template = None   # BERT tokenizers have none: apply_chat_template says so, as transformers'
 
     vocab_files_names = {"vocab_file": "vocab.txt"}
@@ -227,6 +275,8 @@ class BertTokenizer(PreTrainedTokenizerBase):
                  clean_text: bool = True, name_or_path: str = "", bos_token=None, eos_token=None,
                  post_processor: dict | None = None, model_input_names: Iterable[str] | None = None,
                  split_special_tokens: bool = False, **kwargs):
+        object.__setattr__(self, "_hot", _OneText())
+        self._hot.model_input_names = self.model_input_names   # the class's, until __init__ sets its own
         if vocab is None:
             if vocab_file is None:
                 raise ValueError("BertTokenizer needs a vocab_file (vocab.txt) or a vocab")
@@ -302,7 +352,6 @@ class BertTokenizer(PreTrainedTokenizerBase):
             raise ValueError(f"{source_name}: {e}") from None
         self._templates = (single, pair)
         self._num_specials = (template.specials(single), template.specials(pair))
-        self._warned_long = False
         self._aligner = Aligner(self._core, self._added, self._special, template.gaps(single, pair))
         self._options = OptionsCache()
         # the options of one text without padding or truncation, by (split_special_tokens,
@@ -340,6 +389,12 @@ class BertTokenizer(PreTrainedTokenizerBase):
     def __getattr__(self, name: str):
         # only for names not found: the base's would look them up in state its __init__ sets
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        # plain setting (the base routes special-token names to its own state), mirrored to _hot
+        object.__setattr__(self, name, value)
+        if name in _OneText.__slots__:
+            setattr(self.__dict__["_hot"], name, value)
 
     def push_to_hub(self, *args, **kwargs):
         raise NotImplementedError("fastbert.BertTokenizer does not push to the hub: save_pretrained() to a directory "
@@ -737,7 +792,7 @@ class BertTokenizer(PreTrainedTokenizerBase):
         if (type(text) is str and text_pair is None and padding is False and truncation is None
                 and max_length is None and stride == 0 and padding_side is None and return_tensors is None
                 and not kwargs):
-            out, _ = self._encode_one_raw(text, add_special_tokens, False, False, True)
+            out, _ = self._hot.encode(text, add_special_tokens, False, False, True)
             return out["input_ids"][0]
         enc = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding,
                    truncation=truncation, max_length=max_length, stride=stride, padding_side=padding_side,
@@ -763,8 +818,8 @@ class BertTokenizer(PreTrainedTokenizerBase):
                 and text_target is None and text_pair_target is None and split_special_tokens is None
                 and not (return_overflowing_tokens or return_special_tokens_mask or return_offsets_mapping
                          or return_length)
-                and self.padding_side in SIDES and self.truncation_side in SIDES):
-            return self._encode_one(text, add_special_tokens, return_token_type_ids, return_attention_mask, verbose)
+                and (hot := self._hot).padding_side in SIDES and hot.truncation_side in SIDES):
+            return hot.call(text, add_special_tokens, return_token_type_ids, return_attention_mask, verbose)
         if kwargs or text_target is not None or text_pair_target is not None:
             args = dict(locals())  # the parameters only: nothing else is assigned yet
             del args["self"], args["kwargs"]
@@ -799,7 +854,7 @@ class BertTokenizer(PreTrainedTokenizerBase):
                 raise ValueError(f"tokenizer stride set to {stride}, which is greater than or equal to its "
                                  f"effective max length of {effective} (= {max_length} original max length - "
                                  f"{self.num_special_tokens_to_add(False)} added special tokens), ")
-        want_types, want_attn = self._wanted_outputs(return_token_type_ids, return_attention_mask)
+        want_types, want_attn = _wanted_outputs(self.model_input_names, return_token_type_ids, return_attention_mask)
         split = self._split_special_tokens if split_special_tokens is None else _split_flag(split_special_tokens)
         options = self._options.get(
             split_words=bool(is_split_into_words), add_special_tokens=bool(add_special_tokens),
@@ -819,7 +874,7 @@ class BertTokenizer(PreTrainedTokenizerBase):
             texts, pairs = _unzip_pairs(texts, is_split_into_words)
             out, longest = self._core.encode_batch(texts, pairs, options)
         if max_length is None and verbose:
-            self._warn_if_long(longest)
+            self._hot.warn_if_long(longest)
         enc = BatchEncoding(out)
         if packed:
             for k, v in list(enc.items()):  # 1-D arrays from C++; max_seqlen stays an int
@@ -879,41 +934,6 @@ class BertTokenizer(PreTrainedTokenizerBase):
         encodings = self(**args)
         encodings["labels"] = targets["input_ids"]
         return encodings
-
-    def _encode_one(self, text: str, add_special_tokens, return_token_type_ids, return_attention_mask,
-                    verbose) -> BatchEncoding:
-        """__call__ on one str with no padding, truncation or extra outputs: what a loop over single
-        texts calls. The same result as the general path, without its per-call argument handling."""
-        want_types, want_attn = self._wanted_outputs(return_token_type_ids, return_attention_mask)
-        out, options = self._encode_one_raw(text, add_special_tokens, want_types, want_attn, verbose)
-        enc = BatchEncoding({k: v[0] for k, v in out.items()})
-        enc._source = (self._aligner, [text], None, options, False)
-        return enc
-
-    def _encode_one_raw(self, text: str, add_special_tokens, want_types: bool, want_attn: bool, verbose):
-        # the C++ output (rows of one) and the options it was made with
-        options = self._one_text[self._split_special_tokens, bool(add_special_tokens), want_types, want_attn]
-        out, longest = self._core.encode_batch((text,), None, options)
-        if verbose:
-            self._warn_if_long(longest)
-        return out, options
-
-    def _wanted_outputs(self, return_token_type_ids, return_attention_mask) -> tuple[bool, bool]:
-        # token_type_ids / attention_mask: as asked, else as the model's inputs say
-        want_types = "token_type_ids" in self.model_input_names if return_token_type_ids is None \
-            else bool(return_token_type_ids)
-        want_attn = "attention_mask" in self.model_input_names if return_attention_mask is None \
-            else bool(return_attention_mask)
-        return want_types, want_attn
-
-    def _warn_if_long(self, longest: int) -> None:
-        # transformers' notice, once per tokenizer, for a sequence longer than the model takes
-        if self._warned_long or longest <= self.model_max_length:
-            return
-        logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
-                       f"for this model ({longest} > {self.model_max_length}). Running this sequence through "
-                       "the model will result in indexing errors")
-        self._warned_long = True
 
     # ---------------------------------------------------------------------------------- saving
     def pad(self, encoded_inputs, padding=True, max_length: int | None = None,
