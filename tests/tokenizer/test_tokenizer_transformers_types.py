@@ -69,3 +69,17 @@ def test_trainer_pads_with_the_tokenizer_and_no_collator(tokenizers, tmp_path):
     for key in theirs:
         assert torch.equal(ours[key], theirs[key]), key
     assert trainer.train().global_step == 1               # its dataloader pads the ragged rows
+
+
+def test_attributes_set_later_reach_the_one_text_path(tokenizers):
+    """The one-text path reads a mirror of the tokenizer's attributes (see _OneText): what is set on the
+    tokenizer after it is built applies there as on the general path."""
+    tok = pickle.loads(pickle.dumps(tokenizers[0]))
+    tok.model_input_names = ["input_ids", "attention_mask"]
+    tok.split_special_tokens = True
+    text = "a [SEP] b"
+    assert dict(tok(text)) == {k: v[0] for k, v in tok([text]).items()}
+    assert "token_type_ids" not in tok(text) and tok(text)["input_ids"] != tokenizers[0](text)["input_ids"]
+    tok.padding_side = "middle"
+    with pytest.raises(ValueError, match="padding_side"):
+        tok(text)
