@@ -77,7 +77,7 @@ class AlbertModel(EncoderModel):
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.encoder.embedding_hidden_mapping_in(x)
 
-    def layers(self) -> List[FastLayer]:
+    def encoder_layers(self) -> List[FastLayer]:
         n, groups = self.config.num_hidden_layers, self.config.num_hidden_groups
         out = []
         for i in range(n):

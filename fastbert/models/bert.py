@@ -23,11 +23,11 @@ from typing import List
 import torch
 from torch import nn
 
+from fastbert.models.activations import GELU, RELU
 from fastbert.models.embeddings import Embeddings
 from fastbert.models.heads import (BertMLMHead, ClassificationHead, MaskedLMModel, MultipleChoiceModel, Pooler,
                                    PooledClassifier, QuestionAnsweringModel, RobertaLMHead,
-                                   SequenceClassificationModel, TokenClassificationModel, activation,
-                                   classifier_dropout)
+                                   SequenceClassificationModel, TokenClassificationModel, classifier_dropout)
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
 from fastbert.models.outputs import BaseModelOutput
@@ -103,7 +103,7 @@ class BertModel(EncoderModel):
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x
 
-    def layers(self) -> List[FastLayer]:
+    def encoder_layers(self) -> List[FastLayer]:
         return list(self.encoder.layer)
 
     def pool(self, sequence_output):
@@ -235,7 +235,7 @@ class ElectraGeneratorPredictions(nn.Module):
         self.LayerNorm = nn.LayerNorm(d.embedding_size, eps=d.layer_norm_eps)
 
     def forward(self, h):
-        return self.LayerNorm(activation("none")(self.dense(h)))
+        return self.LayerNorm(GELU.fn(self.dense(h)))
 
 
 class ElectraForMaskedLM(MaskedLMModel):
@@ -255,7 +255,7 @@ class ElectraForSequenceClassification(SequenceClassificationModel):
     base_class, base_model_prefix, model_types = ElectraModel, "electra", ("electra",)
 
     def build_head(self, config):
-        self.classifier = ClassificationHead(config, self.dims, activation("none"))
+        self.classifier = ClassificationHead(config, self.dims, GELU.fn)
 
     def classify(self, out):
         return self.classifier(out.last_hidden_state)
@@ -274,7 +274,7 @@ class ElectraSequenceSummary(nn.Module):
             to_labels = getattr(config, "summary_proj_to_labels", False) and config.num_labels > 0
             self.summary = nn.Linear(d.hidden_size, config.num_labels if to_labels else d.hidden_size)
         act = getattr(config, "summary_activation", None)
-        acts = {None: lambda x: x, "gelu": activation("none"), "tanh": torch.tanh, "relu": activation("relu")}
+        acts = {None: lambda x: x, "gelu": GELU.fn, "tanh": torch.tanh, "relu": RELU.fn}
         if act not in acts:
             raise ValueError(f"ELECTRA summary_activation={act!r} is not supported ({sorted(map(str, acts))})")
         self.activation = acts[act]

@@ -11,15 +11,19 @@ from typing import Optional
 
 import torch
 
+from fastbert.models.activations import ACTIVATIONS, FUSED, Activation
 from fastbert.models.registry import MODEL_TYPES, family
-
-# hidden_act -> bias_gelu's `approximate`, or "relu" for a plain torch ReLU
-ACTIVATIONS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh",
-               "gelu_pytorch_tanh": "tanh", "relu": "relu"}
 
 
 class ConfigError(ValueError):
     """A config.json that fastbert cannot use (unreadable, or a setting it does not support)."""
+
+
+def activation_fn(name, source: str, key: str):
+    """The function of transformers' activation `name` (the config's `key`), or a ConfigError."""
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"{source}: {key}={name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name].fn
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class Dims:
     num_layers: int
     num_heads: int
     intermediate_size: int
-    activation: str              # "none" | "tanh" | "relu" (see ACTIVATIONS)
+    activation: Activation       # ACTIVATIONS[the config's hidden activation]
     layer_norm_eps: float
     max_position_embeddings: int
     type_vocab_size: int         # 0: no token type embeddings (DistilBERT)
@@ -95,9 +99,9 @@ def check_supported(config, source: str = "config") -> None:
         if getattr(config, flag, False):
             raise ConfigError(f"{source}: {flag}=True is not supported (fastbert runs bidirectional encoders)")
     act = getattr(config, fam.activation_key, None) if fam.activation_key else None
-    if fam.activation_key and act not in ACTIVATIONS:  # no key: the family's check_config reads it
+    if fam.activation_key and act not in FUSED:  # no key: the family's check_config reads it
         raise ConfigError(f"{source}: hidden activation {fam.activation_key}={act!r} is not supported; "
-                          f"supported: {sorted(ACTIVATIONS)}")
+                          f"supported: {FUSED}")
     check_config = fam.hook("check_config")
     if check_config is not None:
         check_config(config, source)

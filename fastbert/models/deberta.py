@@ -30,12 +30,11 @@ from fastbert import ops
 from fastbert.models.config import ACTIVATIONS, ConfigError, Dims
 from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, QuestionAnsweringModel,
                                    SequenceClassificationModel, TokenClassificationModel, activation)
-from fastbert.models.layers import FastLayer, LayerParts, is_plain
+from fastbert.models.layers import FastLayer, LayerParts, is_plain, layer_packing, padded_columns
 from fastbert.models.modeling import EncoderModel
-from fastbert.models.mpnet import RelativeLayer, relative_packing
 from fastbert.models.outputs import BaseModelOutput
 from fastbert.ops import relative_attention as rel_ops
-from fastbert.ops.varlen import pack
+from fastbert.ops.varlen import pack, token_positions
 
 POS_ATT_TYPES = ("c2p", "p2c")
 NO_TERM = "none"   # transformers' configs say pos_att_type="None" when there is no relative term
@@ -177,7 +176,7 @@ class DebertaV2Intermediate(nn.Module):
         self.dense = nn.Linear(d.hidden_size, d.intermediate_size)
 
 
-class DebertaV2Layer(RelativeLayer):
+class DebertaV2Layer(FastLayer):
     def __init__(self, config, d, spec: RelativeSpec):
         super().__init__()
         self.attention = DebertaV2Attention(config, d, spec)
@@ -202,7 +201,9 @@ class DebertaV2Layer(RelativeLayer):
         pos_query = query(rel).view(shape) if "p2c" in s.types else None
         return pos_key, pos_query
 
-    def attend(self, q, k, v, packing, output_attentions, dropout_p, backend):
+    def attend(self, qkv, packing, output_attentions, dropout_p, backend):
+        """Disentangled attention: c2p / p2c terms at the packing's relative positions."""
+        q, k, v = qkv.unbind(1)
         s = self.spec
         if q.shape[0] == 0 and not output_attentions:  # no real token (an empty batch has no row for the kernel)
             return q.new_zeros(q.shape), None
@@ -214,7 +215,7 @@ class DebertaV2Layer(RelativeLayer):
         opts = dict(span=s.span, position_buckets=s.position_buckets, max_relative_positions=s.max_relative_positions,
                     scale_factor=s.scale_factor, dropout_p=dropout_p)
         if output_attentions:
-            (qp, kp, vp), mask, positions = self.padded_inputs(packing, q, k, v)
+            (qp, kp, vp), mask, positions = padded_columns(packing, q, k, v)
             out, probs = rel_ops.disentangled_attention_padded(qp, kp, vp, mask, positions, pos_key, pos_query, **opts)
             return pack(out, packing), probs
         return rel_ops.disentangled_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, packing.positions,
@@ -257,11 +258,11 @@ class DebertaV2Model(EncoderModel):
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
 
-    def layers(self) -> List[FastLayer]:
+    def encoder_layers(self) -> List[FastLayer]:
         return list(self.encoder.layer)
 
     def _run_layers(self, x, packing, output_attentions, hidden_states):
-        packing = relative_packing(packing, x.shape[0], x.device, rel=self.encoder.rel_embedding())
+        packing = layer_packing(packing, token_positions(packing, x.shape[0]), rel=self.encoder.rel_embedding())
         return super()._run_layers(x, packing, output_attentions, hidden_states)
 
     def _types(self, token_type_ids):

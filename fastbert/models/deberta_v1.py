@@ -21,7 +21,7 @@ from torch import nn
 
 from fastbert.models import deberta as v2
 from fastbert.models.config import ConfigError
-from fastbert.models.layers import LayerParts
+from fastbert.models.layers import FastLayer, LayerParts, call_module
 from fastbert.models.modeling import EncoderModel
 from fastbert.ops.linear import linear
 
@@ -64,7 +64,7 @@ class DebertaAttention(nn.Module):
 
 class DebertaLayer(v2.DebertaV2Layer):
     def __init__(self, config, d, spec: v2.RelativeSpec):
-        v2.RelativeLayer.__init__(self)               # v2's __init__ would build v2's attention parameters
+        FastLayer.__init__(self)                      # v2's __init__ would build v2's attention parameters
         self.attention = DebertaAttention(config, d, spec)
         self.intermediate = v2.DebertaV2Intermediate(d)
         self.output = v2._DenseNorm(d.intermediate_size, d)
@@ -76,18 +76,17 @@ class DebertaLayer(v2.DebertaV2Layer):
         return LayerParts(None, None, None, a.output.dense, a.output.LayerNorm, self.intermediate.dense,
                           self.output.dense, self.output.LayerNorm)
 
-    def _qkv(self, p: Optional[LayerParts], x: torch.Tensor, backend: str):
+    def _qkv(self, p: Optional[LayerParts], x: torch.Tensor, backend: str) -> torch.Tensor:
         a = self.attention.self
-        tokens, heads = x.shape[0], self.num_heads
-        head_dim = self.hidden_size // heads
+        tokens, heads, head_dim = x.shape[0], self.num_heads, self.head_dim
         q_bias, v_bias = a.q_bias.view(heads, head_dim), a.v_bias.view(heads, head_dim)
         bias = torch.stack([q_bias, torch.zeros_like(q_bias), v_bias], 1).flatten()   # in_proj's row order
         if type(a.in_proj) is nn.Linear and a.in_proj.bias is None and not a.in_proj._forward_hooks \
                 and not a.in_proj._forward_pre_hooks:
             qkv = linear(x, a.in_proj.weight, bias, backend=backend)
         else:                                         # a wrapped / adapted in_proj runs as a module
-            qkv = self._call(a.in_proj, x, 3 * self.hidden_size) + bias
-        return qkv.view(tokens, heads, 3, head_dim).unbind(2)     # (tokens, heads, head_dim) each
+            qkv = call_module(a.in_proj, x, 3 * self.hidden_size, owner=self) + bias
+        return qkv.view(tokens, heads, 3, head_dim).transpose(1, 2)   # (tokens, 3, heads, head_dim)
 
 
 class DebertaEncoder(nn.Module):

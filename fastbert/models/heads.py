@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert.models.layers import TORCH_ACTIVATION
+from fastbert.models.activations import Activation
 from fastbert.models.modeling import FastPreTrainedModel
 from fastbert.models.outputs import (MaskedLMOutput, MultipleChoiceModelOutput, QuestionAnsweringModelOutput,
                                      SequenceClassifierOutput, TokenClassifierOutput)
 
-def activation(name: str):
-    """Module-free activation by fastbert's resolved name ("none" = exact GELU)."""
-    return TORCH_ACTIVATION[name]
+def activation(act: Activation):
+    """The module-free function of a resolved activation (Dims.activation)."""
+    return act.fn
 
 
 # ---- building blocks under transformers' names ------------------------------------------------------

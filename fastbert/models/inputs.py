@@ -1,14 +1,10 @@
 """Checks of a model's inputs before anything runs: shapes, dtypes, devices, value ranges (one host
-sync for all of them in the padded forward), and what forward_packed's inputs must hold."""
-from typing import TYPE_CHECKING
-
+sync for all of them in the padded forward), and what forward_packed's inputs must hold. `model` is
+the EncoderModel the inputs are for (its dims, embeddings and sequence limit)."""
 import torch
 from torch import nn
 
 from fastbert.ops.varlen import check_cu_seqlens, check_cu_seqlens_shape, mask_stats
-
-if TYPE_CHECKING:
-    from fastbert.models.modeling import EncoderModel
 
 
 # A traced graph would keep one batch's packing (lengths, longest row) as constants, and be wrong on
@@ -23,7 +19,7 @@ NOT_EXPORTABLE = (
     "optimizing. torch.compile(model) works as it is.")
 
 
-def _range_checks(model: "EncoderModel", input_ids, token_type_ids, position_ids) -> list:
+def _range_checks(model, input_ids, token_type_ids, position_ids) -> list:
     """(name, tensor, low, high exclusive, what) for the value ranges of the given inputs."""
     d = model.dims
     checks = []
@@ -54,14 +50,14 @@ def _check_integer(name: str, t: torch.Tensor, dim: int, layout: str) -> None:
         raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
 
 
-def _check_device(model: "EncoderModel", device) -> None:
+def _check_device(model, device) -> None:
     weight = model.get_input_embeddings().weight
     if device != weight.device:
         raise ValueError(f"inputs are on {device} but {type(model).__name__} is on {weight.device}; "
                          f"move them with .to({str(weight.device)!r})")
 
 
-def check_inputs(model: "EncoderModel", input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds):
+def check_inputs(model, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds):
     """Shape and range checks -> (batch, seq, device, mask stats for unpad or None), with one host
     sync for all value ranges and the mask's lengths together (no device-side asserts)."""
     d = model.dims
@@ -98,7 +94,7 @@ def check_inputs(model: "EncoderModel", input_ids, attention_mask, token_type_id
     return shape[0], shape[1], device, (stats[-2:] if attention_mask is not None else None)
 
 
-def check_packed_shapes(model: "EncoderModel", input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids):
+def check_packed_shapes(model, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids):
     """forward_packed's checks that need no tensor values (shapes, dtypes, devices, host ints); its
     callers have passed token_type_ids through model.token_types."""
     _check_integer("input_ids", input_ids, 1, "(tokens,) packed ids")
@@ -124,7 +120,7 @@ def check_packed_shapes(model: "EncoderModel", input_ids, cu_seqlens, max_seqlen
                          f"(max_position_embeddings={model.dims.max_position_embeddings})")
 
 
-def check_packed(model: "EncoderModel", input_ids, cu_seqlens, max_seqlen, token_type_ids=None,
+def check_packed(model, input_ids, cu_seqlens, max_seqlen, token_type_ids=None,
                  position_ids=None) -> None:
     """Every check of forward_packed's inputs, values included (reads them: one sync on a device)."""
     token_type_ids = model.token_types(token_type_ids)

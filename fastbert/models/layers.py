@@ -19,8 +19,8 @@ epilogues for CPU inference, see there), varlen_attention, bias_gelu, add_layer_
 Under autocast the GEMM outputs are low precision while the residual stream is not: add+LayerNorm
 then takes both in their promoted dtype, as transformers' `LayerNorm(dense(x) + residual)` does.
 """
-import functools
-from typing import Optional, Tuple
+import dataclasses
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,13 +28,10 @@ from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from fastbert import ops
+from fastbert.models.activations import Activation
 from fastbert.ops.attention import attention_probs_ref
 from fastbert.ops.linear import linear, uses_onednn
 from fastbert.ops.varlen import Packing, pack, repad
-
-# Dims.activation -> fastbert.ops.linear's epilogue name, and the same as a plain function
-EPILOGUE = {"none": "gelu", "tanh": "gelu_tanh", "relu": "relu"}
-TORCH_ACTIVATION = {"none": F.gelu, "tanh": functools.partial(F.gelu, approximate="tanh"), "relu": torch.relu}
 
 
 def is_plain(module: nn.Module, cls: type, bias_required: bool = True) -> bool:
@@ -111,6 +108,94 @@ def _slices_of(fused: torch.Tensor, params) -> bool:
     return start == fused.shape[0]
 
 
+# ---- the steps every layer is made of: the fused op for plain modules, the module itself otherwise -----
+def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, *, residual: Optional[torch.Tensor] = None,
+                 activation: Optional[Activation] = None, width: Optional[int] = None,
+                 owner: Optional[nn.Module] = None) -> torch.Tensor:
+    """module(h), then + residual or the activation: fastbert.ops.linear (the add or the activation in
+    the GEMM's epilogue where it has one) for a plain nn.Linear; any other module (a peft LoRA wrapper,
+    a QuantizedLinear, one with hooks) runs itself and must give `width` features (call_module)."""
+    epilogue = None if activation is None else activation.epilogue
+    if is_plain(module, nn.Linear, bias_required=False):
+        y = linear(h, module.weight, module.bias, residual=residual, activation=epilogue, backend=backend)
+        return y if activation is None or epilogue is not None else activation.fn(y)
+    y = call_module(module, h, residual.shape[-1] if residual is not None else width, owner)
+    if residual is not None:
+        return y + residual.to(y.dtype)
+    return y if activation is None else activation.fn(y)
+
+
+def fused_linear(h: torch.Tensor, linears, cache: dict, backend: str, width: Optional[int] = None,
+                 owner: Optional[nn.Module] = None) -> torch.Tensor:
+    """The outputs of several Linears on the same input, side by side: one GEMM over their concatenated
+    weights (fused_weight, `cache` its store) when all are plain and all or none have a bias, else each
+    module run on its own (each giving `width` features)."""
+    if (all(is_plain(m, nn.Linear, bias_required=False) for m in linears)
+            and len({m.bias is None for m in linears}) == 1):
+        weight, bias = fused_weight(linears, cache)
+        return linear(h, weight, bias, backend=backend)
+    return torch.cat([apply_linear(h, m, backend, width=width, owner=owner) for m in linears], dim=-1)
+
+
+def add_norm(h: torch.Tensor, residual: Optional[torch.Tensor], norm: nn.Module, backend: str,
+             owner: Optional[nn.Module] = None) -> torch.Tensor:
+    """norm(h + residual) (residual None: norm(h)): the fused add+LayerNorm op for a plain nn.LayerNorm
+    (bias or not), a plain add for nn.Identity, the module itself otherwise. Under autocast h (a GEMM
+    output) and the residual can differ in dtype: both take the promoted one."""
+    if residual is not None and h.dtype != residual.dtype:
+        dtype = torch.promote_types(h.dtype, residual.dtype)
+        h, residual = h.to(dtype), residual.to(dtype)
+    if isinstance(norm, nn.Identity):
+        return h if residual is None else h + residual
+    if is_plain(norm, nn.LayerNorm) and norm.weight is not None:
+        return ops.add_layer_norm(h, residual, norm.weight, norm.bias, norm.eps, backend=backend)
+    return call_module(norm, h if residual is None else h + residual, h.shape[-1], owner)
+
+
+def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: nn.Module, dropout_p: float,
+              backend: str, owner: Optional[nn.Module] = None) -> torch.Tensor:
+    """norm(dropout(dense(h)) + residual), the post-LN step. Without dropout, on oneDNN, the residual
+    add runs in the GEMM's epilogue and the LayerNorm alone follows (one pass fewer)."""
+    if (dropout_p == 0.0 and residual.dtype == h.dtype and is_plain(dense, nn.Linear, bias_required=False)
+            and uses_onednn(h, dense.weight, backend, dense.bias, residual)):
+        return add_norm(linear(h, dense.weight, dense.bias, residual=residual, backend=backend), None, norm,
+                        backend, owner)
+    a = apply_linear(h, dense, backend, width=residual.shape[-1], owner=owner)
+    return add_norm(F.dropout(a, dropout_p, dropout_p > 0), residual, norm, backend, owner)
+
+
+def residual_linear(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, dropout_p: float,
+                    backend: str) -> torch.Tensor:
+    """residual + dropout(dense(h)), the pre-LN step; without dropout the add is the GEMM's epilogue."""
+    if dropout_p == 0.0 and residual.dtype == h.dtype:
+        return apply_linear(h, dense, backend, residual=residual)
+    out = F.dropout(apply_linear(h, dense, backend), dropout_p, dropout_p > 0)
+    return residual + out.to(residual.dtype)
+
+
+@dataclasses.dataclass
+class LayerPacking(Packing):
+    """The packing every layer gets, with what the model's position scheme hands the layers: absolute
+    positions are the embeddings' own (none here); relative attention reads `positions` (tokens,), the
+    coordinate distances are measured in, and `context` (per-forward tensors the layers share: a bias
+    table, relative embeddings); the rotary families read `positions`, a rotary_encoder.Positions."""
+    positions: Any = None
+    context: Optional[dict] = None
+
+
+def layer_packing(packing: Packing, positions: Any, **context) -> LayerPacking:
+    return LayerPacking(packing.indices, packing.cu_seqlens, packing.max_seqlen, packing.batch, packing.seqlen,
+                        positions=positions, context=context)
+
+
+def padded_columns(packing: Packing, *ts):
+    """For attention that returns probabilities: each (tokens, ...) tensor repadded to (batch, seq, ...),
+    the (batch, seq) key mask and the (batch, seq) column positions."""
+    mask = packing.mask()
+    positions = torch.arange(packing.seqlen, device=mask.device).expand(packing.batch, -1)
+    return [repad(t, packing) for t in ts], mask, positions
+
+
 def padded_attention(q, k, v, packing: Packing, dropout_p: float):
     """Attention with probabilities: (tokens, heads, dim) -> same, plus probs (batch, heads, seq, seq)."""
     qp, kp, vp = (repad(t, packing) for t in (q, k, v))          # (batch, seq, heads, dim), zeros at padding
@@ -129,19 +214,26 @@ class LayerParts:
         self.ffn_in, self.ffn_out, self.ffn_norm = ffn_in, ffn_out, ffn_norm
 
 
-class FastLayer(GradientCheckpointingLayer):
-    """Mixin for a family's layer module: subclasses set `parts()` and call `init_fast(dims)`.
+class EncoderLayer(GradientCheckpointingLayer):
+    """Base of every family's layer: forward(x (tokens, hidden), packing, output_attentions, backend)
+    -> (x, attention probabilities or None), run by EncoderModel's loop.
 
     A transformers GradientCheckpointingLayer: when checkpointing is on (its `gradient_checkpointing`
     flag and `_gradient_checkpointing_func`, set by the model's activation_checkpointing_enable or by
     transformers' own on an optimized model) its forward runs inside that function, so code that finds
     checkpointed layers as transformers' tests do finds these."""
 
+
+class FastLayer(EncoderLayer):
+    """The post-LN layer of the BERT-shaped families (and NomicBERT): subclasses set `parts()` and call
+    `init_fast(dims)`; `attend` and `ffn_hidden` are what a family may vary."""
+
     def init_fast(self, dims, attn_output_dropout: bool = True, ffn_output_dropout: bool = True) -> None:
         """The flags say where the family applies hidden dropout, as transformers does: BERT-shaped
         layers after both output projections, DistilBERT not after the attention one, ALBERT not
         after the FFN one."""
         self.num_heads = dims.num_heads
+        self.head_dim = dims.head_dim
         self.hidden_size = dims.hidden_size
         self.intermediate_size = dims.intermediate_size
         self.activation = dims.activation
@@ -154,64 +246,39 @@ class FastLayer(GradientCheckpointingLayer):
     def parts(self) -> LayerParts:
         raise NotImplementedError
 
-    # ---- each step: the fused op for plain modules, the module itself otherwise -----------------------
-    def _call(self, module: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
-        return call_module(module, x, width, owner=self)
+    def _qkv(self, p: LayerParts, x: torch.Tensor, backend: str) -> torch.Tensor:
+        """(tokens, 3, heads, head_dim) q, k, v: one GEMM over the fused weights when all are plain."""
+        width = self.num_heads * self.head_dim
+        qkv = fused_linear(x, (p.query, p.key, p.value), self._qkv_cache, backend, width, owner=self)
+        return qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
 
-    def _qkv(self, p: LayerParts, x: torch.Tensor, backend: str):
-        tokens, heads = x.shape[0], self.num_heads
-        head_dim = self.hidden_size // heads
-        if all(is_plain(m, nn.Linear) for m in (p.query, p.key, p.value)):
-            weight, bias = fused_weight((p.query, p.key, p.value), self._qkv_cache)
-            qkv = linear(x, weight, bias, backend=backend).view(tokens, 3, heads, head_dim)
-            return qkv.unbind(1)                                 # (tokens, heads, head_dim) views
-        return tuple(self._call(m, x, self.hidden_size).view(tokens, heads, head_dim)
-                     for m in (p.query, p.key, p.value))
+    def attend(self, qkv: torch.Tensor, packing: Packing, output_attentions: bool, dropout_p: float, backend: str
+               ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """qkv (tokens, 3, heads, head_dim) -> context (tokens, heads, head_dim) and, with output_attentions,
+        the probabilities. This is where the position scheme enters a layer: absolute positions are in
+        the embeddings, so plain attention here; relative and rotary layers override it."""
+        q, k, v = qkv.unbind(1)
+        if output_attentions:
+            return padded_attention(q, k, v, packing, dropout_p)
+        if q.shape[0] == 0:   # no real token (an empty batch has no row for the kernel)
+            return q.new_zeros(q.shape), None
+        return ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=dropout_p,
+                                    backend=backend), None
 
-    def _norm(self, h: torch.Tensor, residual: Optional[torch.Tensor], norm: nn.Module, backend: str):
-        """norm(h + residual); under autocast h (a GEMM output) and the residual can differ in dtype."""
-        if residual is not None and h.dtype != residual.dtype:
-            dtype = torch.promote_types(h.dtype, residual.dtype)
-            h, residual = h.to(dtype), residual.to(dtype)
-        if is_plain(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None:
-            return ops.add_layer_norm(h, residual, norm.weight, norm.bias, norm.eps, backend=backend)
-        return self._call(norm, h if residual is None else h + residual, h.shape[-1])
-
-    def _output(self, h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: nn.Module,
-                dropout_p: float, backend: str) -> torch.Tensor:
-        """norm(dropout(dense(h)) + residual). Without dropout, on oneDNN, the residual add runs in the
-        GEMM's epilogue and the LayerNorm alone follows (one pass fewer)."""
-        if not is_plain(dense, nn.Linear):
-            a = self._call(dense, h, self.hidden_size)
-        elif dropout_p == 0.0 and residual.dtype == h.dtype and uses_onednn(h, dense.weight, backend, dense.bias, residual):
-            return self._norm(linear(h, dense.weight, dense.bias, residual=residual, backend=backend), None,
-                              norm, backend)
-        else:
-            a = linear(h, dense.weight, dense.bias, backend=backend)
-        return self._norm(F.dropout(a, dropout_p, dropout_p > 0), residual, norm, backend)
-
-    def _ffn_in(self, x: torch.Tensor, module: nn.Module, backend: str) -> torch.Tensor:
-        if is_plain(module, nn.Linear):
-            return linear(x, module.weight, module.bias, activation=EPILOGUE[self.activation], backend=backend)
-        return TORCH_ACTIVATION[self.activation](self._call(module, x, self.intermediate_size))
+    def ffn_hidden(self, x: torch.Tensor, p: LayerParts, backend: str) -> torch.Tensor:
+        """(tokens, intermediate) input of the FFN's output projection: act(ffn_in(x)), the activation in
+        the GEMM's epilogue (a gated MLP overrides it)."""
+        return apply_linear(x, p.ffn_in, backend, activation=self.activation, width=self.intermediate_size,
+                            owner=self)
 
     def forward(self, x: torch.Tensor, packing: Packing, output_attentions: bool = False, backend: str = "auto"
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The post-LN layer: attention, then the FFN, each followed by add+LayerNorm."""
         p = self.parts()
-        tokens, hidden = x.shape
-        q, k, v = self._qkv(p, x, backend)                       # (tokens, heads, head_dim)
-        attn_p = self.attention_dropout if self.training else 0.0
-        probs = None
-        if output_attentions:
-            ctx, probs = padded_attention(q, k, v, packing, attn_p)
-        elif tokens == 0:
-            ctx = q.new_zeros(q.shape)
-        else:
-            ctx = ops.varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=attn_p,
-                                       backend=backend)
         train = self.training
-        x = self._output(ctx.reshape(tokens, hidden), p.attn_out, x, p.attn_norm,
-                         self.attn_output_dropout if train else 0.0, backend)
-        h = self._ffn_in(x, p.ffn_in, backend)                   # (tokens, intermediate)
-        x = self._output(h, p.ffn_out, x, p.ffn_norm, self.ffn_output_dropout if train else 0.0, backend)
-        return x, probs
+        ctx, probs = self.attend(self._qkv(p, x, backend), packing, output_attentions,
+                                 self.attention_dropout if train else 0.0, backend)
+        x = post_norm(ctx.reshape(x.shape[0], self.num_heads * self.head_dim), p.attn_out, x, p.attn_norm,
+                      self.attn_output_dropout if train else 0.0, backend, owner=self)
+        return post_norm(self.ffn_hidden(x, p, backend), p.ffn_out, x, p.ffn_norm,
+                         self.ffn_output_dropout if train else 0.0, backend, owner=self), probs

@@ -21,13 +21,13 @@ from transformers import PreTrainedModel
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.gradient_checkpointing import GradientCheckpointing
 from fastbert.models.inputs import NOT_EXPORTABLE, check_inputs, check_packed, check_packed_shapes
-from fastbert.models.layers import FastLayer
+from fastbert.models.layers import EncoderLayer
 from fastbert.models.loading import CheckpointIO
 from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
 from fastbert.models.registry import family
 from fastbert.models.resizing import Resizing
 from fastbert.ops._dispatch import BACKENDS
-from fastbert.ops.varlen import Packing, pack, packed_positions, repad, unpad
+from fastbert.ops.varlen import Packing, pack, packed_positions, repad, token_positions, unpad
 
 
 def _selected(hidden_states: Optional[list], which) -> Optional[tuple]:
@@ -189,23 +189,32 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
                 if child is old:
                     setattr(parent, name, value)
 
+    def init_std(self, module: nn.Module, name: str) -> Tuple[float, Optional[float]]:
+        """(std, truncation cutoff in stds or None) of the normal init of a Linear or Embedding named
+        `name`: transformers' normal(0, initializer_range) unless a family says otherwise."""
+        return getattr(self.config, "initializer_range", 0.02), None
+
     def init_weights(self, modules: Optional[Iterable[nn.Module]] = None) -> None:
-        """transformers' initialisation: normal(0, initializer_range) weights, zero biases, unit norms."""
-        std = getattr(self.config, "initializer_range", 0.02)
+        """transformers' initialisation: normal(0, std) weights (truncated where `init_std` says), zero
+        biases, unit norms."""
+        names = {m: n for n, m in self.named_modules()}
         modules = list(self.modules() if modules is None else modules)
         with torch.no_grad():
             for m in modules:
-                if isinstance(m, nn.Linear):
-                    m.weight.normal_(0.0, std)
-                    if m.bias is not None:
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    std, cutoff = self.init_std(m, names.get(m, ""))
+                    if cutoff is None:
+                        m.weight.normal_(0.0, std)
+                    else:
+                        nn.init.trunc_normal_(m.weight, 0.0, std, -cutoff * std, cutoff * std)
+                    if isinstance(m, nn.Linear) and m.bias is not None:
                         m.bias.zero_()
-                elif isinstance(m, nn.Embedding):
-                    m.weight.normal_(0.0, std)
-                    if m.padding_idx is not None:
+                    if isinstance(m, nn.Embedding) and m.padding_idx is not None:
                         m.weight[m.padding_idx].zero_()
                 elif isinstance(m, nn.LayerNorm):
                     m.weight.fill_(1.0)
-                    m.bias.zero_()
+                    if m.bias is not None:
+                        m.bias.zero_()
                 for name, p in m.named_parameters(recurse=False):
                     if name == "bias" and not isinstance(m, (nn.Linear, nn.LayerNorm)):
                         p.zero_()  # MLM output bias
@@ -232,7 +241,7 @@ class EncoderModel(FastPreTrainedModel):
     embeddings -> layers (`forward_packed`).
 
     Families supply `embed(input_ids, token_type_ids, position_ids, inputs_embeds, backend)` on packed
-    (tokens,) tensors -> (tokens, hidden), `layers()` (in execution order) and `pool(sequence_output)`
+    (tokens,) tensors -> (tokens, hidden), `encoder_layers()` (in execution order) and `pool(sequence_output)`
     (None without a pooler). Position ids follow the registry's convention for the model type
     (`padded_positions` / `packed_positions`; a family with another scheme overrides them). Padding
     positions of last_hidden_state and of hidden_states are zeros (transformers computes them on
@@ -254,7 +263,7 @@ class EncoderModel(FastPreTrainedModel):
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend: str) -> torch.Tensor:
         raise NotImplementedError
 
-    def layers(self) -> List[FastLayer]:
+    def encoder_layers(self) -> List[EncoderLayer]:
         raise NotImplementedError
 
     def pool(self, sequence_output: torch.Tensor) -> Optional[torch.Tensor]:
@@ -275,8 +284,7 @@ class EncoderModel(FastPreTrainedModel):
             return pack(position_ids.expand(b, s), packing)
         offset = self.position_offset()
         if not family(self.dims.model_type).roberta_positions:
-            column = torch.arange(s, device=device).repeat(b) if packing.indices is None else packing.indices % s
-            return column + offset
+            return token_positions(packing, packing.total) + offset
         if input_ids is None:  # no ids to find padding in: sequential, as transformers
             return pack(torch.arange(offset, s + offset, device=device).expand(b, s), packing)
         real = input_ids.ne(self.dims.pad_token_id).int()
@@ -295,7 +303,7 @@ class EncoderModel(FastPreTrainedModel):
         the padded tensor, so that gradients reach every returned hidden state (saliency, attribution)."""
         attentions = [] if output_attentions else None
         backend = self._backend
-        for layer in self.layers():
+        for layer in self.encoder_layers():
             x, probs = layer(x, packing, output_attentions, backend)
             if hidden_states is not None:
                 hidden_states.append(repad(x, packing))
@@ -369,10 +377,10 @@ class EncoderModel(FastPreTrainedModel):
         self._check_embedding_hooks()
         tokens = input_ids.shape[0]
         packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
-        x = self.embed(input_ids, token_type_ids, self.packed_positions(cu_seqlens, tokens, position_ids), None,
-                       self._backend)
+        positions = self.packed_positions(cu_seqlens, tokens, position_ids)
+        x = self.embed(input_ids, token_type_ids, positions, None, self._backend)
         if cu_seqlens.shape[0] > 1:   # an empty batch (the tokenizer's packed output for []) has no tokens to run
-            x, _ = self._run_layers(x, packing, False, None)
+            x, _ = self.run_encoder(x, packing, positions, False, None)
         return BaseModelOutput(last_hidden_state=x)
 
     def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> None:

@@ -19,17 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert.models.config import ConfigError, Dims
+from fastbert.models.config import ACTIVATIONS, ConfigError, Dims, activation_fn
 from fastbert.models.heads import TaskModel, qa_loss, sequence_classification_loss
+from fastbert.models.layers import EncoderLayer, LayerPacking, add_norm, apply_linear, residual_linear
 from fastbert.models.outputs import (BaseModelOutput, MaskedLMOutput, MultipleChoiceModelOutput,
                                      QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
-from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
-                                            apply_linear, check_probability, check_rope_type, dense_attention,
-                                            layer_norm, residual_linear)
-from fastbert.ops import varlen_attention
-from fastbert.ops.rotary import Rotary, rotary
-from fastbert.ops.attention import sliding_window_attention
-from fastbert.ops.varlen import Packing
+from fastbert.models.rotary_encoder import (RotaryEncoderModel, RotaryFamily, check_probability, check_rope_type,
+                                            rotary_attention)
+from fastbert.ops.rotary import Rotary
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
@@ -83,7 +80,7 @@ def resolve_dims(config) -> Dims:
     """The registry's hook: ModernBertConfig's names for the sizes every fastbert model reads."""
     return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
                 config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
-                config.hidden_activation, float(config.norm_eps), config.max_position_embeddings, 0,
+                ACTIVATIONS[config.hidden_activation], float(config.norm_eps), config.max_position_embeddings, 0,
                 config.pad_token_id, float(config.mlp_dropout), float(config.attention_dropout))
 
 
@@ -118,7 +115,7 @@ class ModernBertEmbeddings(nn.Module):
 
     def forward(self, input_ids, inputs_embeds, backend: str):     # packed (tokens,) ids or (tokens, hidden)
         x = inputs_embeds if inputs_embeds is not None else self.tok_embeddings(input_ids)
-        return self.drop(layer_norm(x, self.norm, backend))              # (tokens, hidden)
+        return self.drop(add_norm(x, None, self.norm, backend))          # (tokens, hidden)
 
 
 class ModernBertAttention(nn.Module):
@@ -136,7 +133,9 @@ class ModernBertMLP(nn.Module):
         self.drop = nn.Dropout(config.mlp_dropout)
 
 
-class ModernBertEncoderLayer(nn.Module):
+class ModernBertEncoderLayer(EncoderLayer):
+    """A pre-LN layer of the common stack's steps, with rotary (global or local) attention."""
+
     def __init__(self, config, layer_idx: int, rope: Rotary):
         super().__init__()
         self.attn_norm = nn.Identity() if layer_idx == 0 else _norm(config)
@@ -151,30 +150,18 @@ class ModernBertEncoderLayer(nn.Module):
         self.act = activation_fn(config.hidden_activation, "config", "hidden_activation")
         self._rope = [rope]   # shared with the model; a list so it is not registered twice
 
-    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False,
+    def forward(self, x: torch.Tensor, packing: LayerPacking, output_attentions: bool = False,
                 backend: str = "auto"):
         tokens, hidden = x.shape
-        h = layer_norm(x, self.attn_norm, backend)
-        qkv = apply_linear(h, self.attn.Wqkv, backend)
+        h = add_norm(x, None, self.attn_norm, backend, owner=self)
+        qkv = apply_linear(h, self.attn.Wqkv, backend, owner=self)
         qkv = qkv.view(tokens, 3, self.num_heads, hidden // self.num_heads)  # no -1: tokens may be 0
-        cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
-        q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
-        v = qkv[:, 2]
         drop = self.attention_dropout if self.training else 0.0
-        probs = None
-        if output_attentions:
-            ctx, probs = dense_attention(q, k, v, packing, positions, self.window, drop)
-        elif tokens == 0:
-            ctx = q.new_zeros(q.shape)
-        elif self.window is None or positions.span - 1 <= self.window:   # no row reaches past the window
-            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop,
-                                   backend=backend)
-        else:
-            ctx = sliding_window_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, self.window,
-                                           positions.window, dropout_p=drop, backend=backend)
+        ctx, probs = rotary_attention(qkv, packing, self._rope[0], self.theta, self.window, drop, output_attentions,
+                                      backend)
         x = residual_linear(ctx.reshape(tokens, hidden), self.attn.Wo, x, drop, backend)  # out_drop
-        h = layer_norm(x, self.mlp_norm, backend)
-        inp, gate = apply_linear(h, self.mlp.Wi, backend).chunk(2, dim=-1)
+        h = add_norm(x, None, self.mlp_norm, backend, owner=self)
+        inp, gate = apply_linear(h, self.mlp.Wi, backend, owner=self).chunk(2, dim=-1)
         g = self.mlp.drop(self.act(inp) * gate)                                # (tokens, intermediate)
         return residual_linear(g, self.mlp.Wo, x, 0.0, backend), probs
 
@@ -199,7 +186,7 @@ class ModernBertModel(ModernBertFamily, RotaryEncoderModel):
         return self.embeddings(input_ids, inputs_embeds, backend)
 
     def finish(self, x):
-        return layer_norm(x, self.final_norm, self._backend)
+        return add_norm(x, None, self.final_norm, self._backend)
 
 
 # ---- heads ----------------------------------------------------------------------------------------

@@ -11,10 +11,9 @@ packed input). No token type embeddings: forward takes token_type_ids and ignore
 
 The bias attention is fastbert.ops.relative_attention.relative_bias_attention (the flash kernel with
 the bias added tile by tile, or its blocked torch path), on the model's backend like the other ops.
-This file also holds what DeBERTa shares: RelativePacking and RelativeLayer.
+The relative positions reach the layers in their packing (layers.LayerPacking), as DeBERTa's do.
 """
-import dataclasses
-from typing import List, Optional
+from typing import List
 
 import torch
 from torch import nn
@@ -24,57 +23,12 @@ from fastbert.models.embeddings import Embeddings
 from fastbert.models.heads import (MaskedLMModel, MultipleChoiceModel, PooledClassifier, Pooler,
                                    QuestionAnsweringModel, RobertaLMHead, SequenceClassificationModel,
                                    TokenClassificationModel)
-from fastbert.models.layers import FastLayer, LayerParts
+from fastbert.models.layers import FastLayer, LayerParts, layer_packing, padded_columns
 from fastbert.models.modeling import EncoderModel
 from fastbert.ops import relative_attention as rel_ops
-from fastbert.ops.varlen import Packing, pack, packed_positions, repad
+from fastbert.ops.varlen import pack, token_positions
 
 NUM_BUCKETS, MAX_DISTANCE = 32, 128   # transformers' MPNetEncoder.compute_position_bias defaults
-
-
-# ---- shared with DeBERTa: the packing plus the relative coordinate of each token -----------------------
-@dataclasses.dataclass
-class RelativePacking(Packing):
-    positions: Optional[torch.Tensor] = None   # (tokens,) coordinate distances are measured in
-    context: Optional[dict] = None             # per-forward tensors the layers share (bias table, rel. embeddings)
-
-
-def relative_packing(packing: Packing, tokens: int, device, **context) -> RelativePacking:
-    """Padded batches measure distances between columns (as transformers); packed input 0..len-1."""
-    if packing.indices is None:
-        positions = packed_positions(packing.cu_seqlens, tokens) if tokens else torch.zeros(0, dtype=torch.long,
-                                                                                            device=device)
-    else:
-        positions = packing.indices % packing.seqlen
-    return RelativePacking(packing.indices, packing.cu_seqlens, packing.max_seqlen, packing.batch, packing.seqlen,
-                           positions=positions, context=context)
-
-
-class RelativeLayer(FastLayer):
-    """FastLayer whose attention adds relative position terms: subclasses implement `attend`."""
-
-    def attend(self, q, k, v, packing: RelativePacking, output_attentions: bool, dropout_p: float, backend: str):
-        raise NotImplementedError
-
-    @staticmethod
-    def padded_inputs(packing: RelativePacking, *ts):
-        """For output_attentions: (batch, seq, ...) tensors, key mask and column positions."""
-        mask = packing.mask()
-        positions = torch.arange(packing.seqlen, device=mask.device).expand(packing.batch, -1)
-        return [repad(t, packing) for t in ts], mask, positions
-
-    def forward(self, x, packing: RelativePacking, output_attentions: bool = False, backend: str = "auto"):
-        p = self.parts()
-        tokens, hidden = x.shape
-        q, k, v = self._qkv(p, x, backend)                       # (tokens, heads, head_dim)
-        attn_p = self.attention_dropout if self.training else 0.0
-        ctx, probs = self.attend(q, k, v, packing, output_attentions, attn_p, backend)
-        train = self.training
-        x = self._output(ctx.reshape(tokens, hidden), p.attn_out, x, p.attn_norm,
-                         self.attn_output_dropout if train else 0.0, backend)
-        h = self._ffn_in(x, p.ffn_in, backend)
-        x = self._output(h, p.ffn_out, x, p.ffn_norm, self.ffn_output_dropout if train else 0.0, backend)
-        return x, probs
 
 
 # ---- config ---------------------------------------------------------------------------------------------
@@ -122,7 +76,7 @@ class MPNetOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(d.hidden_size, eps=d.layer_norm_eps)
 
 
-class MPNetLayer(RelativeLayer):
+class MPNetLayer(FastLayer):
     def __init__(self, d):
         super().__init__()
         self.attention = MPNetAttention(d)
@@ -135,11 +89,13 @@ class MPNetLayer(RelativeLayer):
         return LayerParts(a.attn.q, a.attn.k, a.attn.v, a.attn.o, a.LayerNorm, self.intermediate.dense,
                           self.output.dense, self.output.LayerNorm)
 
-    def attend(self, q, k, v, packing, output_attentions, dropout_p, backend):
+    def attend(self, qkv, packing, output_attentions, dropout_p, backend):
+        """Attention plus the bias table[bucket(p_j - p_i), head], p the packing's relative positions."""
+        q, k, v = qkv.unbind(1)
         table = packing.context["table"]
         opts = dict(num_buckets=NUM_BUCKETS, max_distance=MAX_DISTANCE, dropout_p=dropout_p)
         if output_attentions:
-            (qp, kp, vp), mask, positions = self.padded_inputs(packing, q, k, v)
+            (qp, kp, vp), mask, positions = padded_columns(packing, q, k, v)
             out, probs = rel_ops.relative_bias_attention_padded(qp, kp, vp, mask, positions, table, **opts)
             return pack(out, packing), probs
         if q.shape[0] == 0:  # no real token (an empty batch has no row for the kernel)
@@ -172,15 +128,16 @@ class MPNetModel(EncoderModel):
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)
 
-    def layers(self) -> List[FastLayer]:
+    def encoder_layers(self) -> List[FastLayer]:
         return list(self.encoder.layer)
 
     def pool(self, sequence_output):
         return None if self.pooler is None else self.pooler(sequence_output)
 
     def _run_layers(self, x, packing, output_attentions, hidden_states):
-        packing = relative_packing(packing, x.shape[0], x.device, table=self.encoder.relative_attention_bias.weight,
-                                   distances=self.encoder.distances.on(x.device))
+        packing = layer_packing(packing, token_positions(packing, x.shape[0]),
+                                table=self.encoder.relative_attention_bias.weight,
+                                distances=self.encoder.distances.on(x.device))
         return super()._run_layers(x, packing, output_attentions, hidden_states)
 
 

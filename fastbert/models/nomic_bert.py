@@ -16,17 +16,15 @@ from typing import Dict
 import torch
 from torch import nn
 
-from fastbert.models.config import ConfigError, Dims
+from fastbert.models.config import ACTIVATIONS, ConfigError, Dims, activation_fn
 from fastbert.models.heads import (MaskedLMModel, PooledClassifier, Pooler, SequenceClassificationModel,
                                    TokenClassificationModel)
+from fastbert.models.layers import FastLayer, LayerParts, add_norm, fused_linear
 from fastbert.models.loading import CheckpointError
 from fastbert.models.outputs import BaseModelOutputWithPooling
-from fastbert.models.rotary_encoder import (Positions, RotaryEncoderModel, RotaryFamily, activation_fn,
-                                            check_probability, check_rope_type, dense_attention, fused_linear,
-                                            layer_norm, post_norm)
-from fastbert.ops import varlen_attention
-from fastbert.ops.rotary import Rotary, rotary
-from fastbert.ops.varlen import Packing
+from fastbert.models.rotary_encoder import (RotaryEncoderModel, RotaryFamily, check_probability, check_rope_type,
+                                            rotary_attention)
+from fastbert.ops.rotary import Rotary
 
 
 def _head_dim(config) -> int:
@@ -49,10 +47,10 @@ def check_config(config, source: str = "config") -> None:
 
 
 def resolve_dims(config) -> Dims:
-    """The registry's hook (BertConfig's names; the activation is kept as transformers names it)."""
+    """The registry's hook (BertConfig's names)."""
     return Dims(config.model_type, config.vocab_size, config.hidden_size, config.hidden_size,
                 config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
-                config.hidden_act, float(config.layer_norm_eps), config.max_position_embeddings,
+                ACTIVATIONS[config.hidden_act], float(config.layer_norm_eps), config.max_position_embeddings,
                 config.type_vocab_size, config.pad_token_id, float(config.hidden_dropout_prob),
                 float(config.attention_probs_dropout_prob))
 
@@ -108,7 +106,7 @@ class NomicBertEmbeddings(nn.Module):
             types = self.token_type_embeddings.weight[0].to(x.dtype).expand_as(x)   # type 0 everywhere
         else:
             types = self.token_type_embeddings(token_type_ids).to(x.dtype)
-        return self.dropout(layer_norm(x, self.LayerNorm, backend, residual=types))   # (tokens, hidden)
+        return self.dropout(add_norm(x, types, self.LayerNorm, backend))   # (tokens, hidden)
 
 
 class NomicBertAttention(nn.Module):
@@ -129,46 +127,33 @@ class NomicBertMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
 
-class NomicBertLayer(nn.Module):
-    def __init__(self, config, rope: Rotary):
+class NomicBertLayer(FastLayer):
+    """The common post-LN layer with rotary attention and a SwiGLU MLP."""
+
+    def __init__(self, config, dims: Dims, rope: Rotary):
         super().__init__()
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = NomicBertMLP(config)
         self.self_attn = NomicBertAttention(config)
         self.post_mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.num_heads, self.head_dim = config.num_attention_heads, _head_dim(config)
+        self.init_fast(dims)
+        self.head_dim = _head_dim(config)   # config.head_dim may differ from hidden_size / heads
         self.theta = float(config.rope_parameters["rope_theta"])
-        self.hidden_dropout = float(config.hidden_dropout_prob)
-        self.attention_dropout = float(config.attention_probs_dropout_prob)
-        self.act = activation_fn(config.hidden_act, "config", "hidden_act")
         self._rope = [rope]   # shared with the model; a list so it is not registered twice
-        self._qkv_cache, self._mlp_cache = {}, {}
+        self._mlp_cache = {}
 
-    def forward(self, x: torch.Tensor, packing: Packing, positions: Positions, output_attentions: bool = False,
-                backend: str = "auto"):
-        tokens = x.shape[0]
-        a, m = self.self_attn, self.mlp
-        qkv = fused_linear(x, (a.q_proj, a.k_proj, a.v_proj), self._qkv_cache, backend)
-        qkv = qkv.view(tokens, 3, self.num_heads, self.head_dim)
-        cos, sin = self._rope[0](positions.rotary, self.theta, qkv.dtype)      # (tokens, head_dim // 2)
-        q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
-        v = qkv[:, 2]
-        train = self.training
-        drop = self.attention_dropout if train else 0.0
-        probs = None
-        if output_attentions:
-            ctx, probs = dense_attention(q, k, v, packing, positions, None, drop)
-        elif tokens == 0:
-            ctx = q.new_zeros(q.shape)
-        else:
-            ctx = varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=drop,
-                                   backend=backend)
-        hidden_p = self.hidden_dropout if train else 0.0
-        x = post_norm(ctx.reshape(tokens, self.num_heads * self.head_dim), a.o_proj, x, self.post_attention_layernorm,
-                      hidden_p, backend)
-        gate, up = fused_linear(x, (m.gate_proj, m.up_proj), self._mlp_cache, backend).chunk(2, dim=-1)
-        x = post_norm(self.act(gate) * up, m.down_proj, x, self.post_mlp_layernorm, hidden_p, backend)
-        return x, probs
+    def parts(self) -> LayerParts:
+        a = self.self_attn
+        return LayerParts(a.q_proj, a.k_proj, a.v_proj, a.o_proj, self.post_attention_layernorm, None,
+                          self.mlp.down_proj, self.post_mlp_layernorm)
+
+    def attend(self, qkv, packing, output_attentions, dropout_p, backend):
+        return rotary_attention(qkv, packing, self._rope[0], self.theta, None, dropout_p, output_attentions, backend)
+
+    def ffn_hidden(self, x, p, backend):
+        m = self.mlp
+        gate, up = fused_linear(x, (m.gate_proj, m.up_proj), self._mlp_cache, backend, owner=self).chunk(2, dim=-1)
+        return self.activation.fn(gate) * up                    # (tokens, intermediate)
 
 
 # ---- the bare encoder -------------------------------------------------------------------------------
@@ -181,7 +166,7 @@ class NomicBertModel(NomicBertFamily, RotaryEncoderModel):
         self.embeddings = NomicBertEmbeddings(c)
         self.pooler = Pooler(c.hidden_size) if add_pooling_layer else None
         self.rotary = Rotary(_head_dim(c), c.max_position_embeddings)
-        self.layers = nn.ModuleList(NomicBertLayer(c, self.rotary) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(NomicBertLayer(c, self.dims, self.rotary) for _ in range(c.num_hidden_layers))
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, token_type_ids, inputs_embeds, backend)

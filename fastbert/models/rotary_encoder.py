@@ -1,43 +1,26 @@
-"""What the rotary families (ModernBERT, NomicBERT) share: no position embeddings, RoPE on q/k of the
-fused QKV projection, gated MLPs, and an encoder loop that hands each layer its tokens' positions.
+"""The rotary position scheme that ModernBERT and NomicBERT share: no position embeddings; each layer
+rotates q and k of its fused QKV projection by the tokens' positions (RoPE), and ModernBERT's local
+layers attend within a window measured in the same positions. Everything else is the common stack:
+the layers compose layers.py's steps, and EncoderModel runs them (the positions reach each layer in
+its packing, LayerPacking.positions).
 
 Positions: the padded forward uses transformers' convention, the token's index in its padded row
 (or the given position_ids), for the rotation and for sliding windows alike; forward_packed uses
 the offset inside each packed sequence. Both come out of shapes and cu_seqlens with no host sync.
 """
-import contextlib
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.autograd.graph import save_on_cpu
-from torch.utils.checkpoint import checkpoint
 
 from fastbert.models.config import ConfigError
-from fastbert.models.layers import call_module, fused_weight, is_plain
-from fastbert.models.inputs import check_packed_shapes
+from fastbert.models.layers import LayerPacking, layer_packing
 from fastbert.models.modeling import EncoderModel, FastPreTrainedModel
-from fastbert.models.outputs import BaseModelOutput
-from fastbert.ops import add_layer_norm
-from fastbert.ops.linear import linear
-from fastbert.ops.varlen import Packing, pack, packed_positions, repad
-
-# transformers' ACT2FN names -> the function (gelu is the exact erf GELU, as transformers)
-ACTIVATIONS = {
-    "gelu": F.gelu, "gelu_python": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu, "swish": F.silu, "relu": F.relu,
-}
-
-
-def activation_fn(name: str, source: str, key: str):
-    if name not in ACTIVATIONS:
-        raise ConfigError(f"{source}: {key}={name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
+from fastbert.ops.attention import sliding_window_attention, varlen_attention
+from fastbert.ops.rotary import Rotary, rotary
+from fastbert.ops.varlen import Packing, pack, packed_positions, repad, token_positions
 
 
 def check_probability(config, names, source: str) -> None:
@@ -61,83 +44,21 @@ def check_rope_type(params: dict, source: str, what: str) -> float:
 @dataclass
 class Positions:
     """Per packed token: `rotary` positions (tokens,) int64, and `window` indices for local attention
-    (None: the offsets inside each packed sequence); `span` bounds window distances (row width)."""
+    (None: the offsets inside each packed sequence). Window distances are bounded by the packing's
+    seqlen (the padded row's width, or max_seqlen on packed input)."""
     rotary: torch.Tensor
     window: Optional[torch.Tensor]
-    span: int
 
 
 def padded_positions(packing: Packing, position_ids: Optional[torch.Tensor]) -> Positions:
     """transformers' positions for a padded batch: each real token's index in its row, or position_ids."""
-    b, s, device = packing.batch, packing.seqlen, packing.cu_seqlens.device
-    if packing.indices is None:
-        window, rotary = None, torch.arange(s, device=device).repeat(b)
-    else:
-        window = rotary = packing.indices % s
-    if position_ids is not None:
-        rotary = pack(position_ids.expand(b, s), packing).long()
-    return Positions(rotary, window, s)
+    columns = token_positions(packing, packing.total)
+    given = None if position_ids is None else position_ids.expand(packing.batch, packing.seqlen)
+    rotary = columns if given is None else pack(given, packing).long()
+    return Positions(rotary, None if packing.indices is None else columns)
 
 
-def sequence_positions(cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int,
-                       position_ids: Optional[torch.Tensor]) -> Positions:
-    """Positions of packed sequences: 0..len-1 each (or position_ids); windows in the same offsets."""
-    rotary = packed_positions(cu_seqlens, tokens) if position_ids is None else position_ids.long()
-    return Positions(rotary, None, max_seqlen)
-
-
-def _plain_linear(module: nn.Module) -> bool:
-    return is_plain(module, nn.Linear, bias_required=False)
-
-
-def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, residual=None) -> torch.Tensor:
-    """module(h) (+ residual): fastbert's GEMM (residual add in its epilogue) for a plain nn.Linear; any
-    other module (a peft LoRA wrapper, a QuantizedLinear, one with hooks) runs itself, so it is never
-    bypassed by reading its .weight."""
-    if _plain_linear(module):
-        return linear(h, module.weight, module.bias, residual=residual, backend=backend)
-    y = call_module(module, h, None if residual is None else residual.shape[-1])
-    return y if residual is None else y + residual.to(y.dtype)
-
-
-def fused_linear(h: torch.Tensor, linears, cache: dict, backend: str) -> torch.Tensor:
-    """The outputs of several Linears on the same input, side by side: one GEMM over their
-    concatenated weights when all are plain, else each module run on its own."""
-    if all(_plain_linear(m) for m in linears):
-        weight, bias = fused_weight(linears, cache)
-        return linear(h, weight, bias, backend=backend)
-    return torch.cat([apply_linear(h, m, backend) for m in linears], dim=-1)
-
-
-def layer_norm(x: torch.Tensor, norm: nn.Module, backend: str = "auto", residual=None) -> torch.Tensor:
-    """norm(x + residual) for an nn.LayerNorm (bias or not) through fastbert's fused op; Identity passes."""
-    if isinstance(norm, nn.Identity):
-        return x if residual is None else x + residual
-    if not is_plain(norm, nn.LayerNorm):   # a wrapped or replaced norm runs itself
-        return norm(x if residual is None else x + residual)
-    return add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, backend=backend)
-
-
-def post_norm(h: torch.Tensor, dense: nn.Linear, residual: torch.Tensor, norm: nn.LayerNorm, dropout_p: float,
-              backend: str) -> torch.Tensor:
-    """norm(dropout(dense(h)) + residual), the post-LN step; without dropout the residual add is the
-    GEMM's epilogue and the LayerNorm alone follows."""
-    if dropout_p == 0.0 and residual.dtype == h.dtype:
-        return layer_norm(apply_linear(h, dense, backend, residual=residual), norm, backend)
-    a = F.dropout(apply_linear(h, dense, backend), dropout_p, dropout_p > 0)
-    return layer_norm(a.to(residual.dtype), norm, backend, residual=residual)
-
-
-def residual_linear(h: torch.Tensor, layer: nn.Linear, residual: torch.Tensor, dropout_p: float,
-                    backend: str) -> torch.Tensor:
-    """residual + dropout(h W^T + b); without dropout the add is the GEMM's epilogue (oneDNN on CPU)."""
-    if dropout_p == 0.0 and residual.dtype == h.dtype:
-        return apply_linear(h, layer, backend, residual=residual)
-    out = F.dropout(apply_linear(h, layer, backend), dropout_p, dropout_p > 0)
-    return residual + out.to(residual.dtype)
-
-
-def dense_attention(q, k, v, packing: Packing, positions: Positions, window: Optional[int], dropout_p: float):
+def dense_attention(q, k, v, packing: Packing, window: Optional[int], dropout_p: float):
     """Unfused padded attention that returns probabilities (output_attentions=True): (tokens, heads,
     dim) -> same, plus probs (batch, heads, seq, seq). Keys at padding get the dtype's min score."""
     b, s = packing.batch, packing.seqlen
@@ -161,9 +82,30 @@ def dense_attention(q, k, v, packing: Packing, positions: Positions, window: Opt
     return pack(out, packing), probs
 
 
+def rotary_attention(qkv: torch.Tensor, packing: LayerPacking, rope: Rotary, theta: float, window: Optional[int],
+                     dropout_p: float, output_attentions: bool, backend: str
+                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The rotary layers' attention: qkv (tokens, 3, heads, head_dim) -> context (tokens, heads, head_dim)
+    and, with output_attentions, the probabilities. q and k are rotated in place by the packing's
+    positions; `window` (None: global) is the half-width of local attention."""
+    positions: Positions = packing.positions
+    cos, sin = rope(positions.rotary, theta, qkv.dtype)          # (tokens, head_dim // 2)
+    q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
+    v = qkv[:, 2]
+    if output_attentions:
+        return dense_attention(q, k, v, packing, window, dropout_p)
+    if q.shape[0] == 0:   # no real token (an empty batch has no row for the kernel)
+        return q.new_zeros(q.shape), None
+    if window is None or packing.seqlen - 1 <= window:           # no row reaches past the window
+        return varlen_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, dropout_p=dropout_p,
+                                backend=backend), None
+    return sliding_window_attention(q, k, v, packing.cu_seqlens, packing.max_seqlen, window, positions.window,
+                                    dropout_p=dropout_p, backend=backend), None
+
+
 class RotaryFamily(FastPreTrainedModel):
-    """Base of the rotary families' models: transformers-like initialisation for norms without bias
-    (the registry hooks `check_config` / `resolve_dims` of the family file read the config)."""
+    """Base of the rotary families' models (the registry hooks `check_config` / `resolve_dims` of the
+    family file read the config)."""
 
     def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
                output_hidden_states):
@@ -173,101 +115,37 @@ class RotaryFamily(FastPreTrainedModel):
                                inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                output_hidden_states=output_hidden_states, return_dict=True, **extra)
 
-    def init_std(self, module: nn.Module, name: str) -> Tuple[float, Optional[float]]:
-        """(std, truncation cutoff in stds or None) for a Linear/Embedding named `name`."""
-        return getattr(self.config, "initializer_range", 0.02), None
-
-    def init_weights(self, modules=None) -> None:
-        names = {m: n for n, m in self.named_modules()}
-        with torch.no_grad():
-            for m in (self.modules() if modules is None else modules):
-                if isinstance(m, (nn.Linear, nn.Embedding)):
-                    std, cutoff = self.init_std(m, names.get(m, ""))
-                    if cutoff is None:
-                        m.weight.normal_(0.0, std)
-                    else:
-                        nn.init.trunc_normal_(m.weight, 0.0, std, -cutoff * std, cutoff * std)
-                    if isinstance(m, nn.Embedding) and m.padding_idx is not None:
-                        m.weight[m.padding_idx].zero_()
-                    if isinstance(m, nn.Linear) and m.bias is not None:
-                        m.bias.zero_()
-                elif isinstance(m, nn.LayerNorm):
-                    m.weight.fill_(1.0)
-                    if m.bias is not None:
-                        m.bias.zero_()
-                for pname, p in m.named_parameters(recurse=False):
-                    if pname == "bias" and not isinstance(m, (nn.Linear, nn.LayerNorm)):
-                        p.zero_()  # MLM output bias
-        self.tie_weights()
 
 
 class RotaryEncoderModel(RotaryFamily, EncoderModel):
-    """embeddings -> unpad -> layers(x, packing, positions) -> repad, plus `forward_packed`.
+    """EncoderModel with the rotary position scheme: the positions go to the layers (in their packing),
+    not to the embeddings; `finish(x)` (a final norm, identity by default) follows the last layer.
 
     Families supply `embed(input_ids, token_type_ids, position_ids, inputs_embeds, backend)` on packed
-    (tokens,) tensors -> (tokens, hidden), an nn.ModuleList
-    `self.layers` (transformers' name in both families), `finish(x)` (a final norm, identity by
-    default) and `pool(sequence_output)`."""
+    (tokens,) tensors -> (tokens, hidden) (it ignores position_ids), an nn.ModuleList `self.layers`
+    (transformers' name in both families) of layers that read `packing.positions`, and
+    `pool(sequence_output)`."""
 
-    @property
-    def layers(self) -> nn.ModuleList:
-        # transformers' attribute name; a property so it wins over EncoderModel.layers() (nn.Module
-        # keeps the ModuleList in _modules, where plain attribute lookup would not look first)
-        return self._modules["layers"]
+    def encoder_layers(self):
+        return list(self.layers)
 
     def max_sequence_length(self) -> int:
         return self.dims.max_position_embeddings   # rotary tables are built up to this length
 
-    def finish(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def run_layers(self, x, packing: Packing, positions: Positions, output_attentions: bool,
-                   output_hidden_states: bool):
-        """-> (final hidden (tokens, hidden), packed hidden states or None, attentions or None)."""
-        hidden_states = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        ckpt_kwargs, every, offload = self._checkpoint_options
-        backend = self._backend
-        layers = list(self.layers)
-        for i, layer in enumerate(layers):
-            if checkpointing and i % every == 0:
-                with save_on_cpu(pin_memory=x.is_cuda) if offload else contextlib.nullcontext():
-                    x, probs = checkpoint(layer, x, packing, positions, bool(output_attentions), backend,
-                                          **ckpt_kwargs)
-            else:
-                x, probs = layer(x, packing, positions, bool(output_attentions), backend)
-            if output_attentions:
-                attentions.append(probs)
-            if output_hidden_states and i < len(layers) - 1:
-                hidden_states.append(x)
-        x = self.finish(x)
-        if output_hidden_states:
-            hidden_states.append(x)   # the last entry is last_hidden_state, as transformers
-        return x, hidden_states, attentions
-
-    # EncoderModel.forward with the rotary families' positions: a Positions (rotary and window), which
-    # embed ignores and every layer takes
     def padded_positions(self, packing: Packing, input_ids, position_ids) -> Positions:
         return padded_positions(packing, position_ids)
 
+    def packed_positions(self, cu_seqlens: torch.Tensor, tokens: int, position_ids) -> Positions:
+        """Positions of packed sequences: 0..len-1 each (or position_ids); windows in the same offsets."""
+        return Positions(packed_positions(cu_seqlens, tokens) if position_ids is None else position_ids.long(), None)
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
     def run_encoder(self, x, packing: Packing, positions: Positions, output_attentions: bool,
                     hidden_states: Optional[list]):
-        x, hidden, attentions = self.run_layers(x, packing, positions, output_attentions, hidden_states is not None)
+        x, attentions = self._run_layers(x, layer_packing(packing, positions), output_attentions, hidden_states)
+        x = self.finish(x)
         if hidden_states is not None:
-            hidden_states[:] = [repad(h, packing) for h in hidden]   # the last is after `finish`
+            hidden_states[-1] = repad(x, packing)   # the last is after `finish`, as transformers'
         return x, attentions
-
-    def forward_packed(self, input_ids, cu_seqlens, max_seqlen: int, token_type_ids=None,
-                       position_ids=None) -> BaseModelOutput:
-        """EncoderModel.forward_packed's contract (no device-to-host sync; values checked by
-        `check_packed` on the host copy): last_hidden_state (tokens, hidden). Sliding windows are
-        measured in the offsets inside each packed sequence; rotary positions default to them."""
-        token_type_ids = self.token_types(token_type_ids)
-        check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
-        tokens = input_ids.shape[0]
-        packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
-        positions = sequence_positions(cu_seqlens, max_seqlen, tokens, position_ids)
-        x = self.embed(input_ids, token_type_ids, positions.rotary, None, self._backend)
-        x, _, _ = self.run_layers(x, packing, positions, False, False)
-        return BaseModelOutput(last_hidden_state=x)
