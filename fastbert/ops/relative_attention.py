@@ -29,15 +29,11 @@ from torch.library import triton_op
 
 from fastbert.ops._dispatch import dropout_seed, run_kernel
 from fastbert.ops.attention import _use_kernel, seqlen_int
-from fastbert.ops.varlen import check_cu_seqlens_shape, repad_index, unpad_index
+from fastbert.ops.varlen import check_cu_seqlens_shape, check_packed_qkv, repad_index, unpad_index
 
 
 def _check_packed(q, k, v, cu_seqlens, positions) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim), got shape {tuple(t.shape)}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_packed_qkv(q, k, v)
     check_cu_seqlens_shape(cu_seqlens)
     if positions.shape != q.shape[:1] or positions.is_floating_point():
         raise ValueError(f"positions must be integer (tokens,) = ({q.shape[0]},), got {positions.dtype} "

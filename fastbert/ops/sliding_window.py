@@ -24,18 +24,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from fastbert.ops.varlen import check_cu_seqlens_shape, packed_positions, sequence_ids
+from fastbert.ops.varlen import check_cu_seqlens_shape, check_packed_qkv, packed_positions, sequence_ids
 
 _MAX_SCORES = 1 << 24   # score elements per chunk of query blocks (64 MiB in fp32)
 
 
 def check_window_inputs(q, k, v, cu_seqlens, window, positions) -> None:
     """Shapes, the window and cu_seqlens' layout (no values read)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim), got shape {tuple(t.shape)}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_packed_qkv(q, k, v)
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative int, got {window!r}")
     check_cu_seqlens_shape(cu_seqlens)

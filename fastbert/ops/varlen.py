@@ -134,6 +134,15 @@ def unpad_index(cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int) -> torch
 
 
 # ---- checks ----------------------------------------------------------------------------------------
+def check_packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError unless q, k, v are packed (tokens, heads, head_dim) tensors of one shape."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (tokens, heads, head_dim), got shape {tuple(t.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
 def check_cu_seqlens_shape(cu_seqlens: torch.Tensor, min_length: int = 2) -> None:
     """Raise ValueError unless cu_seqlens is 1-D int32 of length batch + 1 >= min_length (1 admits an
     empty batch). Reads no values: safe on a device tensor and under torch.compile."""
