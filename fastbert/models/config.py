@@ -12,11 +12,8 @@ from typing import Optional
 import torch
 
 from fastbert.models.activations import ACTIVATIONS, FUSED, Activation
+from fastbert.models.errors import ConfigError
 from fastbert.models.registry import MODEL_TYPES, family
-
-
-class ConfigError(ValueError):
-    """A config.json that fastbert cannot use (unreadable, or a setting it does not support)."""
 
 
 def activation_fn(name, source: str, key: str):

@@ -17,6 +17,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Optional
 
+from fastbert.models.errors import ConfigError
+
 TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
          "ForQuestionAnswering", "ForMultipleChoice")
 
@@ -37,7 +39,6 @@ class Family:
     def model_class(self, task: str = "Model"):
         """The fastbert class for a task ("Model" for the bare encoder); ConfigError if the family has none."""
         if task not in self.tasks:
-            from fastbert.models.config import ConfigError
             raise ConfigError(f"model_type {self.model_type!r} has no {task} class in fastbert "
                               f"(it has: {', '.join(self.class_name(t) for t in self.tasks)})")
         return getattr(importlib.import_module(self.module), self.class_name(task))
@@ -76,7 +77,6 @@ def family(model_type, source: str = "config") -> Family:
     """The registry row for a model type; ConfigError naming the supported ones otherwise."""
     found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if found is None:
-        from fastbert.models.config import ConfigError
         raise ConfigError(f"{source}: model_type {model_type!r} is not supported; fastbert supports {MODEL_TYPES}")
     return found
 
