@@ -17,6 +17,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.gradient_checkpointing import GradientCheckpointing
@@ -79,7 +80,9 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
     _keep_in_fp32_modules_strict = frozenset()
     _supports_sdpa = True
     _can_set_attn_implementation_cached_value = True
-
+    # the per-layer outputs the forward returns (transformers reads the keys; fastbert collects them itself,
+    # output_hidden_states taking a list of layer indices too)
+    _can_record_outputs = {"hidden_states": GradientCheckpointingLayer, "attentions": GradientCheckpointingLayer}
 
     def __init__(self, config):
         nn.Module.__init__(self)
@@ -125,7 +128,6 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
     def _tied_weights_keys(self) -> Dict[str, str]:
         """transformers' declaration of tied parameters: {parameter: the parameter it shares}."""
         return self.tied_weights()
-
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod

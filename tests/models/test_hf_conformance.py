@@ -188,6 +188,7 @@ def test_transformers_model_attributes():
                                         "cls.predictions.decoder.bias": "cls.predictions.bias"}
     assert model._tied_weights_keys == T.BertForMaskedLM._tied_weights_keys
     assert model.tp_plan == {}                        # fused layers: nothing for tensor parallelism to shard
+    assert {"hidden_states", "attentions"} <= set(model._can_record_outputs)   # per layer, selectable by index
     distil = fm.DistilBertForQuestionAnswering(T.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4,
                                                                   hidden_dim=37))
     assert distil.get_position_embeddings() is distil.distilbert.embeddings.position_embeddings
