@@ -64,12 +64,13 @@ _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 6
 # fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at
 # head_dim 128 to fit 99 KB of shared memory)
 _FWD_CONFIGS_FP32 = _configs([(32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1),
-                              (16, 32, 4, 2), (32, 32, 8, 1), (16, 32, 4, 1)])
+                              (16, 32, 4, 2), (32, 32, 8, 1), (16, 32, 4, 1), (32, 32, 4, 2)])
 _BWD_CONFIGS_FP32 = _configs([(16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (32, 32, 4, 1),
                               (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)])
 # The config that runs untuned (interpreter, torch.compile graphs, FASTBERT_AUTOTUNE=0) per BLOCK_D where
 # the list's first one spills there (registers and spills measured with the AOT compile test, sm_89)
-_FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 128): (32, 32, 8, 1)}
+_FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 16): (32, 32, 4, 2), (4, 32): (32, 32, 4, 2), (4, 64): (32, 32, 4, 2),
+                (4, 128): (32, 32, 8, 1)}
 _DKDV_DEFAULT = {(2, 64): (32, 32, 4, 3), (2, 128): (32, 32, 4, 3), (4, 64): (16, 32, 8, 2), (4, 128): (16, 16, 8, 1)}
 _DQ_DEFAULT = {(2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2), (4, 64): (32, 32, 4, 2), (4, 128): (16, 32, 8, 1)}
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"]  # + argument dtypes
