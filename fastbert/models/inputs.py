@@ -31,7 +31,7 @@ def _range_checks(model, input_ids, token_type_ids, position_ids) -> list:
     if token_type_ids is not None:
         checks.append(("token type id", token_type_ids, 0, d.type_vocab_size, "type_vocab_size"))
     if position_ids is not None:
-        checks.append(("position id", position_ids, 0, d.max_position_embeddings, "max_position_embeddings"))
+        checks.append(("position id", position_ids, 0, model.max_position_id(), "max_position_embeddings"))
     return [c for c in checks if c[1].numel()]
 
 

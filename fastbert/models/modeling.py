@@ -274,6 +274,10 @@ class EncoderModel(FastPreTrainedModel):
     def max_sequence_length(self) -> int:
         return self.embeddings.max_sequence_length()
 
+    def max_position_id(self) -> int:
+        """The bound (exclusive) of the position ids the model takes: its position table's rows."""
+        return self.dims.max_position_embeddings
+
     # ---- position ids, packed ---------------------------------------------------------------------------
     def position_offset(self) -> int:
         return family(self.dims.model_type).position_offset(self.dims.pad_token_id)

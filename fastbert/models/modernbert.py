@@ -10,23 +10,39 @@ strictly both ways. Config: transformers 5 reads both styles into `layer_types` 
 are converted by ModernBertConfig itself); a config object without them is read in the old style.
 Local layers attend to keys with |i - j| <= local_attention // 2, as transformers' sliding mask.
 
+RoPE: every rope_type transformers implements, per layer type (default, linear, dynamic, yarn,
+longrope, llama3: the frequencies come from transformers' ROPE_INIT_FUNCTIONS), on inputs of any
+length (no position table). `model.rotary_emb` is transformers' ModernBertRotaryEmbedding by name and
+call; the encoder computes each layer type's cos / sin once per forward. dynamic and longrope depend
+on the longest position: the padded width (max_seqlen on packed input), or the largest position_id
+given (read on the host). transformers' dynamic RoPE keeps the longest length it has seen until an
+input shorter than max_position_embeddings comes: its outputs depend on earlier calls; fastbert's do not.
+
 Differences from transformers, by design (as for every fastbert family): padding rows of
 last_hidden_state / hidden_states are zeros; the encoder runs on packed real tokens.
 """
-from typing import List, Optional
+import dataclasses
+import sys
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from fastbert.models.config import ACTIVATIONS, ConfigError, Dims, activation_fn
 from fastbert.models.heads import TaskModel, qa_loss, sequence_classification_loss
 from fastbert.models.layers import EncoderLayer, LayerPacking, add_norm, apply_linear, residual_linear
-from fastbert.models.outputs import (BaseModelOutput, MaskedLMOutput, MultipleChoiceModelOutput,
-                                     QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
-from fastbert.models.rotary_encoder import (RotaryEncoderModel, RotaryFamily, check_probability, check_rope_type,
-                                            rotary_attention)
-from fastbert.ops.rotary import Rotary
+from fastbert.models.outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from fastbert.models.rotary_encoder import RotaryEncoderModel, RotaryFamily, check_probability, rotary_attention
+from fastbert.ops.rotary import inv_freq
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
@@ -39,12 +55,30 @@ def layer_types(config) -> List[str]:
     return list(types)
 
 
-def rope_theta(config, kind: str, source: str) -> float:
+def rope_parameters(config, kind: str, source: str) -> dict:
+    """A layer type's RoPE settings (an old-style config: its theta, default RoPE), checked: a rope_type
+    transformers implements, rotating the whole head (as transformers' ModernBERT, which has no partial
+    rotation)."""
     params = getattr(config, "rope_parameters", None)
+    what = f"rope_parameters[{kind!r}]"
     if params and params.get(kind) is not None:
-        return check_rope_type(params[kind], source, f"rope_parameters[{kind!r}]")
-    old = {GLOBAL: ("global_rope_theta", 160_000.0), LOCAL: ("local_rope_theta", 10_000.0)}[kind]
-    return float(getattr(config, old[0], old[1]))
+        p = {"rope_type": "default", **params[kind]}
+    else:
+        old = {GLOBAL: ("global_rope_theta", 160_000.0), LOCAL: ("local_rope_theta", 10_000.0)}[kind]
+        p = {"rope_type": "default", "rope_theta": float(getattr(config, old[0], old[1]))}
+    if p["rope_type"] != "default" and p["rope_type"] not in ROPE_INIT_FUNCTIONS:
+        raise ConfigError(f"{source}: {what} rope_type={p['rope_type']!r} is not supported (supported: "
+                          f"{['default', *ROPE_INIT_FUNCTIONS]}, transformers' own)")
+    if "rope_theta" not in p:
+        raise ConfigError(f"{source}: {what} has no rope_theta")
+    if p.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError(f"{source}: {what} partial_rotary_factor={p['partial_rotary_factor']} is not supported "
+                          "(ModernBERT rotates whole heads, in transformers too)")
+    return p
+
+
+def rope_theta(config, kind: str, source: str) -> float:
+    return float(rope_parameters(config, kind, source)["rope_theta"])
 
 
 def check_config(config, source: str = "config") -> None:
@@ -133,10 +167,94 @@ class ModernBertMLP(nn.Module):
         self.drop = nn.Dropout(config.mlp_dropout)
 
 
+class ModernBertRotaryEmbedding(nn.Module):
+    """transformers' ModernBertRotaryEmbedding by name and call: forward(x, position_ids, layer_type) ->
+    (cos, sin) of shape position_ids.shape + (head_dim,); `tables` gives the encoder each layer type's
+    (tokens, head_dim // 2) halves for fastbert's rotary op, once per forward."""
+
+    def __init__(self, config, device=None):
+        super().__init__()
+        self.config = config
+        self.original_max_seq_len = config.max_position_embeddings
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.rope_type = {kind: rope_parameters(config, kind, "config")["rope_type"]
+                          for kind in sorted(set(layer_types(config)))}
+        # (layer type, length or None, device) -> (inv_freq fp32, attention scaling): derived from the config
+        # on first use, as plain attributes (not buffers: no state_dict entries, and nothing to fill on a
+        # model built on the meta device)
+        self._frequencies: Dict[tuple, Tuple[torch.Tensor, float]] = {}
+
+    def _length(self, kind: str, seq_len: int) -> Optional[int]:
+        """The length a layer type's frequencies depend on (None: the config's), as transformers'
+        dynamic_rope_update: dynamic past max_position_embeddings, longrope's long factors past its
+        original_max_position_embeddings."""
+        rope_type = self.rope_type[kind]
+        if "dynamic" in rope_type and seq_len > self.original_max_seq_len:
+            return seq_len
+        if rope_type == "longrope":
+            self.frequencies(kind, None, "cpu")   # standardizes the config's rope_parameters first
+            original = self.config.rope_parameters[kind]["original_max_position_embeddings"]
+            return original + 1 if seq_len > original else None
+        return None
+
+    def frequencies(self, kind: str, length: Optional[int], device) -> Tuple[torch.Tensor, float]:
+        key = (kind, length, torch.device(device))
+        if key not in self._frequencies:
+            rope_type = self.rope_type[kind]
+            with torch.inference_mode(False), torch.no_grad():
+                if rope_type == "default":
+                    freqs, scaling = inv_freq(rope_theta(self.config, kind, "config"), self.head_dim), 1.0
+                else:
+                    freqs, scaling = ROPE_INIT_FUNCTIONS[rope_type](self.config, None, seq_len=length,
+                                                                    layer_type=kind)
+                if length is not None:   # transformers keeps the scaling of the config's length
+                    scaling = self.frequencies(kind, None, device)[1]
+                if freqs.shape != (self.head_dim // 2,):
+                    raise ValueError(f"rope_type {rope_type!r} gave {tuple(freqs.shape)} frequencies for head_dim "
+                                     f"{self.head_dim}; ModernBERT rotates whole heads")
+                entry = (freqs.to(device=device, dtype=torch.float32), float(scaling))
+            if length is None or rope_type == "longrope":   # dynamic lengths are not kept: one per input
+                self._frequencies[key] = entry
+            return entry
+        return self._frequencies[key]
+
+    def _needs_length(self, kind: str) -> bool:
+        return "dynamic" in self.rope_type[kind] or self.rope_type[kind] == "longrope"
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
+        seq_len = int(position_ids.max()) + 1 if self._needs_length(layer_type) and position_ids.numel() else 0
+        freqs, scaling = self.frequencies(layer_type, self._length(layer_type, seq_len), x.device)
+        angles = position_ids[..., None].float() * freqs
+        emb = torch.cat((angles, angles), dim=-1)
+        return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+
+    def tables(self, positions: torch.Tensor, seq_len: Optional[int]) -> "RopeTables":
+        """Each layer type's (cos, sin), (tokens, head_dim // 2) fp32, for (tokens,) positions; seq_len: the
+        bound of the positions known on the host (None: read from them, for dynamic and longrope only)."""
+        out = RopeTables()
+        for kind in self.rope_type:
+            n = seq_len
+            if n is None and self._needs_length(kind):
+                n = int(positions.max()) + 1 if positions.numel() else 0   # the caller's position_ids: a sync
+            freqs, scaling = self.frequencies(kind, None if n is None else self._length(kind, n), positions.device)
+            angles = positions.float()[:, None] * freqs                     # as transformers: fp32 products
+            out[kind] = (angles.cos() * scaling, angles.sin() * scaling)
+        return out
+
+
+class RopeTables(dict):
+    """{layer type: (cos, sin)} of one forward, called as rotary_attention calls a rope:
+    (positions, layer type, dtype) -> the pair in that dtype."""
+
+    def __call__(self, positions: torch.Tensor, kind: str, dtype: torch.dtype):
+        cos, sin = self[kind]
+        return cos.to(dtype), sin.to(dtype)
+
+
 class ModernBertEncoderLayer(EncoderLayer):
     """A pre-LN layer of the common stack's steps, with rotary (global or local) attention."""
 
-    def __init__(self, config, layer_idx: int, rope: Rotary):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.attn_norm = nn.Identity() if layer_idx == 0 else _norm(config)
         self.attn = ModernBertAttention(config, layer_types(config)[layer_idx])
@@ -148,7 +266,6 @@ class ModernBertEncoderLayer(EncoderLayer):
         self.num_heads = config.num_attention_heads
         self.attention_dropout = float(config.attention_dropout)
         self.act = activation_fn(config.hidden_activation, "config", "hidden_activation")
-        self._rope = [rope]   # shared with the model; a list so it is not registered twice
 
     def forward(self, x: torch.Tensor, packing: LayerPacking, output_attentions: bool = False,
                 backend: str = "auto"):
@@ -157,8 +274,8 @@ class ModernBertEncoderLayer(EncoderLayer):
         qkv = apply_linear(h, self.attn.Wqkv, backend, owner=self)
         qkv = qkv.view(tokens, 3, self.num_heads, hidden // self.num_heads)  # no -1: tokens may be 0
         drop = self.attention_dropout if self.training else 0.0
-        ctx, probs = rotary_attention(qkv, packing, self._rope[0], self.theta, self.window, drop, output_attentions,
-                                      backend)
+        ctx, probs = rotary_attention(qkv, packing, packing.positions.rope, self.attention_type, self.window, drop,
+                                      output_attentions, backend)
         x = residual_linear(ctx.reshape(tokens, hidden), self.attn.Wo, x, drop, backend)  # out_drop
         h = add_norm(x, None, self.mlp_norm, backend, owner=self)
         inp, gate = apply_linear(h, self.mlp.Wi, backend, owner=self).chunk(2, dim=-1)
@@ -175,8 +292,8 @@ class ModernBertModel(ModernBertFamily, RotaryEncoderModel):
         super().__init__(config)
         c = self.config
         self.embeddings = ModernBertEmbeddings(c)
-        self.rotary = Rotary(c.hidden_size // c.num_attention_heads, c.max_position_embeddings)
-        self.layers = nn.ModuleList(ModernBertEncoderLayer(c, i, self.rotary) for i in range(c.num_hidden_layers))
+        self.rotary_emb = ModernBertRotaryEmbedding(c)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(c, i) for i in range(c.num_hidden_layers))
         self.final_norm = _norm(c)
 
     def get_input_embeddings(self):
@@ -187,6 +304,18 @@ class ModernBertModel(ModernBertFamily, RotaryEncoderModel):
 
     def finish(self, x):
         return add_norm(x, None, self.final_norm, self._backend)
+
+    def max_sequence_length(self) -> int:
+        return sys.maxsize   # RoPE has no table to run out of: transformers takes any length too
+
+    def max_position_id(self) -> int:
+        return sys.maxsize
+
+    def run_encoder(self, x, packing, positions, output_attentions, hidden_states):
+        # each layer type's cos / sin once for all layers; default positions are below the padded width
+        rope = self.rotary_emb.tables(positions.rotary, None if positions.given else packing.seqlen)
+        return super().run_encoder(x, packing, dataclasses.replace(positions, rope=rope), output_attentions,
+                                   hidden_states)
 
 
 # ---- heads ----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ the offset inside each packed sequence. Both come out of shapes and cu_seqlens w
 """
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from fastbert.models.config import ConfigError
 from fastbert.models.layers import LayerPacking, layer_packing
 from fastbert.models.modeling import EncoderModel, FastPreTrainedModel
 from fastbert.ops.attention import sliding_window_attention, varlen_attention
-from fastbert.ops.rotary import Rotary, rotary
+from fastbert.ops.rotary import rotary
 from fastbert.ops.varlen import Packing, pack, packed_positions, repad, token_positions
 
 
@@ -45,9 +45,13 @@ def check_rope_type(params: dict, source: str, what: str) -> float:
 class Positions:
     """Per packed token: `rotary` positions (tokens,) int64, and `window` indices for local attention
     (None: the offsets inside each packed sequence). Window distances are bounded by the packing's
-    seqlen (the padded row's width, or max_seqlen on packed input)."""
+    seqlen (the padded row's width, or max_seqlen on packed input). `given`: the rotary positions
+    are the caller's position_ids (else they are below that seqlen); `rope`: a family's cos / sin
+    of this forward, if it computes them once for all layers (ModernBERT)."""
     rotary: torch.Tensor
     window: Optional[torch.Tensor]
+    given: bool = False
+    rope: Optional[Callable] = None
 
 
 def padded_positions(packing: Packing, position_ids: Optional[torch.Tensor]) -> Positions:
@@ -55,7 +59,7 @@ def padded_positions(packing: Packing, position_ids: Optional[torch.Tensor]) -> 
     columns = token_positions(packing, packing.total)
     given = None if position_ids is None else position_ids.expand(packing.batch, packing.seqlen)
     rotary = columns if given is None else pack(given, packing).long()
-    return Positions(rotary, None if packing.indices is None else columns)
+    return Positions(rotary, None if packing.indices is None else columns, given=given is not None)
 
 
 def dense_attention(q, k, v, packing: Packing, window: Optional[int], dropout_p: float):
@@ -82,14 +86,16 @@ def dense_attention(q, k, v, packing: Packing, window: Optional[int], dropout_p:
     return pack(out, packing), probs
 
 
-def rotary_attention(qkv: torch.Tensor, packing: LayerPacking, rope: Rotary, theta: float, window: Optional[int],
+def rotary_attention(qkv: torch.Tensor, packing: LayerPacking, rope: Callable, key, window: Optional[int],
                      dropout_p: float, output_attentions: bool, backend: str
                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The rotary layers' attention: qkv (tokens, 3, heads, head_dim) -> context (tokens, heads, head_dim)
     and, with output_attentions, the probabilities. q and k are rotated in place by the packing's
-    positions; `window` (None: global) is the half-width of local attention."""
+    positions, with the cos / sin of `rope(positions, key, dtype)` (fastbert.ops.rotary.Rotary with
+    key = theta, or a family's tables of the forward); `window` (None: global) is the half-width of
+    local attention."""
     positions: Positions = packing.positions
-    cos, sin = rope(positions.rotary, theta, qkv.dtype)          # (tokens, head_dim // 2)
+    cos, sin = rope(positions.rotary, key, qkv.dtype)            # (tokens, head_dim // 2)
     q, k = rotary(qkv, cos, sin, inplace=True, backend=backend)
     v = qkv[:, 2]
     if output_attentions:
@@ -137,7 +143,9 @@ class RotaryEncoderModel(RotaryFamily, EncoderModel):
 
     def packed_positions(self, cu_seqlens: torch.Tensor, tokens: int, position_ids) -> Positions:
         """Positions of packed sequences: 0..len-1 each (or position_ids); windows in the same offsets."""
-        return Positions(packed_positions(cu_seqlens, tokens) if position_ids is None else position_ids.long(), None)
+        if position_ids is None:
+            return Positions(packed_positions(cu_seqlens, tokens), None)
+        return Positions(position_ids.long(), None, given=True)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -71,10 +71,16 @@ def test_config_object_without_layer_types_reads_old_keys():
     assert MB.rope_theta(config, "sliding_attention", "x") == 10_000.0
 
 
-def test_unsupported_rope_type_is_named():
+def test_unsupported_rope_settings_are_named():
+    """Every rope_type transformers implements runs (test_modernbert_rope.py); others, and a partial
+    rotation (which transformers' ModernBERT does not do either), are refused by name."""
     config = make_config()
-    config.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 50.0}
-    with pytest.raises(ValueError, match="rope_type='linear'"):
+    config.rope_parameters["sliding_attention"] = {"rope_type": "made-up", "rope_theta": 50.0}
+    with pytest.raises(ValueError, match="rope_type='made-up'"):
+        MB.ModernBertModel(config)
+    config.rope_parameters["sliding_attention"] = {"rope_type": "default", "rope_theta": 50.0,
+                                                   "partial_rotary_factor": 0.5}
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
         MB.ModernBertModel(config)
 
 
