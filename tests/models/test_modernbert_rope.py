@@ -5,9 +5,9 @@ import copy
 
 import pytest
 import torch
+from test_modernbert import batch, make_pair, max_diff
 
 import fastbert
-from test_modernbert import batch, make_pair, max_diff
 
 MAX_POSITIONS = 16
 SCALINGS = {
