@@ -64,7 +64,8 @@ def _check_mask(q, attention_mask, layout: str = "bshd") -> None:
         return
     if attention_mask.shape != q.shape[:2]:
         other = "bhsd" if layout == "bshd" else "bshd"
-        hint = (f"; q looks like layout={other!r} {LAYOUTS[other]}: pass layout={other!r}"
+        hint = (f"; q looks like layout={other!r} {LAYOUTS[other]}: pass layout={other!r} to "
+                "fastbert.ops.attention, or transpose q, k, v"
                 if attention_mask.shape == (q.shape[0], q.shape[2]) else "")
         raise ValueError(f"attention_mask must have shape (batch, seq) = {tuple(q.shape[:2])} for q of layout "
                          f"{layout!r} {LAYOUTS[layout]}, got {tuple(attention_mask.shape)}{hint}")
@@ -160,6 +161,7 @@ def attention_ref(q, k, v, attention_mask=None, scale: Optional[float] = None, *
 
     Computes in fp32 (fp64 stays fp64). `_drop_keep` (batch, heads, seq, seq) fixes the dropout mask
     (tests use it to replay a mask recovered from the kernel)."""
+    _check_mask(q, attention_mask)   # the one check its layout allows (see attention's layout=)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     compute = _compute_dtype(q.dtype)
     qh, kh, vh = (t.transpose(1, 2).to(compute) for t in (q, k, v))  # (batch, heads, seq, head_dim)

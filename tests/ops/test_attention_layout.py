@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastbert.ops import attention
+from fastbert.ops import attention, attention_ref
 
 
 def _sdpa_inputs(batch=3, heads=2, seq=5, dim=8):
@@ -47,6 +47,8 @@ def test_mask_that_fits_the_other_layout_names_it():
         attention(q, k, v, mask)                                  # SDPA tensors, default layout
     with pytest.raises(ValueError, match=r"layout 'bhsd'.*pass layout='bshd'"):
         attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, layout="bhsd")
+    with pytest.raises(ValueError, match=r"pass layout='bhsd'"):   # the reference takes (batch, seq, ...) only
+        attention_ref(q, k, v, mask)
 
 
 def test_unknown_layout_and_wrong_rank_are_refused():
