@@ -297,6 +297,24 @@ def test_dropout_keep_rate_and_scaling(backend):
     torch.testing.assert_close(out[..., :s] * keep * (1 - p), probs[..., :s] * keep, atol=1e-6, rtol=1e-5)
 
 
+def test_dropout_draws_are_independent_across_columns_rows_and_heads():
+    """The kernel draws one Philox call per four columns (its four outputs): the four columns of a group,
+    neighbouring rows and the heads each get draws of their own (a shared or misplaced counter agrees
+    far more often than chance: p^k + (1-p)^k)."""
+    b, s, h, d, p = 2, 64, 2, 64, 0.5
+    q, k, _ = _qkv(b, s, h, d, torch.float32, seed=3)
+    out = attention(q, k, _one_hot_v(b, s, h, d), backend="triton", dropout_p=p,
+                    generator=torch.Generator().manual_seed(5))
+    keep = _recover_keep(out, s)                                        # (b, h, s, s)
+    groups = keep.reshape(b, h, s, s // 4, 4)
+    all_four = (groups.all(-1) | (~groups).all(-1)).float().mean().item()
+    n = groups[..., 0].numel()
+    assert abs(all_four - 2 * 0.5 ** 4) < 4 * math.sqrt(0.125 * 0.875 / n), all_four
+    for a, c in ((keep[:, :, 1:], keep[:, :, :-1]), (keep[:, 1], keep[:, 0]), (keep[1], keep[0])):
+        same = (a == c).float().mean().item()                            # rows, heads, batches
+        assert abs(same - 0.5) < 4 * math.sqrt(0.25 / a.numel()), same
+
+
 def test_dropout_expectation_over_seeds():
     b, s, h, d, p, n = 1, 20, 2, 16, 0.4, 60
     q, k, v = _qkv(b, s, h, d, torch.float32, seed=12)
