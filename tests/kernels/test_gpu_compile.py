@@ -35,7 +35,8 @@ def _kernels():
     names = set()
     for info in pkgutil.iter_modules(kernels_pkg.__path__):
         module = importlib.import_module(f"fastbert.kernels.{info.name}")
-        names |= {f"{info.name}.{n}" for n in vars(module) if n.startswith("_") and n.endswith("_kernel")}
+        names |= {f"{info.name}.{n}" for n, obj in vars(module).items() if n.startswith("_") and n.endswith("_kernel")
+                  and obj.fn.__module__ == module.__name__}                  # defined there, not imported
     return names
 
 
