@@ -184,6 +184,16 @@ class ModernBertRotaryEmbedding(nn.Module):
         # model built on the meta device)
         self._frequencies: Dict[tuple, Tuple[torch.Tensor, float]] = {}
 
+    def __getattr__(self, name: str):
+        # transformers' per-layer-type attributes ({layer_type}_inv_freq, ..._original_inv_freq,
+        # ..._attention_scaling), at the config's length, on the CPU
+        for kind in self.__dict__.get("rope_type", ()):
+            if name in (f"{kind}_inv_freq", f"{kind}_original_inv_freq"):
+                return self.frequencies(kind, None, "cpu")[0]
+            if name == f"{kind}_attention_scaling":
+                return self.frequencies(kind, None, "cpu")[1]
+        return super().__getattr__(name)
+
     def _length(self, kind: str, seq_len: int) -> Optional[int]:
         """The length a layer type's frequencies depend on (None: the config's), as transformers'
         dynamic_rope_update: dynamic past max_position_embeddings, longrope's long factors past its

@@ -53,6 +53,10 @@ def test_rotary_embedding_module_is_transformers(rope_type):
         for kind in ("full_attention", "sliding_attention"):
             for a, b in zip(hf.rotary_emb(x, positions, kind), fast.rotary_emb(x, positions, kind), strict=True):
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
+    fresh = type(hf.rotary_emb)(hf.config)                  # transformers' attributes, at the config's length
+    for kind in ("full_attention", "sliding_attention"):
+        for name in (f"{kind}_inv_freq", f"{kind}_original_inv_freq", f"{kind}_attention_scaling"):
+            torch.testing.assert_close(getattr(fast.rotary_emb, name), getattr(fresh, name), rtol=0, atol=0)
 
 
 def test_explicit_position_ids_beyond_the_config_length():
