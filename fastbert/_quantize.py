@@ -5,13 +5,11 @@ SentenceTransformer) is replaced, in place, by a QuantizedLinear: the weight qua
 channel and packed once, activations quantized per call, the GEMM one of torch's own int8 kernels
 (fastbert.ops.quantized_linear). Embeddings, LayerNorms and attention stay fp32.
 
-Which activation scales (backend=None, measured on all-MiniLM-L6-v2 by fake-quantizing one Linear
-kind at a time in fp32 with the same int8 grids, min cosine of 500 embeddings to fp32): per-tensor scales cost little on the query, key
-and attention-output projections (0.9994 / 0.9997 / 0.9998) but much on the value projection and
-both FFN GEMMs (0.995 / 0.986 / 0.986); per-token scales bring those to 0.998 / 0.998 / 0.998.
-So in fastbert's own layers (whose parts() name each role) query, key and attention output run
-FBGEMM's per-tensor linear_dynamic (one fused op, the fastest) and value, FFN in and FFN out
-per-token; in any other model every Linear is per-token (its roles are unknown).
+Activation scales (backend=None): per token everywhere, so a text's vector does not depend on the
+texts batched with it (one scale per tensor, as FBGEMM's linear_dynamic takes, lets the largest
+token of any text set every other text's step), and small tokens keep their own range: measured on
+all-MiniLM-L6-v2 by fake-quantizing one Linear kind at a time, per-tensor scales cost min cosine
+0.995 / 0.986 / 0.986 on the value and both FFN GEMMs, per-token 0.998 on each.
 """
 import warnings
 from typing import Iterable, Optional
@@ -80,23 +78,6 @@ class QuantizedLinear(nn.Module):
                 f"bias={self.bias is not None}, int8 per-channel, backend={self.backend}")
 
 
-# roles in fastbert's LayerParts whose inputs keep cosine >= 0.999 with one scale per tensor
-PER_TENSOR_ROLES = ("query", "key", "attn_out")
-
-
-def _default_backends(model: nn.Module) -> dict:
-    """{id(linear): backend} for the Linears of fastbert layers that per-tensor scales suit."""
-    from fastbert.models.layers import FastLayer
-
-    out = {}
-    for layer in model.modules():
-        if isinstance(layer, FastLayer):
-            parts = layer.parts()
-            for role in PER_TENSOR_ROLES:
-                out[id(getattr(parts, role))] = "linear_dynamic"
-    return out
-
-
 def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
              backend: Optional[str] = None) -> nn.Module:
     """Replaces each nn.Linear in `model` by a QuantizedLinear, in place, and returns `model`.
@@ -131,12 +112,10 @@ def quantize(model: nn.Module, dtype: str = "int8", skip: Iterable[str] = (),
         m = dict(targets)[bad[0]]
         raise ValueError(f"int8 quantization takes a float32 CPU model; {bad[0]} is {m.weight.dtype} on "
                          f"{m.weight.device}")
-    chosen = {} if backend is not None else _default_backends(model)
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        choice = backend or chosen.get(id(linear), ql.DEFAULT_BACKEND)
-        setattr(parent, child, QuantizedLinear.from_linear(linear, backend=choice))
+        setattr(parent, child, QuantizedLinear.from_linear(linear, backend=backend or ql.DEFAULT_BACKEND))
     return model
 
 

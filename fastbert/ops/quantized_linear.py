@@ -27,7 +27,8 @@ import torch
 BACKENDS = ("per_token", "linear_dynamic", "per_tensor")
 # bench/bench_quantized_linear.py, 2-core AVX-512 VNNI x86 at a quiet moment, 1,024 tokens, vs fp32
 # oneDNN: per_token 1.9-2.5x, linear_dynamic 2.5-3.1x, per_tensor 2.2-2.9x. per_token is the
-# accurate one; fastbert.quantize uses linear_dynamic only where per-tensor scales cost nothing.
+# accurate one, and the only one whose rows do not depend on each other (a text's vector is the same
+# in any batch): fastbert.quantize uses it for every Linear unless told otherwise.
 DEFAULT_BACKEND = "per_token"
 
 
