@@ -131,6 +131,7 @@ def outcomes(pristine, tmp_path_factory):
     return cases, results
 
 
+@pytest.mark.slow  # fuzzing: every corruption of every file (the regressions below run in every stage)
 @pytest.mark.parametrize("name", [n for n, _ in FILES])
 def test_corrupted_file_raises_clean_error(outcomes, name):
     cases, results = outcomes

@@ -343,6 +343,7 @@ print(json.dumps(dict(n_text=n_text, t_text=t_text, shape=shape, t_batch=t_batch
 """
 
 
+@pytest.mark.slow  # 50 MB of text and a 100k batch, with time and memory bounds
 def test_fifty_megabyte_text_and_large_batch_are_bounded(model_dir):
     """A 50 MB text (HF: killed for memory on a 23 GB machine) and 1e5 short strings (HF: 5-7 s)."""
     out = subprocess.run([sys.executable, "-c", _SIZE_SCRIPT], capture_output=True, text=True, timeout=300,

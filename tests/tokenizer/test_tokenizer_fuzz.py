@@ -222,6 +222,7 @@ def test_regressions(vocab_dir, case):
         same(fb, hf, text, text_pair, **kwargs)
 
 
+@pytest.mark.slow  # fuzzing: CI's slow stage (the regressions above run in every stage)
 @FUZZ
 @given(text=any_text, flags=st.sampled_from(FLAGS))
 def test_single_text(vocab_dir, text, flags):
@@ -229,6 +230,7 @@ def test_single_text(vocab_dir, text, flags):
     same(fb, hf, text)
 
 
+@pytest.mark.slow  # fuzzing: CI's slow stage (the regressions above run in every stage)
 @FUZZ
 @given(batch=st.lists(any_text, min_size=2, max_size=5), flags=st.sampled_from(FLAGS))
 def test_batch_padded(vocab_dir, batch, flags):
@@ -236,6 +238,7 @@ def test_batch_padded(vocab_dir, batch, flags):
     same(fb, hf, batch, padding=True)
 
 
+@pytest.mark.slow  # fuzzing: CI's slow stage (the regressions above run in every stage)
 @FUZZ
 @given(word=long_word, flags=st.sampled_from(FLAGS), sep=st.sampled_from(["", " ", ",", "野"]))
 def test_long_words_around_max_chars(vocab_dir, word, flags, sep):
@@ -248,6 +251,7 @@ mark_run_text = st.lists(st.one_of(st.sampled_from(MARK_STARTERS),
                          min_size=1, max_size=16).map("".join)
 
 
+@pytest.mark.slow  # fuzzing: CI's slow stage (the regressions above run in every stage)
 @FUZZ
 @given(text=mark_run_text, flags=st.sampled_from(MARK_FLAGS), marks_vocab=st.booleans())
 def test_combining_mark_runs(vocab_dir, mark_vocab_dir, text, flags, marks_vocab):
@@ -281,6 +285,7 @@ truncation = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow  # fuzzing: CI's slow stage (the regressions above run in every stage)
 @FUZZ
 @given(a=any_text, b=any_text, kwargs=truncation, flags=st.sampled_from(FLAGS[:2]))
 def test_pairs_truncation_stride(vocab_dir, a, b, kwargs, flags):

@@ -55,6 +55,7 @@ def chunks(total_mb, chunk_mb, seed=0, tag="zq"):
         yield out
 
 
+@pytest.mark.slow  # a memory soak test
 def test_stream_in_chunks_keeps_rss_bounded(tok):
     # By design the tokenizer keeps up to 64 MB of freed output buffers for reuse (csrc/py_outputs.cpp
     # BufferPool) and a few MB of chunk caches per thread. Fill the buffer pool first with padded
@@ -95,6 +96,7 @@ def test_stream_in_chunks_keeps_rss_bounded(tok):
         f"per GB), peak {peak_rise:.1f} MB; samples MB {np.round(tail, 1).tolist()}")
 
 
+@pytest.mark.slow  # a memory soak test
 def test_100k_small_calls_do_not_grow(tok):
     texts = ["hello world", "UNwant\u00e9d,running", "野口里佳 Noguchi Rika", "[MASK] is here"]
     for i in range(10_000):  # warm-up: caches, int objects, allocator
