@@ -80,6 +80,33 @@ def infinity_command(given: str | None = None) -> str | None:
     return given or os.environ.get("FASTBERT_BENCH_INFINITY") or shutil.which("infinity_emb")
 
 
+def model_name(model_dir) -> str:
+    """The model as a name (results name no local paths): the packaged MiniLM's, else the folder's."""
+    from fastbert.hub import default_model_dir
+
+    try:
+        if Path(model_dir).resolve() == Path(default_model_dir()).resolve():
+            return "sentence-transformers/all-MiniLM-L6-v2"
+    except FileNotFoundError:
+        pass
+    return Path(model_dir).name
+
+
+def infinity_version(command: str | None) -> str | None:
+    """infinity-emb's version, read by the Python its command runs on (its own environment)."""
+    if not command:
+        return None
+    try:
+        with open(command, encoding="utf-8", errors="replace") as f:
+            shebang = f.readline()
+        python = shebang[2:].strip() if shebang.startswith("#!") else sys.executable
+        out = subprocess.run([python, "-c", "from importlib.metadata import version; print(version('infinity-emb'))"],
+                             capture_output=True, text=True, timeout=60)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def start_servers(model_dir: str, infinity: str | None) -> tuple[list, list]:
     """(running servers, rows for those that could not run)."""
     servers, notes = [], []
@@ -227,9 +254,10 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
     fb1 = medians.get(("fastbert", 1))
     if fb1 and fb1["p99 ms"] and direct["p99 ms"]:
         fb1["p99 vs direct"] = fb1["p99 ms"] / direct["p99 ms"]
-    config = {"model": str(model_dir), "rounds": rounds, "seconds per level": seconds, "levels": list(LEVELS),
-              "texts": len(texts), "torch threads": __import__("torch").get_num_threads(), "quick": quick,
-              "infinity": infinity_command(infinity)}
+    config = {"model": model_name(model_dir), "rounds": rounds, "seconds per level": seconds,
+              "levels": list(LEVELS), "texts": len(texts), "torch threads": __import__("torch").get_num_threads(),
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "quick": quick,
+              "infinity-emb": infinity_version(infinity_command(infinity))}
     return list(medians.values()) + rows, config
 
 
@@ -272,12 +300,15 @@ def main_bench(model_dir, output_dir, quick: bool = False, rounds: int = 3, comm
     from fastbert.benchmarks.env import versions
 
     rows, config = run(model_dir, rounds=rounds, quick=quick, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if command and os.environ.get("OMP_NUM_THREADS"):      # the threads every server ran with
+        command = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} {command}"
     print(table(rows))
     for line in bars(rows):
         print(line)
+    found = versions(("fastbert", "torch", "transformers", "sentence-transformers", "fastapi", "uvicorn", "httpx"))
+    found["infinity-emb"] = config["infinity-emb"]        # from its own environment
     row = results.record("serve", rows, variant="quick" if quick else None, config=config, command=command,
-                         versions=versions(("fastbert", "torch", "transformers", "sentence-transformers", "fastapi",
-                                            "uvicorn", "httpx", "infinity-emb")))
+                         versions=found)
     path = results.append(row, output_dir)
     print(f"appended to {path}")
     # exit 1 for a wrong result: vectors unlike Encoder.encode's, or requests fastbert lost
