@@ -6,11 +6,11 @@ settings refused with a ConfigError."""
 import pytest
 import torch
 import transformers as T
+from test_models import close, labels_for
 
 import fastbert
 from fastbert.models.config import ConfigError
 from fastbert.ops import relative_attention as R
-from test_models import close, labels_for
 
 TASKS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
          "ForMultipleChoice"]
@@ -167,7 +167,7 @@ def test_training_gradients_match(tmp_path):
         close(ga, gb, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["v3", "c2p-factorised"])
+@pytest.mark.parametrize("variant", ["v3", "c2p-factorised", "no-terms"])
 def test_optimize_transformers_model(variant):
     check_optimize(T.DebertaV2ForSequenceClassification, config(variant))
 

@@ -6,12 +6,12 @@ gradients, AdamW steps), fastbert.optimize, and talking_head refused by name."""
 import pytest
 import torch
 import transformers as T
+from test_deberta import SEQ, check_optimize, compare, inputs, save_model
+from test_models import close, labels_for
 
 import fastbert
 from fastbert.models.config import ConfigError
 from fastbert.models.registry import model_class
-from test_deberta import SEQ, check_optimize, compare, inputs, save_model
-from test_models import close, labels_for
 
 TASKS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
 BASE = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -92,8 +92,9 @@ def test_training_loss_gradients_and_adamw_steps(tmp_path):
         close(params_a[name], p, atol=1e-5)
 
 
-def test_optimize_transformers_model():
-    check_optimize(T.DebertaForSequenceClassification, config("c2p-no-abs-factorised"))
+@pytest.mark.parametrize("variant", ["c2p-no-abs-factorised", "no-terms"])
+def test_optimize_transformers_model(variant):
+    check_optimize(T.DebertaForSequenceClassification, config(variant))
 
 
 V2_ONLY = dict(position_buckets=12, share_att_key=True, norm_rel_ebd="layer_norm", conv_kernel_size=3,
