@@ -125,7 +125,12 @@ def test_forward_packed_compiles_with_fullgraph():
                                    model.forward_packed(**packed).last_hidden_state, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "nomic_bert"])
+def _compile_sweep(first, *others):
+    """The first family in every run; the others (seconds of tracing each) in CI's slow stage."""
+    return [first] + [pytest.param(f, marks=pytest.mark.slow) for f in others]
+
+
+@pytest.mark.parametrize("family", _compile_sweep("bert", "deberta-v2", "mpnet", "nomic_bert"))
 def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen(family):
     """Found by use: the compiled forward_packed was compiled again for every new max_seqlen (each
     time for seconds, then eager past torch's recompile limit), as operator.index in the ops' check
@@ -147,7 +152,7 @@ def test_compiled_forward_packed_is_not_compiled_again_for_each_max_seqlen(famil
     assert counter.frame_count == 2, f"compiled {counter.frame_count} times for 5 lengths"
 
 
-@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "modernbert", "nomic_bert"])
+@pytest.mark.parametrize("family", _compile_sweep("bert", "deberta-v2", "mpnet", "modernbert", "nomic_bert"))
 def test_compiled_padded_forward_is_not_compiled_again_for_each_length(family):
     """Found by use: torch.compile(model) on the padded forward of DeBERTa-v2, MPNet and ModernBERT was
     compiled again for each new longest-row length (then ran eager past torch's recompile limit): the torch
