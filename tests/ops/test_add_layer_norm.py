@@ -223,6 +223,7 @@ def test_validation(args, kwargs, match):
         ops.add_layer_norm(*args, **kwargs)
 
 
+@pytest.mark.slow  # a compile for a GPU target (tests/kernels/test_gpu_compile.py compiles every launch)
 def test_kernels_compile_for_a_gpu(tmp_path):
     fp32 = {name: "*fp32" for name in ("mean_ptr", "rstd_ptr", "dwp_ptr", "dbp_ptr", "r_ptr", "dr_ptr")}
     fp32.update(eps="fp32", p="fp32", seed_ptr="*i64")

@@ -421,6 +421,7 @@ print("compiled")
 """
 
 
+@pytest.mark.slow  # a compile for a GPU target (tests/kernels/test_gpu_compile.py compiles every launch)
 def test_kernels_compile_for_hopper(tmp_path):
     """The interpreter is lenient; compile every kernel (fp16, all flags) to an sm_90 cubin."""
     if GPU:

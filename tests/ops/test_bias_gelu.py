@@ -136,6 +136,7 @@ def test_validation(args, kwargs, match):
         ops.bias_gelu(*args, **kwargs)
 
 
+@pytest.mark.slow  # a compile for a GPU target (tests/kernels/test_gpu_compile.py compiles every launch)
 def test_kernels_compile_for_a_gpu(tmp_path):
     cases = [(name, {"APPROX_TANH": tanh, "BLOCK_M": m, "BLOCK_N": n}, {"b_ptr": "*fp32", "dbp_ptr": "*fp32"})
              for name, m, n in (("_bias_gelu_fwd_kernel", 8, 256), ("_bias_gelu_bwd_kernel", 16, 128))
