@@ -19,14 +19,8 @@ import json
 from pathlib import Path
 
 from fastbert.tokenizer.bert import BertTokenizer
-from fastbert.tokenizer.files import (
-    GENERIC_CLASSES,
-    HUB_ARGUMENTS,
-    NO_TYPE_INPUTS,
-    auto_class,
-    generic_arguments,
-    read_json,
-)
+from fastbert.tokenizer.files import (GENERIC_CLASSES, HUB_ARGUMENTS, NO_TYPE_INPUTS, auto_class, generic_arguments,
+                                     read_json)
 from fastbert.tokenizer.template import supported
 
 

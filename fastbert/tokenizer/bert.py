@@ -17,20 +17,12 @@ import numpy as np
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from fastbert import _C
-from fastbert.tokenizer import files, template
-from fastbert.tokenizer import pad as pad_module
+from fastbert.tokenizer import files, pad as pad_module, template
 from fastbert.tokenizer.alignment import Aligner
 from fastbert.tokenizer.encoding import BatchEncoding, as_tensor
 from fastbert.tokenizer.files import SPECIAL_ATTRS
-from fastbert.tokenizer.options import (
-    MAX_SIZE,
-    SIDES,
-    VERY_LARGE_INTEGER,
-    OptionsCache,
-    count,
-    enum_value,
-    resolve_strategies,
-)
+from fastbert.tokenizer.options import (MAX_SIZE, SIDES, VERY_LARGE_INTEGER, OptionsCache, count, enum_value,
+                                       resolve_strategies)
 
 logger = logging.getLogger(__name__)
 
