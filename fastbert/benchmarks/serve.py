@@ -142,7 +142,7 @@ async def _level(server, texts: list, clients: int, seconds: float) -> dict:
     """`clients` concurrent clients, one text per request, for `seconds`: requests/s, p50/p99 ms."""
     import httpx
 
-    latencies, errors = [], 0
+    latencies, errors = [], {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as http:
         await asyncio.gather(*(http.post(server.path, json={"input": [text], "model": server.model})
@@ -150,18 +150,18 @@ async def _level(server, texts: list, clients: int, seconds: float) -> dict:
         stop = time.perf_counter() + seconds
 
         async def client(k: int):
-            nonlocal errors
             i = k
             while time.perf_counter() < stop:
                 start = time.perf_counter()
                 try:
                     r = await http.post(server.path, json={"input": [texts[i % len(texts)]], "model": server.model})
-                except httpx.TransportError:              # a dropped connection: a lost request
-                    r = None
-                if r is not None and r.status_code == 200:
+                    kind = None if r.status_code == 200 else f"HTTP {r.status_code}"
+                except httpx.TransportError as exc:       # a dropped connection: a lost request
+                    kind = type(exc).__name__
+                if kind is None:
                     latencies.append(time.perf_counter() - start)
                 else:
-                    errors += 1
+                    errors[kind] = errors.get(kind, 0) + 1
                 i += clients
         began = time.perf_counter()
         await asyncio.gather(*(client(k) for k in range(clients)))
@@ -169,12 +169,12 @@ async def _level(server, texts: list, clients: int, seconds: float) -> dict:
     return _summary(latencies, wall, errors)
 
 
-def _summary(latencies: list, wall: float, errors: int = 0) -> dict:
+def _summary(latencies: list, wall: float, errors: dict | None = None) -> dict:
     import numpy as np
 
     p50, p99 = (np.percentile(latencies, [50, 99]) * 1000).tolist() if latencies else (None, None)
     return {"req/s": len(latencies) / wall if wall else None, "p50 ms": p50, "p99 ms": p99,
-            "requests": len(latencies), "errors": errors}
+            "requests": len(latencies), "errors": sum((errors or {}).values()), "error kinds": errors or {}}
 
 
 def _direct(encoder, texts: list, seconds: float) -> dict:
@@ -243,6 +243,12 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
             row[key] = statistics.median(values) if values else None
             row[key.replace(" ms", "") + " range"] = [min(values), max(values)] if values else None
         row["errors"] = sum(x["errors"] for x in runs)
+        kinds = {}
+        for x in runs:
+            for kind, n in x["error kinds"].items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        if kinds:
+            row["error kinds"] = kinds
         if name in checks:
             row["min cosine vs Encoder"] = checks[name]
         medians[(name, clients)] = row

@@ -216,7 +216,8 @@ class Server:
     async def embed(self, request, req: schemas.EmbedRequest):
         self.check_dimensions(req.dimensions)
         texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
-        _, vectors = await self.embed_texts(request, texts, bool(req.truncate), req.direction, req.prompt_name, "inputs")
+        _, vectors = await self.embed_texts(request, texts, bool(req.truncate), req.direction, req.prompt_name,
+                                            "inputs")
         x = np.stack(vectors)
         if req.dimensions is not None:
             x = x[:, :req.dimensions]
@@ -312,8 +313,9 @@ def create_app(runner, **options):
                     raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                    "authorization", "Unauthorized")
                 if path not in runner.routes:
-                    raise ApiError(400, f"this server runs {'an' if runner.kind[0] in 'ae' else 'a'} {runner.kind} model, which does not serve {path}; "
-                                        f"it serves {', '.join(runner.routes)}", kind="Backend")
+                    article = "an" if runner.kind[0] in "ae" else "a"
+                    raise ApiError(400, f"this server runs {article} {runner.kind} model, which does not serve "
+                                        f"{path}; it serves {', '.join(runner.routes)}", kind="Backend")
                 if server.in_flight >= server.max_concurrent:
                     raise ApiError(429, f"{server.in_flight} requests are in flight, the most this server takes "
                                         f"(--max-concurrent {server.max_concurrent}); retry later", kind="Overloaded")

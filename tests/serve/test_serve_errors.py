@@ -53,7 +53,8 @@ BAD = [  # (path, body, status, field, words the message must hold)
     ("/v1/embeddings", b'{"input": "abc"', 400, "body", "not valid JSON"),
     ("/v1/embeddings", b"", 400, "body", "not valid JSON"),
     ("/v1/embeddings", json.dumps({"input": "x" * LIMIT}).encode(), 413, "body", "limit of 65536"),
-    ("/embed", {"inputs": LONG}, 413, "inputs", '302 tokens, more than the model\'s limit of 256; send shorter input or set "truncate": true'),
+    ("/embed", {"inputs": LONG}, 413, "inputs",
+     '302 tokens, more than the model\'s limit of 256; send shorter input or set "truncate": true'),
     ("/embed", {"inputs": "a", "normalize": "yes"}, 422, "normalize", "valid boolean"),
     ("/embed", {"inputs": "a", "truncate": 1}, 422, "truncate", "valid boolean"),
     ("/embed", {"inputs": "a", "truncation_direction": "up"}, 422, "truncation_direction", "'right'"),
@@ -107,7 +108,8 @@ def test_over_the_cap_answers_429_at_once(runner):
 
     over, tei, health, done, after = asyncio.run(main())
     assert over.status_code == 429 and over.headers["retry-after"] == "1"
-    assert over.json()["error"]["type"] == "rate_limit_error" and "--max-concurrent 2" in over.json()["error"]["message"]
+    assert over.json()["error"]["type"] == "rate_limit_error"
+    assert "--max-concurrent 2" in over.json()["error"]["message"]
     assert tei.status_code == 429 and tei.json()["error_type"] == "Overloaded"
     assert health.status_code == 200
     assert [r.status_code for r in done] == [200, 200] and after.status_code == 200

@@ -80,7 +80,7 @@ async def drive(url: str, requests: list, clients: int, reference: dict):
     async with httpx.AsyncClient(limits=limits, timeout=120) as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
     wall = time.perf_counter() - began
-    for (route, texts), got in zip(requests, answered):            # each answer is its request's
+    for (_, texts), got in zip(requests, answered):            # each answer is its request's
         assert got is not None and len(got) == len(texts)
         assert np.abs(np.asarray(got) - np.stack([reference[t] for t in texts])).max() <= 1e-5
     return latencies, rejected, wall

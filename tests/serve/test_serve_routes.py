@@ -8,11 +8,11 @@ import copy
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("fastapi", reason="fastbert serve needs the serve extra (fastapi)")
 pytest.importorskip("prometheus_client", reason="fastbert serve needs the serve extra (prometheus-client)")
 
-import fastbert  # noqa: E402
 from fastbert.serve.app import create_app  # noqa: E402
 from fastbert.serve.runner import load  # noqa: E402
 from serve_helpers import call, post, tiny_checkpoints  # noqa: E402
@@ -168,7 +168,7 @@ def test_rerank_and_predict_equal_cross_encoder(tiny, st):
     close([x["score"] for x in body], np.sort(scores)[::-1], 1e-5)
     assert [x["text"] for x in body] == [DOCS[x["index"]] for x in body]
     raw = post(app, "/rerank", {"query": PAIRS_Q, "texts": DOCS, "raw_scores": True}).json()
-    close(sorted(x["score"] for x in raw), np.sort(ce.predict(pairs, activation_fn=__import__("torch").nn.Identity())), 1e-5)
+    close(sorted(x["score"] for x in raw), np.sort(ce.predict(pairs, activation_fn=torch.nn.Identity())), 1e-5)
     assert "text" not in raw[0]
     one = post(app, "/predict", {"inputs": [PAIRS_Q, DOCS[0]]}).json()      # [a, b] is one pair, as TEI reads it
     assert one[0]["label"] == "LABEL_0" and abs(one[0]["score"] - scores[0]) < 1e-5
