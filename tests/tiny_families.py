@@ -22,3 +22,24 @@ CONFIGS = {
     "nomic_bert": lambda: T.NomicBertConfig(**ROPE, type_vocab_size=2,
                                             rope_parameters={"rope_type": "default", "rope_theta": 1000.0}),
 }
+
+
+# DeBERTa-v2/v3 variants (tests/models/test_deberta.py goes over all of them; pipelines use "v3")
+DEBERTA_V2_BASE = dict(SMALL, num_labels=3, relative_attention=True)
+DEBERTA_V2_VARIANTS = {   # every span (position_buckets or max_relative_positions) is shorter than 48 tokens
+    "v3": dict(pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=20, share_att_key=True,
+               norm_rel_ebd="layer_norm", position_biased_input=False),
+    "v2-clamped": dict(pos_att_type="c2p|p2c", max_relative_positions=12, type_vocab_size=2),
+    "c2p-factorised": dict(pos_att_type=["c2p"], position_buckets=6, max_relative_positions=30, embedding_size=24,
+                           position_biased_input=False),
+    "p2c-own-proj": dict(pos_att_type=["p2c"], position_buckets=10, max_relative_positions=40,
+                         norm_rel_ebd="layer_norm", legacy=False),
+    "absolute-only": dict(relative_attention=False, pos_att_type=["p2c", "c2p"]),
+    # transformers' own model tests use this one: no relative term, plain attention at scale 1
+    "no-terms": dict(relative_attention=False, pos_att_type="None"),
+    "relative-no-terms": dict(pos_att_type="None", position_buckets=8),   # rel_embeddings there, unused
+}
+
+
+def deberta_v2_config(variant, **extra):
+    return T.DebertaV2Config(**{**DEBERTA_V2_BASE, **DEBERTA_V2_VARIANTS[variant], **extra})

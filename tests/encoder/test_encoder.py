@@ -229,9 +229,9 @@ def test_unsupported_module_is_an_error(tmp_path):
 def test_roberta_bpe_checkpoint_without_sentence_config(tmp_path, lines):
     """A plain transformers RoBERTa dir (BPE tokenizer, pad id 1): HF's tokenizer, mean pooling."""
     import transformers
-    from test_auto_tokenizer import _roberta_bpe_dir
+    from trained_tokenizers import roberta_bpe_dir
 
-    raw = _roberta_bpe_dir(tmp_path)
+    raw = roberta_bpe_dir(tmp_path)
     torch.manual_seed(0)
     config = transformers.RobertaConfig(vocab_size=raw.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
                                         num_attention_heads=4, intermediate_size=48, pad_token_id=1,

@@ -7,6 +7,8 @@ import pytest
 import torch
 import transformers as T
 from test_models import close, labels_for
+from tiny_families import DEBERTA_V2_VARIANTS as VARIANTS
+from tiny_families import deberta_v2_config as config
 
 import fastbert
 from fastbert.models.config import ConfigError
@@ -14,27 +16,7 @@ from fastbert.ops import relative_attention as R
 
 TASKS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
          "ForMultipleChoice"]
-SEQ = 48
-BASE = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            relative_attention=True)
-VARIANTS = {   # every span (position_buckets or max_relative_positions) is shorter than SEQ
-    "v3": dict(pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=20, share_att_key=True,
-               norm_rel_ebd="layer_norm", position_biased_input=False),
-    "v2-clamped": dict(pos_att_type="c2p|p2c", max_relative_positions=12, type_vocab_size=2),
-    "c2p-factorised": dict(pos_att_type=["c2p"], position_buckets=6, max_relative_positions=30, embedding_size=24,
-                           position_biased_input=False),
-    "p2c-own-proj": dict(pos_att_type=["p2c"], position_buckets=10, max_relative_positions=40,
-                         norm_rel_ebd="layer_norm", legacy=False),
-    "absolute-only": dict(relative_attention=False, pos_att_type=["p2c", "c2p"]),
-    # transformers' own model tests use this one: no relative term, plain attention at scale 1
-    "no-terms": dict(relative_attention=False, pos_att_type="None"),
-    "relative-no-terms": dict(pos_att_type="None", position_buckets=8),   # rel_embeddings there, unused
-}
-
-
-def config(variant, **extra):
-    return T.DebertaV2Config(**{**BASE, **VARIANTS[variant], **extra})
+SEQ = 48   # longer than every variant's relative span (tiny_families.DEBERTA_V2_VARIANTS)
 
 
 def save(task, variant, path, **extra):

@@ -183,7 +183,7 @@ def deberta_v3_nli(tmp_path_factory):
     trained here by `tokenizers` and saved as transformers' DebertaV2TokenizerFast."""
     from tokenizers import SentencePieceUnigramTokenizer
 
-    from test_deberta import config as deberta_config
+    from tiny_families import deberta_v2_config
 
     path = tmp_path_factory.mktemp("deberta-v3-nli")
     corpus = ["i love this movie", "the film was great fun", "politics is about the government and votes",
@@ -195,7 +195,7 @@ def deberta_v3_nli(tmp_path_factory):
                     cls_token="[CLS]", mask_token="[MASK]")
     T.DebertaV2TokenizerFast(tokenizer_object=sp._tokenizer, **specials).save_pretrained(path)
     labels = ["contradiction", "neutral", "entailment"]
-    cfg = deberta_config("v3", vocab_size=len(sp.get_vocab()), num_labels=3, pad_token_id=0,
+    cfg = deberta_v2_config("v3", vocab_size=len(sp.get_vocab()), num_labels=3, pad_token_id=0,
                          id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
     torch.manual_seed(0)
     model = T.DebertaV2ForSequenceClassification(cfg)
