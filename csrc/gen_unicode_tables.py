@@ -1,4 +1,4 @@
-"""Generate csrc/unicode_tables.cpp: the Unicode data the BERT normalizer and pre-tokenizer need.
+r"""Generate csrc/unicode_tables.cpp: the Unicode data the BERT normalizer and pre-tokenizer need.
 
 Run from the repository root:
     pip install unicode-age==18.0.0.0 unicodedata2==17.0.1 regex==2026.11.19

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastbert.models.registry import ROBERTA_LIKE as _ROBERTA_LIKE  # positions start after padding_idx
+
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens")
 # legacy 1_Pooling/config.json flags -> pooling mode (sentence-transformers' own names)
 _LEGACY_POOLING_KEYS = {
@@ -45,7 +47,6 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-from fastbert.models.registry import ROBERTA_LIKE as _ROBERTA_LIKE  # positions start after padding_idx
 
 
 def _read_json(path: Path, shape: type = dict):
@@ -469,10 +470,11 @@ class Encoder:
         normalize_embeddings=True also normalizes after truncate_dim, as sentence-transformers'
         True. The texts may be passed as `sentences`, `inputs` (sentence-transformers 6's name) or
         `texts`, as a str, a list or tuple of str, or a 1-D numpy array of str. device must be None
-        or the encoder's own device (it does not move the model). precision != "float32" quantizes the whole result with ranges from the
-        result itself (fastbert.quantize_embeddings). output_value "token_embeddings"
-        gives one (tokens, hidden) tensor per text; None gives one dict per text (input_ids,
-        attention_mask, token_embeddings, sentence_embedding, and prompt_length with a prompt),
+        or the encoder's own device (it does not move the model). precision != "float32" quantizes
+        the whole result with ranges from the result itself (fastbert.quantize_embeddings).
+        output_value "token_embeddings" gives one (tokens, hidden) tensor per text; None gives one dict
+        per text (input_ids, attention_mask, token_embeddings, sentence_embedding, and prompt_length
+        with a prompt),
         each value unpadded: the text's own tokens only. convert_to_tensor returns a tensor
         (float32 on the model's device; quantized ones on the CPU), else convert_to_numpy an
         array, else a list of 1-D tensors.

@@ -34,7 +34,7 @@ try:
     tok(texts[0], truncation=True, max_length=3, stride=5, return_overflowing_tokens=True)
 except Exception:
     pass
-threads = [threading.Thread(target=lambda: [tok(texts * 10) for _ in range(20)]) for _ in range(4)]
+threads = [threading.Thread(target=lambda tok=tok: [tok(texts * 10) for _ in range(20)]) for _ in range(4)]
 for t in threads:
     t.start()
 for t in threads:

@@ -190,8 +190,8 @@ def _run(model_dir, texts, quick, device, dtype, repeats, compile, onnx, progres
             except Exception as exc:
                 rows["torch.compile(transformers)"] = {"error": f"{type(exc).__name__}: {exc}"}
         else:
-            rows["torch.compile(transformers)"] = {"note": "skipped (quick run)" if quick else "skipped (compile=False)",
-                                                  "skipped": True}
+            rows["torch.compile(transformers)"] = {
+                "note": "skipped (quick run)" if quick else "skipped (compile=False)", "skipped": True}
         if onnx and device == "cpu" and dtype == "float32":
             say("ONNX export")
             try:
@@ -214,7 +214,7 @@ def _run(model_dir, texts, quick, device, dtype, repeats, compile, onnx, progres
                 times[name].append(seconds)
     out = []
     tolerance = TOLERANCE.get(dtype, 1e-4)
-    for name, (fn, note) in peers.items():
+    for name, (_fn, note) in peers.items():
         diff = (outputs[name][mask] - reference[mask]).abs().max().item()
         best = min(times[name])
         out.append({"name": name, "case": case, "tokens/s": real / best, "seconds": best,

@@ -620,8 +620,9 @@ def thread_scaling(model_dir, texts=None, threads=(1, 2), quick=False, progress=
     count, taken after each text and path (what independent threads of plain C work gained meanwhile),
     and "machine ceiling range"; and "lookup ceiling" / "lookup ceiling range", the same from
     env.lookup_ceiling (random reads from a cached table, work shaped more like a tokenizer's). For
-    the largest count above 1, rows with "sliced": True time SlicedPeer in the same rounds: that many separate 1-thread tokenizers on slices of the batch, side
-    by side (what the same cores give this text with no pool at all); "vs 1 thread" as for the pool.
+    the largest count above 1, rows with "sliced": True time SlicedPeer in the same rounds: that many
+    separate 1-thread tokenizers on slices of the batch, side by side (what the same cores give this
+    text with no pool at all); "vs 1 thread" as for the pool.
     Rows of the pool carry its own record of the calls, "tasks ms" and "busy"
     (FastbertPeer.pool_summary). The tasks are the same instructions on any count (--work), so tasks
     ms above the one-thread call's ms is the threads running the same work slower, and busy below

@@ -80,9 +80,9 @@ class Embedder:
     from batch to batch: quantize the float32 output afterwards with a calibration set).
     device: "cpu" | "cuda" (default: cuda when this process sees a GPU). num_threads: torch CPU
     threads for this process (default: torch's own, which on Ray is every core of the node, not the
-    actor's num_cpus). keep_column=False leaves the text
-    column out of the output (it need not travel further). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share
-    of the call's time) columns, for per-worker summaries.
+    actor's num_cpus). keep_column=False leaves the text column out of the output (it need not
+    travel further). stats: add `embed_worker` (host:pid) and `embed_seconds` (this row's share of the
+    call's time) columns, for per-worker summaries.
     """
 
     def __init__(self, model=None, column: str = "text", output_column: str = "embedding",

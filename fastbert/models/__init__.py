@@ -3,8 +3,8 @@
 The public class names (BertModel, RobertaForMaskedLM, ...) are the registry's (registry.py)."""
 import importlib
 
-from fastbert.models.loading import CheckpointError
-from fastbert.models.modeling import EncoderModel, FastPreTrainedModel
+from fastbert.models.loading import CheckpointError  # noqa: F401  (re-exported: fastbert.models.CheckpointError)
+from fastbert.models.modeling import EncoderModel, FastPreTrainedModel  # noqa: F401  (re-exported base classes)
 from fastbert.models.registry import public_names
 
 __all__ = list(public_names())

@@ -27,7 +27,7 @@ from fastbert.models.activations import GELU, RELU
 from fastbert.models.embeddings import Embeddings
 from fastbert.models.heads import (BertMLMHead, ClassificationHead, MaskedLMModel, MultipleChoiceModel, Pooler,
                                    PooledClassifier, QuestionAnsweringModel, RobertaLMHead,
-                                   SequenceClassificationModel, TokenClassificationModel, classifier_dropout)
+                                   SequenceClassificationModel, TokenClassificationModel)
 from fastbert.models.layers import FastLayer, LayerParts
 from fastbert.models.modeling import EncoderModel
 from fastbert.models.outputs import BaseModelOutput

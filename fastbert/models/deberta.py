@@ -61,7 +61,7 @@ def check_config(config, source: str) -> None:
                           f"hidden_size / num_attention_heads = {config.hidden_size // config.num_attention_heads})")
     norms = [x.strip() for x in str(getattr(config, "norm_rel_ebd", "none")).lower().split("|")]
     if any(n not in ("none", "layer_norm") for n in norms):
-        raise ConfigError(f"{source}: norm_rel_ebd={getattr(config, 'norm_rel_ebd')!r} is not supported "
+        raise ConfigError(f"{source}: norm_rel_ebd={config.norm_rel_ebd!r} is not supported "
                           "('none' or 'layer_norm')")
     check_common_config(config, source)
 
@@ -254,6 +254,7 @@ class DebertaV2Model(EncoderModel):
         super().__init__(config)
         self.embeddings = DebertaV2Embeddings(config, self.dims)
         self.encoder = DebertaV2Encoder(config, self.dims)
+        self.post_init()
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)

@@ -110,6 +110,7 @@ class DebertaModel(v2.DebertaV2Model):
         EncoderModel.__init__(self, config)          # v2's __init__ would build a v2 encoder
         self.embeddings = v2.DebertaV2Embeddings(config, self.dims)
         self.encoder = DebertaEncoder(config, self.dims)
+        self.post_init()
 
 
 # ---- heads: DeBERTa-v2's, on the v1 encoder -----------------------------------------------------------------

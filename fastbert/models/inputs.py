@@ -102,7 +102,8 @@ def check_packed_shapes(model, input_ids, cu_seqlens, max_seqlen, token_type_ids
     if cu_seqlens.shape[0] == 1 and input_ids.shape[0]:
         raise ValueError(f"cu_seqlens of length 1 is a batch of no sequences, but input_ids has "
                          f"{input_ids.shape[0]} tokens")
-    if isinstance(max_seqlen, (bool, torch.Tensor)) or not isinstance(max_seqlen, (int, torch.SymInt)) or max_seqlen < 0:
+    if (isinstance(max_seqlen, (bool, torch.Tensor)) or not isinstance(max_seqlen, (int, torch.SymInt))
+            or max_seqlen < 0):
         raise ValueError(f"max_seqlen must be a non-negative Python int (reading a tensor would sync), "
                          f"got {max_seqlen!r}")
     _check_device(model, input_ids.device)

@@ -305,6 +305,7 @@ class ModernBertModel(ModernBertFamily, RotaryEncoderModel):
         self.rotary_emb = ModernBertRotaryEmbedding(c)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(c, i) for i in range(c.num_hidden_layers))
         self.final_norm = _norm(c)
+        self.post_init()
 
     def get_input_embeddings(self):
         return self.embeddings.tok_embeddings
@@ -455,7 +456,7 @@ class ModernBertForQuestionAnswering(_ModernBertTask):
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
-            loss = qa_loss(start_logits, end_logits, start_positions, end_positions)
+            loss = qa_loss(start_logits, end_logits, start_positions, end_positions, attention_mask)
         return self._finish(QuestionAnsweringModelOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=out.hidden_states,
             attentions=out.attentions), return_dict)

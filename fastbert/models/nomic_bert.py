@@ -167,6 +167,7 @@ class NomicBertModel(NomicBertFamily, RotaryEncoderModel):
         self.pooler = Pooler(c.hidden_size) if add_pooling_layer else None
         self.rotary = Rotary(_head_dim(c), c.max_position_embeddings)
         self.layers = nn.ModuleList(NomicBertLayer(c, self.dims, self.rotary) for _ in range(c.num_hidden_layers))
+        self.post_init()
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, token_type_ids, inputs_embeds, backend)

@@ -66,7 +66,8 @@ def added_rows(old: torch.Tensor, k: int, mean_resizing: bool, config) -> torch.
     with a tiny multiple of their covariance (mean_resizing; the mean itself when the covariance is not
     positive definite), else normal(0, initializer_range)."""
     if not mean_resizing:
-        return torch.randn(k, old.shape[1], dtype=old.dtype, device=old.device) * getattr(config, "initializer_range", 0.02)
+        std = getattr(config, "initializer_range", 0.02)
+        return torch.randn(k, old.shape[1], dtype=old.dtype, device=old.device) * std
     x = old.detach().float()
     mean = x.mean(0)
     centered = x - mean

@@ -462,9 +462,10 @@ def relative_bias_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, tab
     index, radius = _held(distances, q) or mpnet_distances(num_buckets, max_distance, q.device)
     bias = F.embedding(index, table)                                     # (2R + 1, heads)
     if _use_kernel(backend, q, k, v):
-        return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, seqlen_int(max_seqlen), positions.to(torch.int32),
-                                                     None, None, None, bias.float().contiguous(), radius, scale,
-                                                     float(dropout_p), dropout_seed(dropout_p, q.device), not q.is_cuda)[0]
+        return torch.ops.fastbert.relative_attention(
+            q, k, v, cu_seqlens, seqlen_int(max_seqlen), positions.to(torch.int32), None, None, None,
+            bias.float().contiguous(), radius, scale, float(dropout_p), dropout_seed(dropout_p, q.device),
+            not q.is_cuda)[0]
     return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p, bias=bias,
                     radius=radius)
 
@@ -492,8 +493,8 @@ def disentangled_attention(q, k, v, cu_seqlens, max_seqlen: int, positions, pos_
             return torch.matmul(x.transpose(0, 1).float(), pos.float().permute(1, 2, 0)).transpose(0, 1)
         c2p = product(q, pos_key) if pos_key is not None else None
         p2c = product(k, pos_query) if pos_query is not None else None
-        return torch.ops.fastbert.relative_attention(q, k, v, cu_seqlens, seqlen_int(max_seqlen), positions.to(torch.int32),
-                                                     c2p, p2c, lut, None, radius, scale, float(dropout_p),
-                                                     dropout_seed(dropout_p, q.device), not q.is_cuda)[0]
+        return torch.ops.fastbert.relative_attention(
+            q, k, v, cu_seqlens, seqlen_int(max_seqlen), positions.to(torch.int32), c2p, p2c, lut, None, radius,
+            scale, float(dropout_p), dropout_seed(dropout_p, q.device), not q.is_cuda)[0]
     return _blocked(q, k, v, cu_seqlens, int(max_seqlen), positions, scale=scale, dropout_p=dropout_p,
                     pos_key=pos_key, pos_query=pos_query, lut=lut, radius=radius)

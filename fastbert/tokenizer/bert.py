@@ -952,8 +952,8 @@ class BertTokenizer(PreTrainedTokenizerBase):
             raise ValueError("save_pretrained(legacy_format=False) asks for tokenizer.json alone, which "
                              "fastbert.BertTokenizer does not write: it writes vocab.txt (legacy_format=None or True)")
         if kwargs:
-            raise TypeError(f"save_pretrained() got unsupported argument(s) {', '.join(sorted(kwargs))} "
-                            "(fastbert.BertTokenizer takes save_directory, legacy_format, filename_prefix, push_to_hub)")
+            raise TypeError(f"save_pretrained() got unsupported argument(s) {', '.join(sorted(kwargs))} (fastbert."
+                            "BertTokenizer takes save_directory, legacy_format, filename_prefix, push_to_hub)")
         if filename_prefix is not None and not isinstance(filename_prefix, str):
             raise TypeError(f"filename_prefix must be a str, got {type(filename_prefix).__name__} {filename_prefix!r}")
         config = {"do_lower_case": self.do_lower_case, "strip_accents": self.strip_accents,

@@ -47,7 +47,7 @@ def resolve_strategies(padding, truncation, max_length, pad_to_multiple_of, mode
     if padding is True:
         if max_length is not None and truncation in (None, False, "do_not_truncate"):
             warnings.warn("`max_length` is ignored when `padding`=`True` and there is no truncation "
-                          "strategy. To pad to max length, use `padding='max_length'`.")
+                          "strategy. To pad to max length, use `padding='max_length'`.", stacklevel=3)
         pad = "longest"
     elif padding is False or padding is None:
         pad = "do_not_pad"
@@ -109,9 +109,9 @@ class OptionsCache:
             packed=False, type_ids=True, attention_mask=True, special_tokens_mask=False, offsets=False,
             length=False, overflow=False, numpy=False, num_threads=1) -> _C.EncodeOptions:
         # the key: every parameter, in signature order (locals() would do, at four times the cost)
-        key = (split_words, add_special_tokens, split_special_tokens, truncation, max_length, stride, truncate_left, padding,
-               pad_to_multiple_of, pad_left, pad_id, packed, type_ids, attention_mask, special_tokens_mask, offsets,
-               length, overflow, numpy, num_threads)
+        key = (split_words, add_special_tokens, split_special_tokens, truncation, max_length, stride, truncate_left,
+               padding, pad_to_multiple_of, pad_left, pad_id, packed, type_ids, attention_mask, special_tokens_mask,
+               offsets, length, overflow, numpy, num_threads)
         options = self._by_key.get(key)
         if options is None:
             options = _C.EncodeOptions(
