@@ -225,12 +225,12 @@ def measure_peaks(plan, bench):
     n = plan.copy_bytes // 2
     src = torch.randn(n, device=plan.device, dtype=torch.float16)
     dst = torch.empty_like(src)
-    copy_ms = bench(lambda: dst.copy_(src))
+    copy_ms = bench(lambda dst=dst, src=src: dst.copy_(src))
     gbps = 2 * src.numel() * 2 / (copy_ms * 1e-3) / 1e9                  # read + write
     m = plan.matmul_n
     a = torch.randn(m, m, device=plan.device, dtype=torch.float16)
     bmat = torch.randn(m, m, device=plan.device, dtype=torch.float16)
-    mm_ms = bench(lambda: a @ bmat)
+    mm_ms = bench(lambda a=a, bmat=bmat: a @ bmat)
     tflops = 2 * m ** 3 / (mm_ms * 1e-3) / 1e12
     del src, dst, a, bmat
     return gbps, tflops, [
@@ -318,7 +318,7 @@ def _time_pair(plan, bench, section, case, impls, inputs, passes, tensor_bytes, 
         for impl, (fn, check, note, mine) in impls.items():
             train = passname != "fwd"
             leaves = [t.detach().requires_grad_(train) for t in inputs]
-            call = (lambda fn=fn, l=leaves: fn(*l).backward(dy)) if train else (lambda fn=fn, l=leaves: fn(*l))
+            call = (lambda fn=fn, xs=leaves: fn(*xs).backward(dy)) if train else (lambda fn=fn, xs=leaves: fn(*xs))
             try:
                 with torch.enable_grad() if train else torch.no_grad():
                     ms = bench(call, leaves if train else None)

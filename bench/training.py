@@ -174,7 +174,7 @@ def run(model_dir=None, texts=None, quick: bool = False, device: str = "cpu", dt
         opt.step()
 
     times = {name: [] for name in opts}
-    for name, (model, opt) in opts.items():  # warm-up: allocations, AdamW state
+    for model, opt in opts.values():  # warm-up: allocations, AdamW state
         step(model, opt)
     sync()
     for i in range(repeats):

@@ -398,7 +398,7 @@ def test_unsupported_settings_are_named(tmp_path):
 
 # ---- input checks --------------------------------------------------------------------------------------
 def test_input_checks(tmp_path):
-    config = save_hf("bert", "Model", tmp_path)
+    save_hf("bert", "Model", tmp_path)
     fast = fastbert.AutoModel.from_pretrained(tmp_path)
     ids = torch.randint(0, 99, (2, 5))
     with pytest.raises(ValueError, match=r"token id 99 .*vocab size 99"):

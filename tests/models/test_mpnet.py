@@ -172,7 +172,7 @@ def test_bias_op_packed_equals_per_sequence_padded():
     table = torch.randn(32, h, generator=g, dtype=torch.float64)
     positions = fastbert.ops.varlen.packed_positions(cu, n)
     out = R.relative_bias_attention(q, k, v, cu, 140, positions, table)
-    for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         if e == s:
             continue
         # one sequence alone, bias from the bucket of each (key - query) distance

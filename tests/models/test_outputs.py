@@ -44,4 +44,4 @@ def test_access_tuple_none_reset_pickle_and_errors():
     with pytest.raises(TypeError, match="unexpected keyword argument 'logit'"):
         outputs.MaskedLMOutput(logit=logits)
     with pytest.raises(AttributeError):
-        out.logit
+        _ = out.logit

@@ -72,7 +72,7 @@ def test_stream_in_chunks_keeps_rss_bounded(tok):
         tok(chunk, padding="max_length", truncation=True, max_length=128, return_tensors="np")
         tok(chunk[::16], return_offsets_mapping=True)
     samples = []
-    for i, chunk in enumerate(chunks(STREAM_MB, CHUNK_MB)):
+    for chunk in chunks(STREAM_MB, CHUNK_MB):
         # both output paths: padded numpy and ragged lists (with offsets)
         enc = tok(chunk, padding="max_length", truncation=True, max_length=128, return_tensors="np")
         assert enc["input_ids"].shape == (len(chunk), 128) and enc["input_ids"].dtype == np.int64
