@@ -14,6 +14,7 @@ from transformers.utils import logging as hf_logging
 
 import fastbert
 import fastbert.models as fm
+from tiny_families import CONFIGS, SMALL
 
 BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 
@@ -49,6 +50,44 @@ def test_model_config_initialises_as_transformers():
     before = {k: v.clone() for k, v in fast.state_dict().items()}
     fast.post_init()                                  # transformers': once initialised, left alone
     assert all(torch.equal(before[k], v) for k, v in fast.state_dict().items())
+
+
+# the bare models that build their own encoder (no BERT parts): each calls post_init() itself
+BARE = {
+    "DebertaV2Model": CONFIGS["deberta-v2"],
+    "DebertaModel": lambda: T.DebertaConfig(**SMALL, relative_attention=True,
+                                            pos_att_type=["p2c", "c2p"], max_relative_positions=20),
+    "ModernBertModel": CONFIGS["modernbert"],
+    "NomicBertModel": CONFIGS["nomic_bert"],
+}
+
+
+@pytest.mark.parametrize("cls_name", BARE)
+def test_bare_model_config_initialises_as_transformers(cls_name):
+    """Every parameter as transformers' own init leaves it: zeros and ones exactly, random ones with
+    transformers' mean and std (ModernBERT's depends on the module: truncated, 'out' ones scaled)."""
+    config = BARE[cls_name]()
+    torch.manual_seed(0)
+    want = dict(getattr(T, cls_name)(copy.deepcopy(config)).named_parameters())
+    torch.manual_seed(0)
+    got = dict(getattr(fm, cls_name)(copy.deepcopy(config)).named_parameters())
+    assert got.keys() == want.keys()
+    with torch.no_grad():
+        for name, w in want.items():
+            g = got[name]
+            if torch.all(w == w.flatten()[0]):                     # biases, norms, q_bias / v_bias
+                assert torch.equal(g, w), name
+            else:
+                assert abs(g.std() - w.std()) < 0.15 * w.std(), (name, g.std().item(), w.std().item())
+                assert abs(g.mean()) < 0.2 * w.std(), (name, g.mean().item())
+
+
+@pytest.mark.parametrize("cls_name", BARE)
+def test_bare_model_config_gradient_checkpointing_switches_it_on(cls_name):
+    config = BARE[cls_name]()
+    config.gradient_checkpointing = True
+    model = getattr(fm, cls_name)(config)
+    assert model.is_activation_checkpointing and not hasattr(config, "gradient_checkpointing")
 
 
 def test_distilbert_sinusoidal_table_as_transformers():

@@ -112,6 +112,24 @@ def test_first_step_loss_leaves_padding_out(setup):
     assert torch.isfinite(got)
 
 
+def test_modernbert_first_step_loss_leaves_padding_out(setup):
+    """ModernBERT's QA head has its own forward: its loss leaves padding out too."""
+    _, (inputs, start, end), _ = setup
+    config = T.ModernBertConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, max_position_embeddings=MAX_LEN, pad_token_id=0,
+                                bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
+    torch.manual_seed(0)
+    hf = T.ModernBertForQuestionAnswering(config)
+    rows = slice(0, BATCH)
+    batch = {k: inputs[k][rows] for k in ("input_ids", "attention_mask")}   # ModernBERT has no token types
+    assert (batch["attention_mask"] == 0).any(), "the batch must be padded"
+    want = masked_reference_loss(hf(**batch), batch, start[rows], end[rows])
+    native = fm.ModernBertForQuestionAnswering(config)
+    native.load_state_dict(hf.state_dict())
+    got = native(**batch, start_positions=start[rows], end_positions=end[rows]).loss
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("order_seed", [0, 1, 2])
 def test_padded_qa_learns_as_transformers(setup, order_seed):
     hf, data, held_out = setup
