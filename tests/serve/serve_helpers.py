@@ -107,8 +107,11 @@ def spawned_server(*args, timeout: float = 120):
     import sys
 
     port = free_port()
+    # one torch thread: these tests check behaviour, and on a shared machine OpenMP threads waiting for
+    # a descheduled partner made one forward 30x slower (1.2 s instead of 40 ms on 2 busy cores)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", "--port", str(port), "--log-level",
-                             "warning", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "warning", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     try:
