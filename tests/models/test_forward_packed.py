@@ -101,11 +101,12 @@ def test_forward_packed_reads_nothing_and_padded_forward_reads_once():
             model(**padded)
     assert packed_reads.outside_ops() == [], packed_reads.outside_ops()
     assert len(padded_reads.outside_ops()) == 1, padded_reads.outside_ops()   # ranges + mask lengths together
-    # inside fastbert.ops only the CPU-only value check of cu_seqlens reads values (host memory, no
-    # device sync; CUDA tensors are never read there)
+    # inside fastbert.ops only CPU-only reads of cu_seqlens: its value check and the CPU attention's
+    # runs of equal lengths (host memory, no device sync; CUDA tensors are never read there)
     in_ops = {(os.path.basename(f), n, k) for f, n, k in packed_reads.reads + padded_reads.reads
               if f.startswith(OPS_DIR)}
-    assert in_ops <= {("varlen.py", "check_cu_seqlens", "tolist")}, sorted(in_ops)
+    assert in_ops <= {("varlen.py", "check_cu_seqlens", "tolist"), ("length_runs.py", "length_runs", "tolist")}, \
+        sorted(in_ops)
 
 
 def test_forward_packed_compiles_with_fullgraph():
