@@ -89,6 +89,10 @@ def add_arguments(parser, positive_int) -> None:
 def cmd_serve(parser, args) -> int:
     import os
 
+    # torch's OpenMP threads spin between ops by default: on cores shared with the tokenizer's threads and
+    # other processes, one short text went from ~50 ms to 0.7-2 s (docs/serve.md). A server waits passively
+    # unless its environment says otherwise; OpenMP reads this once, when torch loads, hence here.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.model is not None and Path(args.model).exists() and not Path(args.model).is_dir():
         parser.error(f"MODEL {args.model}: not a directory")
     if args.ray is None and (args.replicas != 1 or args.num_gpus):
