@@ -72,6 +72,7 @@ def test_ray_run_equals_the_in_process_run(corpus, encoder, model_dir, tmp_path)
     assert sum(w["rows"] for w in on_ray.workers.values()) == on_ray.rows + on_ray.errors
 
 
+@pytest.mark.slow  # fault injection: an actor killed and restarted mid-run
 def test_an_actor_killed_mid_run_is_restarted_and_every_row_lands_once(encoder, model_dir, tmp_path):
     marker = tmp_path / "killed"
 

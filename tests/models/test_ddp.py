@@ -52,6 +52,7 @@ def worker(rank, port, checkpoint, inputs, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two training processes over gloo
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
 def test_ddp_two_processes_match_one_process(tmp_path):
     from test_training import make_batch, save_checkpoint  # here: the spawned workers need no transformers
