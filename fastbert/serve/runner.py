@@ -104,7 +104,7 @@ def _load_head(auto_class, model_dir: Path, device, dtype, quantize):
     if device is None:
         device = "cuda" if torch.cuda.is_available() and quantize is None else "cpu"
     if quantize is not None:
-        from fastbert.quantize import quantize as quantize_model
+        from fastbert import quantize as quantize_model
         model = auto_class.from_pretrained(str(model_dir), dtype=torch.float32, device=device)
         quantize_model(model, quantize)
     else:
