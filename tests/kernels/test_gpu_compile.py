@@ -18,16 +18,46 @@ import fastbert.kernels as kernels_pkg
 # hidden size, sm_80 and sm_89 (99 KB of shared memory) and every config the autotuner may choose.
 FAST = dict(dtypes=("float16", "float32"), head_dims=(64, 128), hiddens=(768, 8192), targets=(90,), quick=True)
 
-# Spills still measured in a default config, capped: the fp32 (3xTF32) relative-attention backward with
-# c2p/p2c or bias and dropout spills 8-32 B even on its smallest tile (16 x 16, 8 warps; its config is
-# fixed: a timing run would repeat its atomics). Anything else that spills, or more, fails.
-KNOWN_SPILLS = {("relative_attention._relative_attention_bwd_kernel", "fp32"): 32}
+# Spills still measured in a default config: open defects, capped at what the full sweep measured
+# (bf16/fp16/fp32, head dims 32-128, every hidden size, sm_80/89/90), so that any new spill, or a larger
+# one, fails. The fast run (fp16/fp32, head dims 64/128, sm_90) meets only the fp32 relative backward; the rest
+# show up at other head dims and on sm_80/89. The relative-attention backward's config is fixed (a timing
+# run would repeat its atomics) and spills even on its smallest tile (16 x 16, 8 warps).
+# (kernel, dtype, target) -> the most stack bytes allowed.
+KNOWN_SPILLS = {
+    ("relative_attention._relative_attention_bwd_kernel", "fp32", "sm_80"): 112,
+    ("relative_attention._relative_attention_bwd_kernel", "fp32", "sm_89"): 96,
+    ("relative_attention._relative_attention_bwd_kernel", "fp32", "sm_90"): 176,
+    ("relative_attention._relative_attention_bwd_kernel", "fp16", "sm_80"): 504,
+    ("relative_attention._relative_attention_bwd_kernel", "fp16", "sm_89"): 432,
+    ("relative_attention._relative_attention_bwd_kernel", "fp16", "sm_90"): 280,
+    ("relative_attention._relative_attention_bwd_kernel", "bf16", "sm_80"): 504,
+    ("relative_attention._relative_attention_bwd_kernel", "bf16", "sm_89"): 432,
+    ("relative_attention._relative_attention_bwd_kernel", "bf16", "sm_90"): 280,
+    ("relative_attention._relative_attention_fwd_kernel", "fp32", "sm_80"): 240,
+    ("relative_attention._relative_attention_fwd_kernel", "fp32", "sm_89"): 248,
+    ("relative_attention._relative_attention_fwd_kernel", "fp32", "sm_90"): 368,
+    ("relative_attention._relative_attention_fwd_kernel", "fp16", "sm_80"): 56,
+    ("relative_attention._relative_attention_fwd_kernel", "fp16", "sm_89"): 48,
+    ("relative_attention._relative_attention_fwd_kernel", "bf16", "sm_80"): 56,
+    ("relative_attention._relative_attention_fwd_kernel", "bf16", "sm_89"): 48,
+    ("attention._attention_fwd_kernel", "fp32", "sm_80"): 40,
+    ("attention._attention_fwd_kernel", "fp32", "sm_89"): 72,
+    ("attention._attention_fwd_kernel", "fp32", "sm_90"): 80,
+    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_89"): 8,
+    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_90"): 24,
+    ("attention._attention_bwd_dkdv_kernel", "fp16", "sm_90"): 64,
+    ("attention._attention_bwd_dkdv_kernel", "bf16", "sm_90"): 64,
+    ("attention._attention_bwd_dq_kernel", "fp16", "sm_80"): 8,
+    ("attention._attention_bwd_dq_kernel", "bf16", "sm_80"): 8,
+}
 
 
 def _unexpected(rows):
-    known = [r for r in rows if (r["kernel"], r["dtype"]) in KNOWN_SPILLS
-             and r["spills"] and r["spills"] <= KNOWN_SPILLS[r["kernel"], r["dtype"]] and not r["error"]]
-    return problems([r for r in rows if r not in known])
+    def known(r):
+        cap = KNOWN_SPILLS.get((r["kernel"], r["dtype"], r["target"]))
+        return cap is not None and r["spills"] and r["spills"] <= cap and not r["error"]
+    return problems([r for r in rows if not known(r)])
 
 
 def _kernels():
