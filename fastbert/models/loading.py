@@ -50,7 +50,8 @@ class CheckpointIO:
 
         transformers' arguments mean what they mean there: `config` is used instead of the checkpoint's
         config.json, `state_dict` instead of its weights (then `pretrained_model_name_or_path` may be
-        None, with `config` given); `output_loading_info=True` returns (model, {"missing_keys",
+        None, with `config` given: with no checkpoint, the state_dict's missing encoder weights are
+        initialised with a warning, as transformers does); `output_loading_info=True` returns (model, {"missing_keys",
         "unexpected_keys", "mismatched_keys", "error_msgs"}) and, the caller reading that report, missing
         or unexpected encoder weights are reported there instead of raising (freshly initialised);
         `torch_dtype` is the old name of `dtype`; `device_map` names one device ("cpu", "cuda:1", a GPU
@@ -99,9 +100,11 @@ class CheckpointIO:
         elif loaded_config and config._attn_implementation is None:
             config._attn_implementation = "sdpa"      # a config of its own: named as transformers names its default
         init_kwargs = config_arguments(cls, config, kwargs)
+        # Strict for a checkpoint; with no checkpoint named, the caller's state_dict is a starting point, as in
+        # transformers: missing or unexpected encoder weights are warned about (and the missing initialised).
         model, info = cls._from_state_dict_reporting(config, state_dict, dtype=dtype, device=device, source=source,
                                                      backend=backend, ignore_mismatched_sizes=ignore_mismatched_sizes,
-                                                     report=output_loading_info, **init_kwargs)
+                                                     report=output_loading_info or directory is None, **init_kwargs)
         return (model, info) if output_loading_info else model
 
     @classmethod

@@ -138,6 +138,26 @@ def test_from_pretrained_takes_transformers_arguments(saved_classifier):
     assert info["missing_keys"] == {"classifier.weight", "classifier.bias"}
 
 
+def test_state_dict_without_checkpoint_initialises_what_is_missing(saved_classifier, tmp_path, caplog):
+    """Strict for a checkpoint on disk; from_pretrained(None, config=, state_dict=) takes the state_dict as
+    transformers does: missing encoder weights initialised (as Model(config) would), with a warning."""
+    path, model = saved_classifier
+    partial = {k: v for k, v in model.state_dict().items() if "layer.1." not in k}
+    with pytest.raises(RuntimeError, match="missing: bert.encoder.layer.1"):
+        fm.BertForSequenceClassification.from_state_dict(model.config, partial)
+    with caplog.at_level("WARNING"):
+        again = fm.BertForSequenceClassification.from_pretrained(None, config=model.config, state_dict=partial)
+    assert "bert.encoder.layer.1.attention.self.query.weight" in caplog.text
+    kept = dict(again.named_parameters())
+    assert torch.equal(kept["bert.encoder.layer.0.attention.self.query.weight"],
+                       model.bert.encoder.layer[0].attention.self.query.weight)
+    fresh = kept["bert.encoder.layer.1.attention.self.query.weight"]
+    assert abs(fresh.std().item() - model.config.initializer_range) < 0.3 * model.config.initializer_range
+    assert not fresh.is_meta and torch.count_nonzero(kept["bert.encoder.layer.1.attention.self.query.bias"]) == 0
+    empty = fm.BertModel.from_pretrained(None, config=model.config, state_dict={})   # transformers' own test does this
+    assert abs(empty.embeddings.word_embeddings.weight.std().item() - model.config.initializer_range) < 0.005
+
+
 def test_shape_mismatch_is_a_runtime_error_unless_ignored(saved_classifier):
     path, _ = saved_classifier
     with pytest.raises(RuntimeError, match="shape mismatch: classifier.weight"):
