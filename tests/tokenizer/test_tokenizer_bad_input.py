@@ -15,16 +15,6 @@ from transformers import BertTokenizerFast
 import fastbert
 
 
-@pytest.fixture(scope="module")
-def tok(model_dir):
-    return fastbert.BertTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    return BertTokenizerFast.from_pretrained(model_dir)
-
-
 # ---- sizes: max_length, stride, pad_to_multiple_of, model_max_length -------------------------------------
 
 SIZE_CASES = [

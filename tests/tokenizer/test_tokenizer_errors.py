@@ -14,11 +14,6 @@ import tokenizer_corpus as tc
 import corpora as corpus
 
 
-@pytest.fixture(scope="module")
-def tok(model_dir):
-    return fastbert.BertTokenizer.from_pretrained(model_dir)
-
-
 # ---- files ------------------------------------------------------------------------------------------
 
 def test_missing_directory(tmp_path):

@@ -12,16 +12,6 @@ import fastbert
 from fastbert.benchmarks import corpus
 
 
-@pytest.fixture(scope="module")
-def tok(model_dir):
-    return fastbert.BertTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    return BertTokenizerFast.from_pretrained(model_dir)
-
-
 LINES = corpus.english_lines()[:6] + ["UNwant\u00E9d,running", "野口里佳 Noguchi Rika", ""]
 WORDS = [line.split() for line in LINES]
 FIELDS = dict(return_offsets_mapping=True, return_special_tokens_mask=True, return_length=True)

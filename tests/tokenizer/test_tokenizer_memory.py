@@ -33,11 +33,6 @@ def rss_bytes() -> int:
         pytest.skip("resident memory is read from /proc/self/statm (Linux only)")
 
 
-@pytest.fixture(scope="module")
-def tok(model_dir):
-    return fastbert.BertTokenizer.from_pretrained(model_dir)
-
-
 def chunks(total_mb, chunk_mb, seed=0, tag="zq"):
     """Lines of English and multilingual text, with made-up words mixed in so that word caches keep
     seeing words they have not seen before (another tag: other made-up words)."""

@@ -5,20 +5,8 @@ checkpoint's vocabulary, for single texts, pairs, truncation, overflow rows and 
 import numpy as np
 import pytest
 import torch
-from transformers import BertTokenizerFast
 
-import fastbert
 from fastbert.benchmarks import corpus
-
-
-@pytest.fixture(scope="module")
-def tok(model_dir):
-    return fastbert.BertTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    return BertTokenizerFast.from_pretrained(model_dir)
 
 
 TEXTS = corpus.english_lines()[:40] + corpus.multilingual_texts(20_000)[:25] + ["", "a", "UNwant\u00E9d,running"]
