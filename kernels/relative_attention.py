@@ -37,7 +37,6 @@ from fastbert.kernels.attention import (
     MAX_HEAD_DIM,
     _attention_bwd_preprocess_kernel,
     _configs,
-    _drop_bwd,
     _head,
     _keep,
     _program,
@@ -66,7 +65,8 @@ _KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS", "HAS_DROPOUT
 def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
             stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION: tl.constexpr,
             HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) fp32 scores in natural-log units, the clamped distance index d, the tile mask."""
+    """(BLOCK_M, BLOCK_N) fp32 scores in natural-log units, the clamped distance index d, its relative
+    index lut[d] (HAS_C2P or HAS_P2C, else d), the tile mask."""
     row_ok = rows < n
     col_ok = cols < n
     ok = row_ok[:, None] & col_ok[None, :]
@@ -74,16 +74,17 @@ def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr,
     p_j = tl.load(pos_ptr + start64 + cols, mask=col_ok, other=0)
     d = tl.minimum(tl.maximum(p_i[:, None] - p_j[None, :], -radius), radius) + radius
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if HAS_C2P:
+    idx = d
+    if HAS_C2P or HAS_P2C:
         idx = tl.load(lut_ptr + d, mask=ok, other=0)
+    if HAS_C2P:
         s += tl.load(c2p_ptr + (start64 + rows[:, None]) * stride_cs + h * stride_ch + idx, mask=ok, other=0.0)
     if HAS_P2C:
-        idx = tl.load(lut_ptr + d, mask=ok, other=0)
         s += tl.load(p2c_ptr + (start64 + cols[None, :]) * stride_cs + h * stride_ch + idx, mask=ok, other=0.0)
     s = s * sm_scale
     if HAS_BIAS:
         s += tl.load(bias_ptr + d * stride_bd + h, mask=ok, other=0.0)
-    return s, d, ok
+    return s, d, idx, ok
 
 
 def _bwd_prune(configs, nargs, BLOCK_D, **meta):
@@ -102,7 +103,12 @@ def _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, bh, rows, col0, max_seqlen, d
     """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)), P from the saved lse."""
     p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    p_drop, dp = _drop_bwd(p, dp, seed_ptr, bh, rows, col0, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+    p_drop = p
+    if HAS_DROPOUT:    # the forward's keep mask regenerated from the seed
+        keep = _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
+        scale_keep = 1.0 / (1.0 - dropout_p)
+        p_drop = tl.where(keep, p * scale_keep, 0.0)
+        dp = tl.where(keep, dp * scale_keep, 0.0)
     return p_drop, p * (dp - delta[:, None])
 
 
@@ -144,7 +150,7 @@ def _relative_attention_fwd_kernel(
         cols = start_n + offs_n
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+        s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                            stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                            HAS_C2P, HAS_P2C, HAS_BIAS)
         s = tl.where((cols < n)[None, :], s * 1.4426950408889634, float("-inf"))   # exp2 units
@@ -212,14 +218,13 @@ def _relative_attention_bwd_kernel(
             cols = start_n + tl.arange(0, BLOCK_N)
             k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
             v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-            s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+            s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                                stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                                HAS_C2P, HAS_P2C, HAS_BIAS)
             _, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p,
                                DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)   # dL/ds
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
             if HAS_C2P:
-                idx = tl.load(lut_ptr + d, mask=ok, other=0)
                 tl.atomic_add(dc2p_ptr + (start64 + rows[:, None]) * stride_cs + h * stride_ch + idx,
                               ds * sm_scale, mask=ok)
             if HAS_BIAS:
@@ -238,7 +243,7 @@ def _relative_attention_bwd_kernel(
             do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
             lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
             delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
-            s, d, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+            s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
                                stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
                                HAS_C2P, HAS_P2C, HAS_BIAS)
             p_drop, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, pid * BLOCK_N, max_seqlen,
@@ -246,7 +251,6 @@ def _relative_attention_bwd_kernel(
             dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
             if HAS_P2C:
-                idx = tl.load(lut_ptr + d, mask=ok, other=0)
                 tl.atomic_add(dp2c_ptr + (start64 + cols[None, :]) * stride_cs + h * stride_ch + idx,
                               ds * sm_scale, mask=ok)
         g_off = (start64 + cols[:, None]) * stride_gs + h * stride_gh + offs_d[None, :] * stride_gd
