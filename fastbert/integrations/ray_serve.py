@@ -7,12 +7,14 @@ replica, behind Ray Serve's HTTP proxy.
     app = deployment("path/or/hub-id", num_replicas=2, num_gpus=1).bind()
     serve.run(app, route_prefix="/")                    # POST /v1/embeddings, /embed, ... on :8000
 
-or, from the shell, `fastbert serve MODEL --ray auto --replicas 2`. Replicas: a fixed `num_replicas`,
-or Ray's `autoscaling_config` (e.g. {"min_replicas": 1, "max_replicas": 8,
-"target_ongoing_requests": 64}); `num_gpus` / `num_cpus` per replica. Each replica loads the model
-once (in its own process) and batches the requests Ray routes to it; Ray sends a replica at most
-`max_concurrent` requests at a time (its `max_ongoing_requests`) and queues the rest in its router.
-On shutdown a replica's app drains its batcher as `fastbert serve` does.
+or, from the shell, `fastbert serve MODEL --ray auto --replicas 2` (run() below: it starts Ray Serve
+on --port and shuts it down on SIGTERM / SIGINT). Replicas: a fixed `num_replicas`, or Ray's
+`autoscaling_config` (e.g. {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 64});
+`num_gpus` / `num_cpus` per replica. Each replica loads the model once (in its own process) and
+batches the requests Ray routes to it; Ray sends a replica at most `max_concurrent` requests at a time
+(its `max_ongoing_requests`) and queues the rest at its proxy, without limit unless the deployment's
+`max_queued_requests` is set (`deployment(...).options(max_queued_requests=...)`). On shutdown a
+replica's app drains its batcher as `fastbert serve` does.
 """
 from __future__ import annotations
 
@@ -50,19 +52,46 @@ def deployment(model=None, *, num_replicas: int = 1, autoscaling_config: Optiona
 def run(model=None, address: str = "auto", host: str = "127.0.0.1", port: int = 8000, num_replicas: int = 1,
         num_gpus: float = 0, **options) -> int:
     """`fastbert serve --ray ADDRESS`: connect to the cluster ("local" starts one in this process),
-    serve until SIGTERM / SIGINT, then take the application down."""
+    start Ray Serve's proxy on host:port, deploy the app, serve until SIGTERM / SIGINT, then shut
+    Serve down (replicas drain what they hold; the proxy frees the port) and leave the cluster
+    running. Raises ConnectionError when the cluster cannot be reached, RuntimeError when Ray Serve
+    already runs there or the app fails to deploy."""
     import ray
     from ray import serve
 
-    ray.init(address=None if address == "local" else address, ignore_reinit_error=True)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(deployment(model, num_replicas=num_replicas, num_gpus=num_gpus, **options).bind(),
-              name="fastbert", route_prefix="/")
-    print(f"fastbert serve: {num_replicas} replica(s) on Ray at {address}, http://{host}:{port}",
-          file=sys.stderr, flush=True)
-    stop = threading.Event()
+    try:
+        ray.init(address=None if address == "local" else address, ignore_reinit_error=True)
+    except ConnectionError as exc:     # the reason (e.g. a missing auth token) ends the cause's traceback text
+        reason = str(exc.__cause__ or "").strip().splitlines()
+        raise ConnectionError(f"{exc}: {reason[-1]}" if reason else str(exc)) from None
+    # Serve is one instance per cluster, and a running one keeps its HTTP port: deploying into it
+    # would ignore --port and could replace another app. This command starts Serve and stops it.
+    running = serve.status()
+    if running.proxies or running.applications:
+        apps = ", ".join(running.applications) or "none"
+        raise RuntimeError(f"Ray Serve already runs on the cluster at {address} (applications: {apps}); "
+                           "stop it (`serve shutdown -y`, or ray.serve.shutdown() in Python) or deploy with "
+                           "fastbert.integrations.ray_serve.deployment into it")
+
+    def interrupt(*_):                 # SIGTERM as Ctrl-C: it also ends a serve.run still waiting for replicas
+        raise KeyboardInterrupt
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    serve.delete("fastbert")           # replicas drain what they hold, then stop
+        signal.signal(sig, interrupt)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(deployment(model, num_replicas=num_replicas, num_gpus=num_gpus, **options).bind(),
+                  name="fastbert", route_prefix="/")
+        print(f"fastbert serve: {num_replicas} replica(s) on Ray at {address}, http://{host}:{port}",
+              file=sys.stderr, flush=True)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):     # a second signal does not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        # the app first, behind a live proxy: replicas answer what they hold; then the proxy and controller
+        if "fastbert" in serve.status().applications:
+            serve.delete("fastbert")
+        serve.shutdown()
+    print("fastbert serve: stopped; Ray Serve shut down", file=sys.stderr, flush=True)
     return 0

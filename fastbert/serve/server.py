@@ -81,7 +81,8 @@ def add_arguments(parser, positive_int) -> None:
     parser.add_argument("--model-name", default=None, help="the name /info and OpenAI answers give the model")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
-                        help="serve on a Ray cluster with Ray Serve ('auto', 'local' or ray://host:port)")
+                        help="serve on a Ray cluster with Ray Serve: 'auto' (the cluster `ray start` "
+                             "started here), 'local' (start one in this process), or the head's host:port")
     parser.add_argument("--replicas", type=positive_int, default=1, help="Ray Serve replicas (with --ray)")
     parser.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per Ray Serve replica (with --ray)")
 
@@ -108,8 +109,12 @@ def cmd_serve(parser, args) -> int:
                    max_concurrent=args.max_concurrent, api_key=args.api_key or os.environ.get("FASTBERT_API_KEY"))
     if args.ray is not None:
         from fastbert.integrations.ray_serve import run as run_on_ray
-        return run_on_ray(args.model, address=args.ray, host=args.host, port=args.port,
-                          num_replicas=args.replicas, num_gpus=args.num_gpus, **options)
+        try:
+            return run_on_ray(args.model, address=args.ray, host=args.host, port=args.port,
+                              num_replicas=args.replicas, num_gpus=args.num_gpus, **options)
+        except (ConnectionError, RuntimeError) as exc:    # no cluster, Serve already there, a failed deploy
+            print(f"fastbert serve --ray {args.ray}: {exc}", file=sys.stderr, flush=True)
+            return 1
     try:
         return run(args.model, host=args.host, port=args.port, log_level=args.log_level, **options)
     except (OSError, ValueError) as exc:     # a checkpoint that cannot load: the message, not a traceback
