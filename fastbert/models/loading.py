@@ -206,13 +206,13 @@ class CheckpointIO:
             value = state[key].to(device=device, dtype=dtype if state[key].is_floating_point() else None)
             owner, name = self._owner(key)
             setattr(owner, name, nn.Parameter(value, requires_grad=param.requires_grad))
-        fresh = {self._owner(k)[0] for k in missing}
+        owners = {self._owner(k)[0] for k in missing}
+        fresh = [m for m in self.modules() if m in owners]   # in model order: the same init on every run
         for m in fresh:
             for name, p in list(m.named_parameters(recurse=False)):
                 if p.is_meta:
                     setattr(m, name, nn.Parameter(torch.empty(p.shape, dtype=dtype or p.dtype, device=device)))
-        if fresh:
-            self.init_weights(fresh)
+        self.initialize_modules(fresh)
         self.tie_weights()
         return info
 

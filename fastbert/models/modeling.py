@@ -79,6 +79,9 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
     _keep_in_fp32_modules = frozenset()
     _keep_in_fp32_modules_strict = frozenset()
     _supports_sdpa = True
+    # transformers zeroes the padding row of the embedding tables it initialises; a family whose
+    # transformers init then draws the whole table again sets this False
+    init_zeroes_padding_row = True
     _can_set_attn_implementation_cached_value = True
     # the per-layer outputs the forward returns (transformers reads the keys; fastbert collects them itself,
     # output_hidden_states taking a list of layer indices too)
@@ -106,11 +109,7 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
         loader); word embeddings are tied; the old `config.gradient_checkpointing=True` switches
         checkpointing on and is removed from the config, as transformers does."""
         if not any(p.is_meta for p in self.parameters()):
-            fresh = [m for m in self.modules() if not getattr(m, "_is_hf_initialized", False)]
-            if fresh:
-                self.init_weights(fresh)
-            for m in fresh:
-                m._is_hf_initialized = True
+            self.initialize_modules([m for m in self.modules() if not getattr(m, "_is_hf_initialized", False)])
         else:
             self.tie_weights()
         if getattr(self.config, "gradient_checkpointing", False):
@@ -123,6 +122,16 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' per-module initialisation hook (its init_weights calls it on every module)."""
         self.init_weights([module])
+
+    def initialize_modules(self, modules: Iterable[nn.Module]) -> None:
+        """Initialise `modules` (and mark them initialised) one module at a time through transformers'
+        per-module entry point, `_initialize_weights(module)` -> `_init_weights(module)`, as transformers'
+        own initialize_weights does: code that wraps that method (transformers' tests seed it, so that a
+        model built by `cls(config)` and one loaded from an empty state dict get the same weights) sees
+        fastbert's initialisation as it sees transformers'."""
+        for m in modules:
+            m._is_hf_initialized = False   # the caller asks for a fresh init (a missing weight, say)
+            self._initialize_weights(m)
 
     @property
     def _tied_weights_keys(self) -> Dict[str, str]:
@@ -198,20 +207,24 @@ class FastPreTrainedModel(CheckpointIO, Resizing, GradientCheckpointing, PreTrai
 
     def init_weights(self, modules: Optional[Iterable[nn.Module]] = None) -> None:
         """transformers' initialisation: normal(0, std) weights (truncated where `init_std` says), zero
-        biases, unit norms."""
+        biases, unit norms. A weight tied to the word embeddings keeps theirs: transformers initialises
+        before it ties, so the tied table has the embeddings' init (padding row zero), not the decoder's."""
         names = {m: n for n, m in self.named_modules()}
+        tied = set(self.tied_weights()) if getattr(self.config, "tie_word_embeddings", True) else set()
         modules = list(self.modules() if modules is None else modules)
         with torch.no_grad():
             for m in modules:
                 if isinstance(m, (nn.Linear, nn.Embedding)):
-                    std, cutoff = self.init_std(m, names.get(m, ""))
-                    if cutoff is None:
-                        m.weight.normal_(0.0, std)
-                    else:
-                        nn.init.trunc_normal_(m.weight, 0.0, std, -cutoff * std, cutoff * std)
+                    name = names.get(m, "")
+                    if f"{name}.weight" not in tied:
+                        std, cutoff = self.init_std(m, name)
+                        if cutoff is None:
+                            m.weight.normal_(0.0, std)
+                        else:
+                            nn.init.trunc_normal_(m.weight, 0.0, std, -cutoff * std, cutoff * std)
                     if isinstance(m, nn.Linear) and m.bias is not None:
                         m.bias.zero_()
-                    if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                    if isinstance(m, nn.Embedding) and m.padding_idx is not None and self.init_zeroes_padding_row:
                         m.weight[m.padding_idx].zero_()
                 elif isinstance(m, nn.LayerNorm):
                     m.weight.fill_(1.0)

@@ -121,6 +121,7 @@ def resolve_dims(config) -> Dims:
 class ModernBertFamily(RotaryFamily):
     base_model_prefix = "model"
     model_types = ("modernbert",)
+    init_zeroes_padding_row = False   # transformers' ModernBERT draws the whole token table, padding row too
 
     def init_std(self, module, name):
         """transformers' ModernBERT init: truncated normal, 'out' projections scaled by depth."""

@@ -158,6 +158,47 @@ def test_state_dict_without_checkpoint_initialises_what_is_missing(saved_classif
     assert abs(empty.embeddings.word_embeddings.weight.std().item() - model.config.initializer_range) < 0.005
 
 
+@pytest.mark.parametrize("name, family", [("BertForMaskedLM", "bert"), ("ModernBertForMaskedLM", "modernbert"),
+                                          ("ModernBertForSequenceClassification", "modernbert"),
+                                          ("DebertaV2Model", "deberta-v2"), ("MPNetForMaskedLM", "mpnet")])
+def test_initialisation_goes_module_by_module_through_transformers_hook(name, family, monkeypatch):
+    """Model(config) and from_pretrained(None, state_dict={}) initialise each module through transformers'
+    per-module entry point (PreTrainedModel._initialize_weights), as transformers does: with that method
+    seeded on every call, both give the same weights, bit for bit (they drew in another order before)."""
+    original = T.PreTrainedModel._initialize_weights
+
+    def seeded(self, module, *args, **kwargs):
+        torch.manual_seed(7)
+        original(self, module, *args, **kwargs)
+
+    monkeypatch.setattr(T.PreTrainedModel, "_initialize_weights", seeded)
+    cls, config = getattr(fm, name), CONFIGS[family]()
+    built = cls(copy.deepcopy(config)).state_dict()
+    loaded = cls.from_pretrained(None, config=copy.deepcopy(config), state_dict={}).state_dict()
+    assert sorted(built) == sorted(loaded)
+    assert [k for k in built if not torch.equal(built[k], loaded[k])] == []
+    assert any(v.std() > 0.01 for k, v in built.items() if k.endswith("weight"))   # random, not all constants
+
+
+@pytest.mark.parametrize("name, family", [("BertForMaskedLM", "bert"), ("RobertaForMaskedLM", "roberta"),
+                                          ("ModernBertForMaskedLM", "modernbert"),
+                                          ("DebertaV2ForMaskedLM", "deberta-v2"), ("MPNetForMaskedLM", "mpnet")])
+def test_tied_word_embeddings_keep_their_own_initialisation(name, family):
+    """transformers initialises, then ties: the table an MLM decoder shares has the embeddings' init, its
+    padding row as transformers leaves it (zero; drawn in ModernBERT), not the decoder's init (a drawn padding
+    row, and ModernBERT's decoder std, 2.4x smaller here)."""
+    config = CONFIGS[family]()
+    torch.manual_seed(0)
+    ours = getattr(fm, name)(copy.deepcopy(config))
+    torch.manual_seed(1)
+    theirs = getattr(T, name)(copy.deepcopy(config))
+    table, ref = ours.get_input_embeddings().weight, theirs.get_input_embeddings().weight
+    assert ours.get_output_embeddings().weight is table
+    pad = config.pad_token_id
+    assert bool(table[pad].any()) == bool(ref[pad].any())
+    assert abs(table.std().item() - ref.std().item()) < 0.1 * ref.std().item()
+
+
 def test_shape_mismatch_is_a_runtime_error_unless_ignored(saved_classifier):
     path, _ = saved_classifier
     with pytest.raises(RuntimeError, match="shape mismatch: classifier.weight"):
