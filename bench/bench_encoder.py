@@ -2,6 +2,7 @@
 pick (ONNX Runtime, OpenVINO, CTranslate2; fp32 and int8), in one interleaved run.
 
     python bench/bench_encoder.py [--quick] [--lines N] [--repeats R] [--threads T] [--lines-table]
+                                  [--no-peers] [--no-int8] [--no-save]
     pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark, fastbert vs sentence-transformers
 
 The workload, the peers and the columns are described in fastbert.benchmarks.encoder (also behind
@@ -91,23 +92,28 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, and each peer's (default 2)")
     parser.add_argument("--no-peers", action="store_true", help="fastbert and sentence-transformers only")
+    parser.add_argument("--no-int8", action="store_true", help="fp32 engines only (calibrating int8 peers takes minutes)")
+    parser.add_argument("--no-save", action="store_true", help="print the table only, append nothing to encoder.jsonl")
     parser.add_argument("--lines-table", action="store_true",
                         help="also the older short-lines workload (fastbert vs sentence-transformers)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of encoder.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats, lines=args.lines,
-                  peers=not args.no_peers, progress=say)
+                  peers=not args.no_peers, int8=not args.no_int8, progress=say)
     print(rows[0]["device"], rows[0]["versions"])
     print(_table(rows))
     variant = "quick" if args.quick else None
-    config = {"threads": args.threads, "lines": args.lines, "quick": args.quick, "batch_size": eb.BATCH_SIZE}
-    print(f"JSONL: {append_run('encoder', rows, args.out, variant=variant, config=config)}")
+    config = {"threads": args.threads, "lines": args.lines, "quick": args.quick, "batch_size": eb.BATCH_SIZE,
+              "int8": not args.no_int8}
+    if not args.no_save:
+        print(f"JSONL: {append_run('encoder', rows, args.out, variant=variant, config=config)}")
     if args.lines_table:
         lines_rows = eb.run_lines(model_dir(), quick=args.quick, repeats=args.repeats, progress=say)
         for row in lines_rows:
             print(f"{row['name']:<44} {row['lines/s']:8.1f} lines/s  {row.get('note', '')}")
-        append_run("encoder", lines_rows, args.out, variant="lines", config=config)
+        if not args.no_save:
+            append_run("encoder", lines_rows, args.out, variant="lines", config=config)
         rows += lines_rows
     return 1 if any(r.get("ok") is False for r in rows) else 0
 

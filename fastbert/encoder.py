@@ -13,7 +13,10 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   (the packed path's GEMMs see none at all, so a window-local sort costs little: on a 2-core CPU,
   8,716 lines took the same time, within noise, with 4,096-text windows as with one global sort);
 - a second worker prepares batch k + 1's host tensors while the model runs batch k;
-- the encoder is fastbert.AutoModel (fused QKV, fused bias+GELU and add+LayerNorm, varlen attention).
+- the encoder is fastbert.AutoModel (fused QKV, fused bias+GELU and add+LayerNorm, varlen attention),
+  its GEMMs reading oneDNN-packed weights on the CPU in fp32 (model.prepack_weights(), turned on
+  here: a copy is remade after the weights change through the parameters; after an in-place write
+  through `param.data`, which no version counter sees, call model.prepack_weights() again).
 Results come back in input order. `Encoder.overlap = False` runs all of it serially on the caller's
 thread (same batches, same results).
 
@@ -272,6 +275,8 @@ class Encoder:
             raise ValueError(f"similarity_fn_name must be one of {SIMILARITIES}, got {similarity_fn_name!r}")
         self.similarity_fn_name = similarity_fn_name
         self.model = model.eval()
+        if callable(getattr(model, "prepack_weights", None)):   # fastbert's models: see prepack_weights
+            model.prepack_weights()
         self.tokenizer = tokenizer
         self.pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)
         self.normalize = normalize

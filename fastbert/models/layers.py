@@ -12,6 +12,10 @@ Modules mean what they hold: the fused path reads `.weight` / `.bias` only of mo
 exactly nn.Linear / nn.LayerNorm with no hooks. Anything else swapped in (a peft LoRA layer, a
 quantized Linear, a hooked module) is called as a module, so what it adds is honoured.
 
+CPU fp32 inference can read oneDNN-packed copies of the weights instead (PackedWeights, for a model
+that opted in through EncoderModel.prepack_weights: fastbert.Encoder's does), which saves each GEMM
+its weight reorder: most of its time at batch 1.
+
 Every op gets the model's `backend` ("auto" | "triton" | "torch"): fastbert.ops.linear (oneDNN
 epilogues for CPU inference, see there), varlen_attention, bias_gelu, add_layer_norm.
 `output_attentions=True` uses a padded attention that materialises the probabilities
@@ -30,7 +34,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from fastbert import ops
 from fastbert.models.activations import Activation
 from fastbert.ops.attention import attention_probs_ref
-from fastbert.ops.linear import linear, uses_onednn
+from fastbert.ops.linear import linear, pack_weight, uses_onednn
 from fastbert.ops.varlen import Packing, pack, repad
 
 
@@ -108,16 +112,60 @@ def _slices_of(fused: torch.Tensor, params) -> bool:
     return start == fused.shape[0]
 
 
+class PackedWeights:
+    """pack_weight copies of one layer's Linear weights, made on first use, for CPU fp32 inference.
+
+    A copy is remade when a weight it was made from has other memory (replaced: `.to()`, `p.data = t`,
+    load_state_dict(assign=True)) or another version (any in-place write through the parameter:
+    load_state_dict, an optimizer step, `with torch.no_grad(): p.mul_(2)`). A write through `p.data`
+    (`p.data.mul_(2)`) bumps no version counter and is not seen: after one, call the model's
+    prepack_weights() again (it drops every copy). Copies are not pickled or deep-copied."""
+
+    def __init__(self):
+        self._entries = {}
+
+    def get(self, key, weight: torch.Tensor, sources) -> Optional[torch.Tensor]:
+        """The packed copy of `weight` (built from the parameters `sources`), current; None for a
+        parameter made in inference mode (it has no version counter to watch)."""
+        if any(p.is_inference() for p in sources):
+            return None
+        stamp = [(p.data_ptr(), p._version) for p in sources]
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != stamp:
+            # the sources' tensors are kept: no other weight can take their memory while a stamp names it
+            entry = self._entries[key] = (stamp, [p.detach() for p in sources], pack_weight(weight))
+        return entry[2]
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self._entries = {}
+
+    def __deepcopy__(self, memo):
+        return PackedWeights()
+
+
+def _packed(store: Optional[PackedWeights], key, h, weight, bias, backend, residual=None, sources=None):
+    """store's copy of weight when oneDNN runs this GEMM, else None."""
+    if store is None or not uses_onednn(h, weight, backend, bias, residual):
+        return None
+    return store.get(key, weight, (weight,) if sources is None else sources)
+
+
 # ---- the steps every layer is made of: the fused op for plain modules, the module itself otherwise -----
 def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, *, residual: Optional[torch.Tensor] = None,
                  activation: Optional[Activation] = None, width: Optional[int] = None,
-                 owner: Optional[nn.Module] = None) -> torch.Tensor:
+                 owner: Optional[nn.Module] = None, packed: Optional[PackedWeights] = None) -> torch.Tensor:
     """module(h), then + residual or the activation: fastbert.ops.linear (the add or the activation in
     the GEMM's epilogue where it has one) for a plain nn.Linear; any other module (a peft LoRA wrapper,
-    a QuantizedLinear, one with hooks) runs itself and must give `width` features (call_module)."""
+    a QuantizedLinear, one with hooks) runs itself and must give `width` features (call_module).
+    packed: the layer's PackedWeights, if it has them."""
     epilogue = None if activation is None else activation.epilogue
     if is_plain(module, nn.Linear, bias_required=False):
-        y = linear(h, module.weight, module.bias, residual=residual, activation=epilogue, backend=backend)
+        w, b = module.weight, module.bias
+        y = linear(h, w, b, residual=residual, activation=epilogue, backend=backend,
+                   packed=_packed(packed, module, h, w, b, backend, residual))
         return y if activation is None or epilogue is not None else activation.fn(y)
     y = call_module(module, h, residual.shape[-1] if residual is not None else width, owner)
     if residual is not None:
@@ -126,15 +174,18 @@ def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, *, residual: 
 
 
 def fused_linear(h: torch.Tensor, linears, cache: dict, backend: str, width: Optional[int] = None,
-                 owner: Optional[nn.Module] = None) -> torch.Tensor:
+                 owner: Optional[nn.Module] = None, packed: Optional[PackedWeights] = None) -> torch.Tensor:
     """The outputs of several Linears on the same input, side by side: one GEMM over their concatenated
     weights (fused_weight, `cache` its store) when all are plain and all or none have a bias, else each
-    module run on its own (each giving `width` features)."""
+    module run on its own (each giving `width` features). packed: the layer's PackedWeights, if any."""
     if (all(is_plain(m, nn.Linear, bias_required=False) for m in linears)
             and len({m.bias is None for m in linears}) == 1):
         weight, bias = fused_weight(linears, cache)
-        return linear(h, weight, bias, backend=backend)
-    return torch.cat([apply_linear(h, m, backend, width=width, owner=owner) for m in linears], dim=-1)
+        # the copy follows the Linears' own parameters (their versions are not the concatenation's)
+        key = tuple(linears)
+        return linear(h, weight, bias, backend=backend,
+                      packed=_packed(packed, key, h, weight, bias, backend, sources=[m.weight for m in linears]))
+    return torch.cat([apply_linear(h, m, backend, width=width, owner=owner, packed=packed) for m in linears], dim=-1)
 
 
 def add_norm(h: torch.Tensor, residual: Optional[torch.Tensor], norm: nn.Module, backend: str,
@@ -153,14 +204,17 @@ def add_norm(h: torch.Tensor, residual: Optional[torch.Tensor], norm: nn.Module,
 
 
 def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: nn.Module, dropout_p: float,
-              backend: str, owner: Optional[nn.Module] = None) -> torch.Tensor:
+              backend: str, owner: Optional[nn.Module] = None, packed: Optional[PackedWeights] = None
+              ) -> torch.Tensor:
     """norm(dropout(dense(h)) + residual), the post-LN step. Without dropout, on oneDNN, the residual
     add runs in the GEMM's epilogue and the LayerNorm alone follows (one pass fewer)."""
     if (dropout_p == 0.0 and residual.dtype == h.dtype and is_plain(dense, nn.Linear, bias_required=False)
             and uses_onednn(h, dense.weight, backend, dense.bias, residual)):
-        return add_norm(linear(h, dense.weight, dense.bias, residual=residual, backend=backend), None, norm,
-                        backend, owner)
-    a = apply_linear(h, dense, backend, width=residual.shape[-1], owner=owner)
+        w, b = dense.weight, dense.bias
+        y = linear(h, w, b, residual=residual, backend=backend,
+                   packed=None if packed is None else packed.get(dense, w, (w,)))
+        return add_norm(y, None, norm, backend, owner)
+    a = apply_linear(h, dense, backend, width=residual.shape[-1], owner=owner, packed=packed)
     return add_norm(F.dropout(a, dropout_p, dropout_p > 0), residual, norm, backend, owner)
 
 
@@ -242,6 +296,7 @@ class FastLayer(EncoderLayer):
         self.ffn_output_dropout = dims.hidden_dropout if ffn_output_dropout else 0.0
         self.attention_dropout = dims.attention_dropout
         self._qkv_cache = {}
+        self.packed_weights: Optional[PackedWeights] = None   # set by EncoderModel.prepack_weights
 
     def parts(self) -> LayerParts:
         raise NotImplementedError
@@ -249,7 +304,8 @@ class FastLayer(EncoderLayer):
     def _qkv(self, p: LayerParts, x: torch.Tensor, backend: str) -> torch.Tensor:
         """(tokens, 3, heads, head_dim) q, k, v: one GEMM over the fused weights when all are plain."""
         width = self.num_heads * self.head_dim
-        qkv = fused_linear(x, (p.query, p.key, p.value), self._qkv_cache, backend, width, owner=self)
+        qkv = fused_linear(x, (p.query, p.key, p.value), self._qkv_cache, backend, width, owner=self,
+                           packed=self.packed_weights)
         return qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
 
     def attend(self, qkv: torch.Tensor, packing: Packing, output_attentions: bool, dropout_p: float, backend: str
@@ -269,7 +325,7 @@ class FastLayer(EncoderLayer):
         """(tokens, intermediate) input of the FFN's output projection: act(ffn_in(x)), the activation in
         the GEMM's epilogue (a gated MLP overrides it)."""
         return apply_linear(x, p.ffn_in, backend, activation=self.activation, width=self.intermediate_size,
-                            owner=self)
+                            owner=self, packed=self.packed_weights)
 
     def forward(self, x: torch.Tensor, packing: Packing, output_attentions: bool = False, backend: str = "auto"
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -279,6 +335,7 @@ class FastLayer(EncoderLayer):
         ctx, probs = self.attend(self._qkv(p, x, backend), packing, output_attentions,
                                  self.attention_dropout if train else 0.0, backend)
         x = post_norm(ctx.reshape(x.shape[0], self.num_heads * self.head_dim), p.attn_out, x, p.attn_norm,
-                      self.attn_output_dropout if train else 0.0, backend, owner=self)
+                      self.attn_output_dropout if train else 0.0, backend, owner=self, packed=self.packed_weights)
         return post_norm(self.ffn_hidden(x, p, backend), p.ffn_out, x, p.ffn_norm,
-                         self.ffn_output_dropout if train else 0.0, backend, owner=self), probs
+                         self.ffn_output_dropout if train else 0.0, backend, owner=self,
+                         packed=self.packed_weights), probs

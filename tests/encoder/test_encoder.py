@@ -456,6 +456,46 @@ def test_encode_runs_the_packed_forward(monkeypatch):
     assert vectors.shape == (3, 384)
 
 
+def test_packed_weights_follow_weight_changes():
+    """The Encoder's model reads packed copies of its GEMM weights (prepack_weights): every public way
+    of changing a weight gives results computed from the new weights, as the unpacked model does."""
+    encoder = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu")
+    model, texts = encoder.model, ["a short one", "and a somewhat longer second sentence", "x"]
+    layer = model.encoder.layer[0]
+    assert layer.packed_weights is not None
+
+    def unpacked():
+        model.prepack_weights(False)
+        out = encoder.encode(texts)
+        model.prepack_weights()
+        return out
+
+    query, ffn_in, ffn_out = layer.attention.self.query, layer.intermediate.dense, layer.output.dense
+    key = next(name for name, p in model.named_parameters() if p is ffn_in.weight)
+
+    def load_state_dict():
+        model.load_state_dict({**model.state_dict(), key: ffn_in.weight * 0.5})
+
+    def replace_data():
+        ffn_out.weight.data = ffn_out.weight.data * 1.5
+
+    def in_place_no_grad():          # the query weight is a slice of the fused QKV weight
+        with torch.no_grad():
+            query.weight.mul_(1.5)
+
+    before = encoder.encode(texts)
+    for edit in (in_place_no_grad, load_state_dict, replace_data):
+        edit()
+        got = encoder.encode(texts)
+        np.testing.assert_allclose(got, unpacked(), atol=1e-5, err_msg=edit.__name__)
+        assert np.abs(got - before).max() > 1e-3, edit.__name__
+        before = got
+    with torch.no_grad():            # a write through .data: not seen until prepack_weights() again
+        query.weight.data.mul_(0.5)
+    model.prepack_weights()
+    np.testing.assert_allclose(encoder.encode(texts), unpacked(), atol=1e-5)
+
+
 def _prefetch_threads():
     """encode's worker threads still alive (tokenizing windows, preparing batches)."""
     import threading

@@ -39,6 +39,28 @@ def test_residual_epilogue(backend):
     torch.testing.assert_close(got, ref64(x, w, b, residual=r), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("epilogue", [*ACTIVATIONS, "residual"])
+def test_packed_weight_matches_the_reference(epilogue):
+    if L._ONEDNN is None:
+        pytest.skip("this torch build has no oneDNN (mkldnn) linear")
+    x, w, b, r = operands(seed=4)
+    packed = L.pack_weight(w)
+    residual, activation = (r, None) if epilogue == "residual" else (None, epilogue)
+    with torch.no_grad():
+        got = L.linear(x, w, b, activation=activation, residual=residual, packed=packed)
+    torch.testing.assert_close(got, ref64(x, w, b, activation, residual), atol=2e-5, rtol=1e-5)
+    with torch.no_grad():
+        w.mul_(2)                                      # a copy: it keeps the weight it was made from
+        stale = L.linear(x, w, b, activation=activation, residual=residual, packed=packed)
+    torch.testing.assert_close(stale, got, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="packed must be pack_weight"):
+        L.linear(x, w, b, packed=w)
+    with pytest.raises(ValueError, match="packed must be pack_weight"):
+        L.linear(x, w, b, packed=L.pack_weight(w[:5]))
+    with pytest.raises(ValueError, match="2-D float32 CPU weight"):
+        L.pack_weight(w.double())
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_autograd_path_matches_the_reference(activation):
     x, w, b, _ = operands(seed=2)
