@@ -117,16 +117,11 @@ def _need(module: str, extra: str = "peers"):
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def export_eager_onnx(front: HFFrontEnd, path: Path) -> Path:
-    """transformers' model with eager attention (the form ORT's BERT fusions recognise) -> ONNX file."""
-    _need("onnx")
-    import transformers
+def export_onnx(model, sample, path) -> Path:
+    """A transformers encoder -> ONNX file (TorchScript exporter, dynamic batch and length) giving
+    last_hidden_state; `sample`, a tokenizer's output holding INPUT_NAMES, is what the exporter traces."""
 
-    if path.exists():
-        return path
-    model = transformers.AutoModel.from_pretrained(str(front.transformer_dir), attn_implementation="eager").eval()
-
-    class Positional(torch.nn.Module):   # the exporter passes inputs by position
+    class Positional(torch.nn.Module):   # the exporter passes inputs by position; the model's order varies
         def __init__(self):
             super().__init__()
             self.model = model
@@ -135,13 +130,24 @@ def export_eager_onnx(front: HFFrontEnd, path: Path) -> Path:
             return self.model(input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids).last_hidden_state
 
-    sample = front.tokenizer(["an example sentence", "a second one"], padding=True, return_tensors="pt")
     axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUT_NAMES, "last_hidden_state")}
     with torch.no_grad():
         torch.onnx.export(Positional(), tuple(sample[n] for n in INPUT_NAMES), str(path),
                           input_names=list(INPUT_NAMES), output_names=["last_hidden_state"],
                           dynamic_axes=axes, opset_version=ONNX_OPSET, dynamo=False)
-    return path
+    return Path(path)
+
+
+def export_eager_onnx(front: HFFrontEnd, path: Path) -> Path:
+    """transformers' model with eager attention (the form ORT's BERT fusions recognise) -> ONNX file."""
+    _need("onnx")
+    import transformers
+
+    if path.exists():
+        return path
+    model = transformers.AutoModel.from_pretrained(str(front.transformer_dir), attn_implementation="eager").eval()
+    sample = front.tokenizer(["an example sentence", "a second one"], padding=True, return_tensors="pt")
+    return export_onnx(model, sample, path)
 
 
 def _feed(enc, names) -> dict:

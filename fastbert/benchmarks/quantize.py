@@ -31,6 +31,7 @@ import torch
 from fastbert.benchmarks import env
 from fastbert.benchmarks.corpus import pydoc_lines as english_lines
 from fastbert.benchmarks.encoder import BATCH_SIZE, FULL_LINES, QUICK_LINES, device_name
+from fastbert.benchmarks.peers import INPUT_NAMES, export_onnx
 
 MIN_COSINE, MIN_OVERLAP, TOP_K = 0.99, 0.9, 10
 CHUNK_BATCHES = 4  # timing unit: 4 batches of 32 lines, every row in turn
@@ -73,21 +74,7 @@ def _onnx_int8(model_dir, tmp):
     model = transformers.AutoModel.from_pretrained(str(model_dir)).eval()
     fp32_path, int8_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model_int8.onnx")
     sample = tok(["an example sentence", "a second"], padding=True, return_tensors="pt")
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    axes = {name: {0: "batch", 1: "seq"} for name in names + ["last_hidden_state"]}
-    class Positional(torch.nn.Module):  # the exporter passes positionally; BertModel's order varies
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
-
-    with torch.no_grad():
-        torch.onnx.export(Positional(), (sample["input_ids"], sample["attention_mask"], sample["token_type_ids"]),
-                          fp32_path, input_names=names, output_names=["last_hidden_state"],
-                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    export_onnx(model, sample, fp32_path)
     quantize_dynamic(fp32_path, int8_path, weight_type=QuantType.QInt8, per_channel=True)
     session = ort.InferenceSession(int8_path, providers=["CPUExecutionProvider"])
 
@@ -95,7 +82,7 @@ def _onnx_int8(model_dir, tmp):
         out = []
         for i in range(0, len(texts), BATCH_SIZE):
             enc = tok(texts[i:i + BATCH_SIZE], padding=True, truncation=True, return_tensors="np")
-            feed = {name: enc[name].astype(np.int64) for name in names}
+            feed = {name: enc[name].astype(np.int64) for name in INPUT_NAMES}
             h = torch.from_numpy(session.run(None, feed)[0])
             m = torch.from_numpy(enc["attention_mask"]).unsqueeze(-1).float()
             out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1), dim=1))
