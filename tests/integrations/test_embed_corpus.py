@@ -210,6 +210,7 @@ def test_an_interrupted_run_resumes_without_duplicates(corpus, encoder, model_di
     check_output(out, {str(root / "a.parquet"): expected[str(root / "a.parquet")]}, encoder)
 
 
+@pytest.mark.slow  # end to end: a `fastbert embed-corpus` process started and SIGKILLed mid-run
 def test_a_killed_command_resumes_where_it_stopped(encoder, model_dir, tmp_path):
     src = tmp_path / "many.txt"
     lines = [f"line {i}: " + "some words " * (i % 7) for i in range(60)]

@@ -16,6 +16,11 @@ from fastbert.integrations.corpus import embed_corpus  # noqa: E402
 from fastbert.integrations.ray import Embedder  # noqa: E402
 from test_embed_corpus import check_output, corpus, encoder, read_output  # noqa: E402,F401 (fixtures)
 
+# A local Ray cluster by nature: worker processes that each import torch and load the checkpoint (tens of
+# seconds on 2 cores). CI's slow stage runs them; the Embedder and embed-corpus themselves are tested in
+# this process by test_embed_corpus.py in every stage.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
@@ -72,7 +77,6 @@ def test_ray_run_equals_the_in_process_run(corpus, encoder, model_dir, tmp_path)
     assert sum(w["rows"] for w in on_ray.workers.values()) == on_ray.rows + on_ray.errors
 
 
-@pytest.mark.slow  # fault injection: an actor killed and restarted mid-run
 def test_an_actor_killed_mid_run_is_restarted_and_every_row_lands_once(encoder, model_dir, tmp_path):
     marker = tmp_path / "killed"
 
