@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -65,6 +66,8 @@ def test_cli_two_replicas(cluster, model_dir):
     proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", model_dir, "--ray", cluster, "--replicas", "2",
                              "--port", str(port), "--device", "cpu", "--max-concurrent", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(600, proc.kill)      # a command that hangs ends its output, and the test
+    watchdog.start()
     try:
         lines = []
         for line in proc.stdout:               # the command says so once the application is RUNNING
@@ -107,6 +110,7 @@ def test_cli_two_replicas(cluster, model_dir):
             time.sleep(0.5)
         assert not serve_processes()
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
