@@ -50,30 +50,34 @@ from fastbert.kernels.attention import (
 )
 
 _FWD_CONFIGS, _fwd_prune = by_dtype(
-    _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2)]),
+    _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 32, 4, 2)]),
     _configs([(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (16, 32, 8, 1)]),
-    {(2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2), (4, 64): (32, 32, 4, 2),
-     (4, 128): (16, 32, 8, 1)})    # the first config spills there (AOT compile test, sm_89)
-# The backward is not timed (see _bwd): the first config per head-dim block always runs, so it is one
-# that fits the registers (no spills) there.
-_BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2),
-                         (16, 32, 4, 1), (32, 16, 4, 1), (16, 16, 4, 1), (16, 16, 8, 1), (16, 32, 8, 1)])
+    {(2, 16): (64, 32, 4, 2), (2, 32): (64, 32, 4, 2), (2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2),
+     (4, 16): (32, 32, 4, 1), (4, 32): (32, 32, 4, 1), (4, 64): (32, 32, 4, 2), (4, 128): (16, 32, 8, 1)})
+# ^ the config that runs untuned per (element size, BLOCK_D): the first of the list spills there (AOT
+# compile test, sm_80 / sm_89 / sm_90)
+# The backward is not timed (see _bwd): it runs the one config _bwd_prune keeps.
+_BWD_CONFIGS = _configs([(64, 32, 4, 2), (32, 32, 4, 2), (64, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 1),
+                         (16, 16, 2, 1), (16, 32, 8, 1), (16, 16, 8, 1)])
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS", "HAS_DROPOUT"]
 
 
 @triton.jit
 def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
             stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION: tl.constexpr,
-            HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr):
+            HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP: tl.constexpr):
     """(BLOCK_M, BLOCK_N) fp32 scores in natural-log units, the clamped distance index d, its relative
-    index lut[d] (HAS_C2P or HAS_P2C, else d), the tile mask."""
+    index lut[d] (HAS_C2P or HAS_P2C, else d), the tile mask. SWAP: q . k^T taken as (k . q^T)^T."""
     row_ok = rows < n
     col_ok = cols < n
     ok = row_ok[:, None] & col_ok[None, :]
     p_i = tl.load(pos_ptr + start64 + rows, mask=row_ok, other=0)
     p_j = tl.load(pos_ptr + start64 + cols, mask=col_ok, other=0)
     d = tl.minimum(tl.maximum(p_i[:, None] - p_j[None, :], -radius), radius) + radius
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if SWAP:
+        s = tl.trans(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION))
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     idx = d
     if HAS_C2P or HAS_P2C:
         idx = tl.load(lut_ptr + d, mask=ok, other=0)
@@ -87,22 +91,32 @@ def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr,
     return s, d, idx, ok
 
 
-def _bwd_prune(configs, nargs, BLOCK_D, **meta):
-    """The backward's one config by dtype and head-dim block: the largest tile that neither spills nor
-    overflows 99 KB of shared memory there (measured with the AOT compile test)."""
+def _bwd_prune(configs, nargs, BLOCK_D, ROWS, **meta):
+    """The backward's one config by dtype, head-dim block and pass (query rows or key columns): a large
+    tile that neither spills nor overflows 99 KB of shared memory on sm_80, sm_89 and sm_90 with every
+    flag set (measured with the AOT compile test)."""
     fp32 = nargs["q_ptr"].element_size() == 4
-    shape = {(False, 16): (64, 64, 4, 2), (False, 32): (64, 64, 4, 2), (False, 64): (32, 32, 4, 2),
-             (False, 128): (32, 32, 8, 2), (True, 16): (32, 64, 4, 2), (True, 32): (32, 32, 4, 2),
-             (True, 64): (16, 32, 4, 1), (True, 128): (16, 16, 8, 1)}[fp32, BLOCK_D]
+    rows = {(False, 16): (64, 32, 4, 2), (False, 32): (64, 32, 4, 2), (False, 64): (64, 32, 8, 2),
+            (False, 128): (32, 32, 4, 2), (True, 16): (16, 32, 4, 1), (True, 32): (16, 32, 4, 1),
+            (True, 64): (16, 32, 4, 1), (True, 128): (16, 16, 8, 1)}
+    cols = {(False, 16): (64, 32, 4, 2), (False, 32): (64, 32, 4, 2), (False, 64): (32, 32, 4, 2),
+            (False, 128): (32, 32, 8, 2), (True, 16): (16, 16, 2, 1), (True, 32): (16, 16, 2, 1),
+            (True, 64): (16, 32, 8, 1), (True, 128): (16, 16, 8, 1)}
+    shape = (rows if ROWS else cols)[fp32, BLOCK_D]
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == shape]
 
 
 @triton.jit
 def _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, bh, rows, col0, max_seqlen, dropout_p,
-               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)), P from the saved lse."""
+               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               SWAP: tl.constexpr):
+    """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)), P from the saved lse;
+    SWAP: dO . v^T taken as (v . dO^T)^T."""
     p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    if SWAP:
+        dp = tl.trans(tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION))
+    else:
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     p_drop = p
     if HAS_DROPOUT:    # the forward's keep mask regenerated from the seed
         keep = _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
@@ -150,9 +164,9 @@ def _relative_attention_fwd_kernel(
         cols = start_n + offs_n
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-                           stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
-                           HAS_C2P, HAS_P2C, HAS_BIAS)
+        s, _, _, _ = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+                             stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
+                             HAS_C2P, HAS_P2C, HAS_BIAS, False)
         s = tl.where((cols < n)[None, :], s * 1.4426950408889634, float("-inf"))   # exp2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -214,15 +228,18 @@ def _relative_attention_bwd_kernel(
         lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        # 32-bit rows of 128 (3xTF32 splits each operand in two): q and dO, held for the whole loop, go in
+        # as the products' second operands, of which a warp holds only its columns' share (no spills)
+        swap: tl.constexpr = BLOCK_D * q_ptr.dtype.element_ty.primitive_bitwidth >= 4096
         for start_n in range(0, n, BLOCK_N):
             cols = start_n + tl.arange(0, BLOCK_N)
             k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
             v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
             s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-                               stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
-                               HAS_C2P, HAS_P2C, HAS_BIAS)
+                                    stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
+                                    HAS_C2P, HAS_P2C, HAS_BIAS, swap)
             _, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p,
-                               DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)   # dL/ds
+                               DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N, swap)   # dL/ds
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
             if HAS_C2P:
                 tl.atomic_add(dc2p_ptr + (start64 + rows[:, None]) * stride_cs + h * stride_ch + idx,
@@ -243,11 +260,11 @@ def _relative_attention_bwd_kernel(
             do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
             lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
             delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
-            s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-                               stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
-                               HAS_C2P, HAS_P2C, HAS_BIAS)
+            s, _, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
+                                    stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
+                                    HAS_C2P, HAS_P2C, HAS_BIAS, False)
             p_drop, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, pid * BLOCK_N, max_seqlen,
-                                    dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+                                    dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N, False)
             dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
             if HAS_P2C:

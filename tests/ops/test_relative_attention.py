@@ -28,7 +28,7 @@ VARIANTS = {
 }
 
 
-def _inputs(lengths=LENGTHS, positions=None, seed=0):
+def _inputs(lengths=LENGTHS, positions=None, seed=0, head_dim=HEAD_DIM):
     """fp64 leaves: q, k, v (tokens, heads, d), pos_key / pos_query (2 span, heads, d), table (32, heads)."""
     g = torch.Generator().manual_seed(seed)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
@@ -36,9 +36,9 @@ def _inputs(lengths=LENGTHS, positions=None, seed=0):
     if positions is None:
         positions = torch.cat([torch.arange(n) for n in lengths])
     t = {name: torch.randn(*shape, generator=g, dtype=torch.float64)
-         for name, shape in (("q", (total, HEADS, HEAD_DIM)), ("k", (total, HEADS, HEAD_DIM)),
-                             ("v", (total, HEADS, HEAD_DIM)), ("pk", (2 * SPAN, HEADS, HEAD_DIM)),
-                             ("pq", (2 * SPAN, HEADS, HEAD_DIM)), ("table", (32, HEADS)))}
+         for name, shape in (("q", (total, HEADS, head_dim)), ("k", (total, HEADS, head_dim)),
+                             ("v", (total, HEADS, head_dim)), ("pk", (2 * SPAN, HEADS, head_dim)),
+                             ("pq", (2 * SPAN, HEADS, head_dim)), ("table", (32, HEADS)))}
     return t, cu, max(lengths), positions
 
 
@@ -61,8 +61,20 @@ CASES = [(v, torch.float32) for v in VARIANTS] + [(v, dt) for v in ("deberta-log
 def test_kernel_matches_fp64_reference(variant, dtype, device):
     if dtype == torch.bfloat16 and device.type == "cpu":
         pytest.skip("bf16 tl.dot is wrong under Triton's interpreter (triton-lang/triton#11584); GPU only")
+    _check_kernel(variant, dtype, device)
+
+
+@pytest.mark.parametrize("variant", ["deberta-log-buckets", "mpnet"])
+def test_kernel_matches_fp64_reference_fp32_head_dim_80(variant, device):
+    """fp32 at head_dim 80 (a 128-wide head block, masked): the backward's query pass takes its products
+    transposed there."""
+    _check_kernel(variant, torch.float32, device, head_dim=80)
+
+
+def _check_kernel(variant, dtype, device, head_dim=HEAD_DIM):
+    """The kernel (backend="triton") against the fp64 reference: out and every gradient."""
     fn, oracle, opts, names = VARIANTS[variant]
-    t, cu, L, positions = _inputs()
+    t, cu, L, positions = _inputs(head_dim=head_dim)
     t = {n: x.to(device) for n, x in t.items()}
     cu, positions = cu.to(device), positions.to(device)
     want = _run(oracle, t, names, cu, L, positions, torch.float64, **opts)
