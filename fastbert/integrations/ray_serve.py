@@ -21,6 +21,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Optional
 
 
@@ -59,6 +60,8 @@ def run(model=None, address: str = "auto", host: str = "127.0.0.1", port: int = 
     import ray
     from ray import serve
 
+    if model is not None and Path(model).exists():   # replicas run in Ray's working directory, not ours
+        model = str(Path(model).resolve())
     try:
         ray.init(address=None if address == "local" else address, ignore_reinit_error=True)
     except ConnectionError as exc:     # the reason (e.g. a missing auth token) ends the cause's traceback text

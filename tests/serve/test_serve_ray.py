@@ -63,18 +63,19 @@ def serve_processes() -> list:
 def test_cli_two_replicas(cluster, model_dir):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", model_dir, "--ray", cluster, "--replicas", "2",
-                             "--port", str(port), "--device", "cpu", "--max-concurrent", "64"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # MODEL relative to the command's directory: the replicas, in Ray's working directory, still find it
+    proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", os.path.basename(model_dir), "--ray", cluster,
+                             "--replicas", "2", "--port", str(port), "--device", "cpu", "--max-concurrent", "64"],
+                            cwd=os.path.dirname(model_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(600, proc.kill)      # a command that hangs ends its output, and the test
     watchdog.start()
     try:
-        lines = []
+        lines = [""]
         for line in proc.stdout:               # the command says so once the application is RUNNING
             lines.append(line)
             if "replica(s) on Ray" in line:
                 break
-        assert proc.poll() is None, "".join(lines)
+        assert "replica(s) on Ray" in lines[-1], "".join(lines)
         reference = fastbert.Encoder.from_pretrained(model_dir, device="cpu").encode(TEXTS)
         with httpx.Client(base_url=url, timeout=60) as http:
             assert http.get("/health").json() == {"status": "ok"}
