@@ -1,8 +1,9 @@
 """`fastbert serve MODEL --ray ADDRESS --replicas 2` end to end on a local Ray cluster: the command
 in a child process deploys fastbert.integrations.ray_serve's app as two replicas behind Ray Serve's
 proxy; they answer OpenAI and TEI requests with Encoder.encode's vectors and the single server's
-errors, both take requests, and SIGTERM takes Ray Serve down (no replica, proxy or controller left,
-the port free) with exit status 0 (slow: a Ray cluster starts, two processes load the model)."""
+errors, both take requests, a second command on the cluster is refused, and SIGTERM takes Ray Serve
+down (no replica, proxy or controller left, the port free) with exit status 0 (slow: a Ray cluster
+starts, two processes load the model)."""
 import concurrent.futures
 import os
 import signal
@@ -99,6 +100,10 @@ def test_cli_two_replicas(cluster, model_dir):
         status = serve.status().applications["fastbert"]
         assert status.status == "RUNNING"
         assert status.deployments["fastbert"].replica_states.get("RUNNING") == 2
+        # a second command on the same cluster is refused: Serve's proxy would keep the first one's port
+        second = subprocess.run([sys.executable, "-m", "fastbert", "serve", model_dir, "--ray", cluster, "--port",
+                                 str(free_port())], capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1 and "Ray Serve already runs on the cluster" in second.stderr, second.stderr
 
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
