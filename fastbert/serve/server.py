@@ -72,7 +72,8 @@ def add_arguments(parser, positive_int) -> None:
     parser.add_argument("--max-batch-requests", type=positive_int, default=None,
                         help="most inputs in one model batch (default: only the token budget)")
     parser.add_argument("--max-concurrent", type=positive_int, default=512,
-                        help="requests in flight above which the server answers 429 at once")
+                        help="requests in flight above which the server answers 429 at once (with --ray: "
+                             "per replica, and Ray queues the rest at its proxy)")
     parser.add_argument("--quantize", choices=("int8",), default=None, help="dynamic int8 linear layers (CPU)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when visible")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
