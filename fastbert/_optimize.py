@@ -16,7 +16,9 @@ Containers are optimized through the transformers models inside them: a transfor
 (its `.model`), and sentence-transformers' SentenceTransformer, CrossEncoder and SparseEncoder
 (every transformers model in their modules, e.g. the `auto_model` of a Transformer or
 MLMTransformer); their other modules (Pooling, Dense, Normalize, SpladePooling, prompts, the
-CrossEncoder activation) are untouched. Every model inside is checked before any is changed.
+CrossEncoder activation) are untouched. Every model inside is checked before any is changed. As in
+fastbert.Encoder, their CPU fp32 inference reads packed GEMM weights (EncoderModel.prepack_weights:
+after a write through a parameter's `.data`, call it again on `model.base_model._fastbert_encoder`).
 A peft PeftModel is optimized through the model it wraps, and an adapter layer already in a
 transformers model (a module with a `base_layer` of the kind it replaces, as peft's LoRA layers
 have) is moved into fastbert's encoder as it is, with its parameters: fastbert runs such a module
@@ -80,6 +82,9 @@ def optimize(model):
                              f"model[{flattening[0]}].unpad_inputs = False first (fastbert skips padding itself)")
         for inner in found:
             optimize(inner)
+            fast = inner.base_model.__dict__.get("_fastbert_encoder")
+            if fast is not None:    # an inference container, as fastbert.Encoder: packed GEMM weights
+                fast.prepack_weights()
         return model
     from fastbert.models.modeling import FastPreTrainedModel
     if isinstance(model, FastPreTrainedModel):

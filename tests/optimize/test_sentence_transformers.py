@@ -146,6 +146,23 @@ def test_sentence_transformer_dense_normalize_prompts(ckpt, pooling, tmp_path):
     assert_embeddings_close(query, reloaded.encode(TEXTS, prompt_name="query", convert_to_tensor=True))
 
 
+def test_sentence_transformer_packed_weights_follow_weight_changes(ckpt):
+    """An optimized SentenceTransformer's CPU GEMMs read packed weight copies, as fastbert.Encoder's:
+    after in-place writes to every parameter it still gives the unoptimized model's embeddings."""
+    ref, model = _sentence_transformer(ckpt["base"], "mean"), _sentence_transformer(ckpt["base"], "mean")
+    fastbert.optimize(model)
+    fast = model[0].auto_model.__dict__["_fastbert_encoder"]
+    assert all(layer.packed_weights is not None for layer in fast.encoder.layer)
+    assert_embeddings_close(ref.encode(TEXTS, convert_to_tensor=True), model.encode(TEXTS, convert_to_tensor=True))
+    ours = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            scale = 1.0 + 0.3 * torch.rand(p.shape, generator=torch.Generator().manual_seed(len(name)))
+            p.mul_(scale)
+            ours[name].mul_(scale)
+    assert_embeddings_close(ref.encode(TEXTS, convert_to_tensor=True), model.encode(TEXTS, convert_to_tensor=True))
+
+
 def test_unsupported_objects_name_their_type_and_what_is_supported(ckpt):
     supported = "a peft PeftModel of one of those, or a sentence-transformers SentenceTransformer, CrossEncoder or SparseEncoder"
     for obj, name in [(torch.nn.Linear(2, 2), "torch.nn.modules.linear.Linear"), ("bert", "got str"),
