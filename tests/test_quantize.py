@@ -18,8 +18,8 @@ MODEL_DIR = gt.get_model_path()
 def _dequantized_input(x2, packed):
     """The activations the op multiplies, dequantized in fp64, and their step per row (rows, 1)."""
     if packed.backend == "per_token":
-        q, s, z = ql.quantize_rows(x2)
-        return (q.double() - z.double()[:, None]) * s.double()[:, None], s.double()[:, None]
+        q, s, mid = ql.quantize_rows(x2)
+        return mid.double() + q.double() * s.double(), s.double()
     qx = torch.quantize_per_tensor_dynamic(x2, torch.quint8, packed.reduce_range)
     return qx.dequantize().double(), torch.full((x2.shape[0], 1), qx.q_scale(), dtype=torch.float64)
 
@@ -72,6 +72,20 @@ def test_per_token_scales_keep_small_tokens():
         y = ql.quantized_linear(x, ql.pack(w, backend=backend))[1:].double()
         errs[backend] = float((y - exact).norm() / exact.norm())
     assert errs["per_token"] < 0.02 < errs["per_tensor"], errs
+
+
+def test_constant_rows_are_exact():
+    """A row with one value (zeros, a LayerNorm-free constant, a large one) has no range to quantize:
+    it is its midpoint exactly, so y = c * rowsum(W dequantized) + b, with no overflow."""
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 40), torch.randn(24)
+    x = torch.tensor([0.0, 1.5, -3.0, 1e9])[:, None].expand(4, 40).contiguous()
+    packed = ql.pack(w, b)
+    wd = packed.qweight.double() * packed.scale.double()[:, None]
+    want = x.double() @ wd.T + b.double()
+    got = ql.quantized_linear(x, packed).double()
+    assert bool(torch.isfinite(got).all())
+    assert bool(((got - want).abs() <= 1e-5 * (x.double().abs() @ wd.abs().T + b.double().abs()) + 1e-6).all())
 
 
 def test_errors_name_the_problem():
@@ -176,17 +190,39 @@ def test_quantized_fastbert_encoder_meets_the_bars(corpus):
     assert named.model.dtype == torch.float32
 
 
+@pytest.mark.slow
+def test_int8_meets_the_bar_over_thousands_of_real_texts():
+    """Every one of the bench's 2,060 English paragraphs (5-120 words), batch 32: int8 within cosine
+    0.99 of fp32, and the 1st percentile within 0.995. Measured over the first 2,000 (all-MiniLM-L6-v2,
+    per-token midpoint scales): min 0.9971, p1 0.9983; symmetric per-token scales gave min 0.9920."""
+    from fastbert.benchmarks.encoder import paragraphs
+
+    texts = paragraphs()
+    assert len(texts) >= 2000
+    fp32 = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu")
+    int8 = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu", quantize="int8")
+    cos = torch.nn.functional.cosine_similarity(fp32.encode(texts, batch_size=32, convert_to_tensor=True),
+                                                int8.encode(texts, batch_size=32, convert_to_tensor=True))
+    low = cos.sort().values
+    assert float(low[0]) >= 0.99 and float(low[len(low) // 100]) >= 0.995, (float(low[0]), float(low[len(low) // 100]))
+
+
 def test_int8_vector_does_not_depend_on_its_batchmates():
     """Per-token activation scales: a text's int8 vector is the same alone, in a batch with a much
     longer text, and among other texts (to float rounding of the GEMM's blocking), unlike one scale
     per tensor, where the batch's largest activation set every text's step."""
+    from fastbert.benchmarks.encoder import paragraphs
+
     int8 = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu", quantize="int8")
     text = "The quick brown fox jumps over the lazy dog."
     long = " ".join(["Exceptions raised inside a finally clause replace the pending one."] * 8)
-    alone = int8.encode([text], convert_to_tensor=True)[0]
-    for batch in ([text, long], [long, "x", text, "another short line"]):
-        got = int8.encode(batch, convert_to_tensor=True)[batch.index(text)]
-        assert (got - alone).abs().max() < 1e-5, (got - alone).abs().max()
+    real = paragraphs()[:12]          # the bench's texts, sorted by length inside encode
+    for t in (text, real[7]):
+        alone = int8.encode([t], convert_to_tensor=True)[0]
+        for batch, size in (([t, long], 32), ([long, "x", t, "another short line"], 32), (real[:7] + [t] + real[8:], 32),
+                            (real[:7] + [t] + real[8:], 5)):
+            got = int8.encode(batch, batch_size=size, convert_to_tensor=True)[batch.index(t)]
+            assert (got - alone).abs().max() < 1e-5, (t[:20], len(batch), size, (got - alone).abs().max())
     per_tensor = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu")
     fastbert.quantize(per_tensor.model, backend="linear_dynamic")
     drift = (per_tensor.encode([text, long], convert_to_tensor=True)[0]
