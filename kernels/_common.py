@@ -35,3 +35,14 @@ def dropout_keep(seed, c0, c1, p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     u = tl.join(tl.join(tl.uint_to_uniform_float(r0), tl.uint_to_uniform_float(r1)),
                 tl.join(tl.uint_to_uniform_float(r2), tl.uint_to_uniform_float(r3)))
     return tl.reshape(u, (BLOCK_M, BLOCK_N)) >= p
+
+
+@triton.jit
+def dropout_keep4(seed, c0, c1, p):
+    """dropout_keep's draws before they are interleaved: the four (c0's shape) keep masks of one Philox
+    call per counter, for kernels that also pack the mask (dropout_keep puts the first, third, second and
+    fourth at the columns 4g .. 4g + 3 of group g)."""
+    zero = tl.zeros_like(c0)
+    r0, r1, r2, r3 = tl.philox(seed, c0, zero + c1, zero, zero)
+    return (tl.uint_to_uniform_float(r0) >= p, tl.uint_to_uniform_float(r1) >= p,
+            tl.uint_to_uniform_float(r2) >= p, tl.uint_to_uniform_float(r3) >= p)

@@ -19,11 +19,17 @@
 # lowers tl.dot to unrolled FMAs that spill. fp32 has config lists of its own that fit in shared memory.
 # Dropout: keep(b, h, i, j) = u >= p, u the (j % 4)-th uniform of Philox4x32-10(seed, counter
 # (i * ceil(L / 4) + j // 4, b*H + h)), L = max_seqlen: one Philox call per four scores, whatever the
-# tile shape; kept probabilities are scaled by 1/(1-p). The backward regenerates the same mask from the seed, which
-# the kernels read from a one-element int64 device tensor (no host value per call: CUDA graphs capture
-# a training step). Inference skips the lse store (STORE_LSE=False): only the backward reads it.
+# tile shape; kept probabilities are scaled by 1/(1-p). The seed is read from a one-element int64 device
+# tensor (no host value per call: CUDA graphs capture a training step). Inference skips the lse store
+# (STORE_LSE=False): only the backward reads it.
 # Backward (deterministic, no atomics): delta = rowsum(dO * O); a dk/dv pass over key blocks and a
 # dq pass over query blocks, with dS = P * (dP - delta) (dP taken through the dropout mask).
+# The mask is drawn once in the backward: the dk/dv pass regenerates it from the seed and writes it as
+# bits, (batch * heads, max_seqlen, ceil(max_seqlen / 8)) uint8 (byte j // 8 holds key j), which the dq
+# pass reads. A bit is 1/8 byte of memory traffic per score where a Philox4x32-10 call is ~20 integer
+# instructions per score, and the buffer lives only during the backward (1/32 of an fp32 score matrix).
+# Saving it in the forward would hold it for every layer until the backward: O(L^2) activation memory,
+# which flash attention exists to avoid.
 # Sliding window (WINDOW > 0, ModernBERT's local layers): key j is visible to query i of the same
 # sequence iff |pos_i - pos_j| <= window (a runtime half-width); pos is the offset inside the sequence
 # (WINDOW=1) or a (tokens,) positions array (WINDOW=2, increasing inside each sequence, holes allowed).
@@ -36,7 +42,7 @@ import triton
 import triton.language as tl
 
 from fastbert.kernels._autotune import TunedKernel, launch
-from fastbert.kernels._common import dropout_keep
+from fastbert.kernels._common import dropout_keep, dropout_keep4
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
@@ -60,7 +66,7 @@ def _configs(pairs):
 _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3),
                          (128, 128, 8, 2), (64, 64, 4, 4)])
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2),
-                         (64, 128, 8, 2), (32, 32, 4, 3), (64, 64, 8, 2)])
+                         (64, 128, 8, 2), (32, 32, 4, 3), (64, 64, 8, 2), (32, 32, 8, 3)])
 # fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at
 # head_dim 128 to fit 99 KB of shared memory)
 _FWD_CONFIGS_FP32 = _configs([(32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1),
@@ -68,11 +74,13 @@ _FWD_CONFIGS_FP32 = _configs([(32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (
 _BWD_CONFIGS_FP32 = _configs([(16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (32, 32, 4, 1),
                               (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)])
 # The config that runs untuned (interpreter, torch.compile graphs, FASTBERT_AUTOTUNE=0) per BLOCK_D where
-# the list's first one spills there (registers and spills measured with the AOT compile test, sm_89)
-_FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 16): (32, 32, 4, 2), (4, 32): (32, 32, 4, 2), (4, 64): (32, 32, 4, 2),
-                (4, 128): (32, 32, 8, 1)}
-_DKDV_DEFAULT = {(2, 64): (32, 32, 4, 3), (2, 128): (32, 32, 4, 3), (4, 64): (16, 32, 8, 2), (4, 128): (16, 16, 8, 1)}
-_DQ_DEFAULT = {(2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2), (4, 64): (32, 32, 4, 2), (4, 128): (16, 32, 8, 1)}
+# the list's first one spills there (registers and spills measured with the AOT compile test, sm_80/89/90)
+_FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 16): (32, 32, 4, 2), (4, 32): (32, 32, 4, 2), (4, 64): (32, 32, 4, 1),
+                (4, 128): (16, 32, 4, 2)}
+_DKDV_DEFAULT = {(2, 16): (32, 32, 4, 3), (2, 32): (32, 32, 4, 3), (2, 64): (32, 32, 4, 3), (2, 128): (32, 32, 8, 3),
+                 (4, 16): (16, 16, 4, 1), (4, 32): (16, 16, 4, 1), (4, 64): (16, 32, 8, 2), (4, 128): (16, 16, 8, 1)}
+_DQ_DEFAULT = {(2, 16): (32, 32, 4, 3), (2, 32): (32, 32, 4, 3), (2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2),
+               (4, 128): (16, 16, 8, 1)}
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"]  # + argument dtypes
 
 
@@ -162,18 +170,39 @@ def _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _drop_bwd(p, dp, seed_ptr, bh, rows, col0, max_seqlen, dropout_p, HAS_DROPOUT: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(P as the forward multiplied it into V, dP through the same mask): the forward's keep mask
-    regenerated from the seed, kept entries scaled by 1/(1-p), dropped ones 0."""
-    if HAS_DROPOUT:
-        keep = _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
-        scale_keep = 1.0 / (1.0 - dropout_p)
-        p_drop = tl.where(keep, p * scale_keep, 0.0)
-        dp = tl.where(keep, dp * scale_keep, 0.0)
-    else:
-        p_drop = p
-    return p_drop, dp
+def _join4(a, b, c, d, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) from four (BLOCK_M, BLOCK_N // 4) tensors, interleaved as dropout_keep does."""
+    return tl.reshape(tl.join(tl.join(a, b), tl.join(c, d)), (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _keep_bits(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(_keep's mask, the same mask as (BLOCK_M, BLOCK_N // 8) uint8, a byte per 8 columns) from one draw:
+    the four outputs of a Philox call give a nibble, two neighbouring groups' nibbles a byte."""
+    groups = col0 // 4 + tl.arange(0, BLOCK_N // 4)                   # _keep's counters
+    c0 = rows[:, None] * ((max_seqlen + 3) // 4) + groups[None, :]
+    k0, k1, k2, k3 = dropout_keep4(tl.load(seed_ptr), c0, bh, dropout_p)
+    nibble = k0.to(tl.int32) | (k1.to(tl.int32) << 1) | (k2.to(tl.int32) << 2) | (k3.to(tl.int32) << 3)
+    lo, hi = tl.split(tl.reshape(nibble, (BLOCK_M, BLOCK_N // 8, 2)))
+    return _join4(k0, k1, k2, k3, BLOCK_M, BLOCK_N), (lo | (hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _unpack_bits(packed, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) keep mask of _keep_bits' bytes."""
+    byte = packed.to(tl.int32)
+    nibble = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_M, BLOCK_N // 4))
+    return _join4((nibble & 1) != 0, (nibble & 2) != 0, (nibble & 4) != 0, (nibble & 8) != 0, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _bits_ptrs(bits_ptr, bh, rows, col0, max_seqlen, BLOCK_N: tl.constexpr):
+    """(pointers, in-bounds mask) of the mask bytes of rows x columns [col0, col0 + BLOCK_N) of head bh,
+    col0 a multiple of 8."""
+    n_bytes = (max_seqlen + 7) // 8
+    groups = col0 // 8 + tl.arange(0, BLOCK_N // 8)
+    ptrs = bits_ptr + bh.to(tl.int64) * max_seqlen * n_bytes + rows[:, None] * n_bytes + groups[None, :]
+    return ptrs, (rows[:, None] < max_seqlen) & (groups[None, :] < n_bytes)
 
 
 @triton.jit
@@ -202,15 +231,20 @@ def _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW: tl.constex
 
 
 @triton.jit
-def _bwd_tile(q, k, v, do, lse, delta, col_ok, seed_ptr, bh, rows, col0, max_seqlen, qk_scale, dropout_p,
-              DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One (rows x cols) tile of the backward: (dropped P, dS), P recomputed from the saved lse.
-    col_ok: (cols,) key validity, or a (rows, cols) visibility mask (sliding window)."""
+def _bwd_tile(q, k, v, do, lse, delta, col_ok, keep, qk_scale, dropout_p, DOT_PRECISION: tl.constexpr,
+              HAS_DROPOUT: tl.constexpr):
+    """One (rows x cols) tile of the backward: (P as the forward multiplied it into V, dS), P recomputed
+    from the saved lse, dP taken through the dropout keep mask (HAS_DROPOUT; kept entries scaled by
+    1/(1-p), dropped ones 0). col_ok: (cols,) key validity, or a (rows, cols) visibility mask (window)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
     p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
     p = tl.where(col_ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    p_drop, dp = _drop_bwd(p, dp, seed_ptr, bh, rows, col0, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+    p_drop = p
+    if HAS_DROPOUT:
+        scale_keep = 1.0 / (1.0 - dropout_p)
+        p_drop = tl.where(keep, p * scale_keep, 0.0)
+        dp = tl.where(keep, dp * scale_keep, 0.0)
     return p_drop, p * (dp - delta[:, None])
 
 
@@ -310,6 +344,7 @@ def _attention_bwd_preprocess_kernel(
 def _attention_bwd_dkdv_kernel(
     dk_ptr,     # like k, contiguous
     dv_ptr,     # like v, contiguous (same strides as dk)
+    bits_ptr,   # (batch * heads, max_seqlen, ceil(max_seqlen / 8)) uint8 dropout keep bits (HAS_DROPOUT)
     q_ptr, k_ptr, v_ptr,
     do_ptr,     # like q
     lse_ptr,    # (batch, heads, max_seqlen) fp32 from the forward
@@ -353,8 +388,13 @@ def _attention_bwd_dkdv_kernel(
         do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
         lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, pid_bh, rows, pid_n * BLOCK_N, max_seqlen,
-                               qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+        keep = ok
+        if HAS_DROPOUT:
+            keep, packed = _keep_bits(seed_ptr, pid_bh, rows, pid_n * BLOCK_N, max_seqlen, dropout_p, BLOCK_M,
+                                      BLOCK_N)
+            bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, pid_n * BLOCK_N, max_seqlen, BLOCK_N)
+            tl.store(bits, packed, mask=bits_ok)
+        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, ok, keep, qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
@@ -368,7 +408,8 @@ def _attention_bwd_dkdv_kernel(
 @triton.jit
 def _attention_bwd_dq_kernel(
     dq_ptr,     # like q, contiguous
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr, cu_ptr, seed_ptr, pos_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr, cu_ptr, pos_ptr,
+    bits_ptr,   # the dk/dv pass's dropout keep bits (HAS_DROPOUT)
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -406,8 +447,11 @@ def _attention_bwd_dq_kernel(
         ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        _, ds = _bwd_tile(q, k, v, do, lse, delta, ok, seed_ptr, pid_bh, rows, start_n, max_seqlen,
-                          qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+        keep = ok
+        if HAS_DROPOUT:
+            bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, start_n, max_seqlen, BLOCK_N)
+            keep = _unpack_bits(tl.load(bits, mask=bits_ok, other=0), BLOCK_M, BLOCK_N)
+        _, ds = _bwd_tile(q, k, v, do, lse, delta, ok, keep, qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
     g_base = _head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
@@ -510,8 +554,12 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
     launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, block_m)),
            delta, out, do, c.cu, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
            HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=c.varlen, BLOCK_M=block_m)
-    args = (q, k, v, do, lse, delta, c.mask, c.cu, c.seed, c.pos,
-            *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do))
-    _dkdv.launch(c.key, c.grid("BLOCK_N"), dk, dv, *args, *_strides4(dk), *c.mstride, *c.scalars, **c.meta)
-    _dq.launch(c.key, c.grid("BLOCK_M"), dq, *args, *_strides4(dq), *c.mstride, *c.scalars, **c.meta)
+    # the dropout mask as bits, written by the dk/dv pass and read by the dq pass (see the header)
+    bits = (torch.empty((c.batch * c.heads, c.max_seqlen, (c.max_seqlen + 7) // 8), dtype=torch.uint8,
+                        device=q.device) if c.dropout else q)
+    strides = (*_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do))
+    _dkdv.launch(c.key, c.grid("BLOCK_N"), dk, dv, bits, q, k, v, do, lse, delta, c.mask, c.cu, c.seed, c.pos,
+                 *strides, *_strides4(dk), *c.mstride, *c.scalars, **c.meta)
+    _dq.launch(c.key, c.grid("BLOCK_M"), dq, q, k, v, do, lse, delta, c.mask, c.cu, c.pos, bits,
+               *strides, *_strides4(dq), *c.mstride, *c.scalars, **c.meta)
     return dq, dk, dv

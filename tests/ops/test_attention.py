@@ -361,6 +361,26 @@ def test_dropout_backward_uses_forward_mask(dtype):
         torch.testing.assert_close(g.double(), r, atol=atol, rtol=0)
 
 
+def test_dropout_backward_varlen_window_uses_forward_mask():
+    """The dq pass reads the mask the dk/dv pass wrote as bits: packed sequences longer than one block,
+    a sliding window (blocks skipped), gradients against the fp64 reference replaying the recovered mask."""
+    lengths, h, d, p, window = [70, 9, 33], 2, 16, 0.3, 20
+    (q, k, v), cu = _pack(lengths, h, d, torch.float32, seed=6)
+    seeded = lambda: torch.Generator().manual_seed(31)  # noqa: E731
+    q0, k0, _ = _qkv(3, 70, h, 128, torch.float32, seed=8)          # the mask does not depend on head_dim
+    keep = _recover_keep(attention(q0, k0, _one_hot_v(3, 70, h, 128), backend="triton", dropout_p=p,
+                                   generator=seeded()), 70)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    kw = dict(dropout_p=p, window=window)
+    out, got = _grads(lambda *t: varlen_attention(*t, cu, 70, backend="triton", generator=seeded(), **kw),
+                      (q, k, v), dout)
+    ref_out, ref = _grads(lambda *t: varlen_attention_ref(*t, cu, 70, _drop_keep=keep, **kw),
+                          [t.double() for t in (q, k, v)], dout.double())
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=0)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.double(), r, atol=1e-5, rtol=0)
+
+
 def test_dropout_padded_and_varlen_draw_the_same_mask():
     lengths, h, d = [6, 17, 3], 2, 16
     (q, k, v), cu = _pack(lengths, h, d, torch.float32, seed=5)
