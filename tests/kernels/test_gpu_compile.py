@@ -28,15 +28,10 @@ KNOWN_SPILLS = {
     ("relative_attention._relative_attention_bwd_kernel", "fp32", "sm_80"): 8,
     ("relative_attention._relative_attention_bwd_kernel", "fp32", "sm_89"): 8,
     ("relative_attention._relative_attention_bwd_kernel", "fp32", "sm_90"): 32,
-    ("attention._attention_fwd_kernel", "fp32", "sm_80"): 40,
-    ("attention._attention_fwd_kernel", "fp32", "sm_89"): 72,
-    ("attention._attention_fwd_kernel", "fp32", "sm_90"): 80,
-    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_89"): 8,
+    # fp32 dk/dv at BLOCK_D 128 (head dims 80-128): q and dO as full-width 3xTF32 operands, even at 16 x 16
+    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_80"): 16,
+    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_89"): 16,
     ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_90"): 24,
-    ("attention._attention_bwd_dkdv_kernel", "fp16", "sm_90"): 64,
-    ("attention._attention_bwd_dkdv_kernel", "bf16", "sm_90"): 64,
-    ("attention._attention_bwd_dq_kernel", "fp16", "sm_80"): 8,
-    ("attention._attention_bwd_dq_kernel", "bf16", "sm_80"): 8,
 }
 
 
