@@ -125,6 +125,29 @@ def test_module_state_dict_round_trip_and_skip():
         assert float(torch.nn.functional.cosine_similarity(q(x), net(x)).min()) > 0.99
 
 
+@pytest.mark.parametrize("backend", ql.BACKENDS)
+def test_joined_query_key_value_give_each_linears_own_output(backend):
+    """A layer's q/k/v QuantizedLinears run as one quantization and one GEMM over their joined int8
+    weights: the int32 sums are exact, so every output is the one its own module gives (to an ulp of
+    the float rescale); the join is made again after load_state_dict repacks a module."""
+    from fastbert.models.layers import fused_linear
+    torch.manual_seed(0)
+    qkv = [QuantizedLinear.from_linear(nn.Linear(48, n), backend=backend) for n in (48, 48, 16)]
+    x, cache = torch.randn(2, 7, 48) * 3, {}
+    with torch.no_grad():
+        own = torch.cat([m(x) for m in qkv], dim=-1)
+        torch.testing.assert_close(fused_linear(x, qkv, cache, "auto"), own, atol=1e-6, rtol=1e-6)
+        joined = cache["int8"][1]
+        fused_linear(x, qkv, cache, "auto")
+        assert cache["int8"][1] is joined                                      # reused, not joined again
+        qkv[1].load_state_dict(QuantizedLinear.from_linear(nn.Linear(48, 48), backend=backend).state_dict())
+        own = torch.cat([m(x) for m in qkv], dim=-1)
+        torch.testing.assert_close(fused_linear(x, qkv, cache, "auto"), own, atol=1e-6, rtol=1e-6)
+        assert cache["int8"][1] is not joined
+    with pytest.raises(ValueError, match="same backend"):
+        ql.join([qkv[0]._packed, ql.pack(torch.randn(4, 16))])
+
+
 def _mean_pool(model, enc):
     with torch.inference_mode():
         h = model(**enc).last_hidden_state

@@ -32,8 +32,10 @@ from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from fastbert import ops
+from fastbert._quantize import QuantizedLinear
 from fastbert.models.activations import Activation
 from fastbert.ops.attention import attention_probs_ref
+from fastbert.ops import quantized_linear as ql
 from fastbert.ops.linear import linear, pack_weight, uses_onednn
 from fastbert.ops.varlen import Packing, pack, repad
 
@@ -185,7 +187,20 @@ def fused_linear(h: torch.Tensor, linears, cache: dict, backend: str, width: Opt
         key = tuple(linears)
         return linear(h, weight, bias, backend=backend,
                       packed=_packed(packed, key, h, weight, bias, backend, sources=[m.weight for m in linears]))
+    if all(is_plain(m, QuantizedLinear) for m in linears) and len({m.bias is None for m in linears}) == 1:
+        return ql.quantized_linear(h, _joined_int8(linears, cache))
     return torch.cat([apply_linear(h, m, backend, width=width, owner=owner, packed=packed) for m in linears], dim=-1)
+
+
+def _joined_int8(linears, cache: dict) -> ql.PackedLinear:
+    """ql.join of the QuantizedLinears' packed weights, kept in `cache` while each still holds the
+    packed weight it was joined from (load_state_dict repacks: then it is joined again)."""
+    sources = tuple(m._packed for m in linears)
+    held = cache.get("int8")
+    if held is None or len(held[0]) != len(sources) or any(a is not b for a, b in zip(held[0], sources)):
+        cache.pop("weight", None), cache.pop("bias", None)      # the fp32 concatenation is no longer read
+        held = cache["int8"] = (sources, ql.join(sources))
+    return held[1]
 
 
 def add_norm(h: torch.Tensor, residual: Optional[torch.Tensor], norm: nn.Module, backend: str,

@@ -114,6 +114,26 @@ def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Opt
         if bias.shape != (q.shape[0],):
             raise ValueError(f"bias shape {tuple(bias.shape)} does not match weight's {q.shape[0]} outputs")
         bias = bias.detach().float().cpu().contiguous()
+    return _pack_quantized(q, scale, bias, backend, bool(reduce_range))
+
+
+def join(packs) -> PackedLinear:
+    """One PackedLinear for several on the same input, their outputs side by side: the int8 rows and
+    their scales are joined as they are, so each output is what its own weight gives (the int32 sums
+    are exact; the float rescale may differ by an ulp), for one activation quantization and one GEMM
+    instead of one each."""
+    packs = list(packs)
+    first = packs[0]
+    if any((p.backend, p.reduce_range, p.in_features) != (first.backend, first.reduce_range, first.in_features)
+           for p in packs) or len({p.bias is None for p in packs}) != 1:
+        raise ValueError("join takes weights packed for the same backend and input width, all with a bias or none")
+    bias = None if first.bias is None else torch.cat([p.bias for p in packs])
+    return _pack_quantized(torch.cat([p.qweight for p in packs]), torch.cat([p.scale for p in packs]), bias,
+                           first.backend, first.reduce_range)
+
+
+def _pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor], backend: str,
+                    reduce_range: bool) -> PackedLinear:
     if backend == "linear_dynamic":
         zeros = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # the prepack op takes a quantized tensor, deprecated as a user type
@@ -127,7 +147,7 @@ def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Opt
     if backend == "per_token":
         wsum = q.float().sum(dim=1) * scale
         rank2 = torch.stack([wsum, bias if bias is not None else torch.zeros_like(wsum)])
-    return PackedLinear(backend, packed, q, scale, bias, bool(reduce_range), zeros, rank2)
+    return PackedLinear(backend, packed, q, scale, bias, reduce_range, zeros, rank2)
 
 
 def _onednn(qx: torch.Tensor, x_scale: float, x_zero: int, packed: PackedLinear, bias) -> torch.Tensor:
