@@ -82,14 +82,14 @@ def test_a_calls_collections_walk_only_what_it_made():
 def test_time_interleaved_reports_the_garbage_collection_inside_the_calls():
     def collects(texts):
         made = [[] for _ in range(20_000)]  # objects of this call, which its collections walk
-        for _ in range(5):
+        for _ in range(20):  # collections are most of the call, so the share stays clear of 0.3 on a busy machine
             gc.collect()
         return [texts, made]
 
     result = tb.time_interleaved({"collects": (collects, None), "quiet": (lambda texts: texts, None)},
                                  tb.Rounds(DOCS, itertools.count(1)), repeats=3)
     median, _, _, _, collecting = result["collects"]
-    assert 0.3 * median < collecting <= median  # about 0.6 of it here
+    assert 0.3 * median < collecting <= median  # about 0.9 of it here (0.6-0.75 with 5 collections; 0.29 once on a busy machine)
     assert result["quiet"][4] == 0  # nothing made, nothing collected: the run before it is out of reach
 
 
