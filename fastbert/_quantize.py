@@ -61,9 +61,9 @@ class QuantizedLinear(nn.Module):
         return module
 
     def _repack(self) -> None:
-        # the int8 values are already exact: packing their dequantized form reproduces them
-        weight = self.qweight.float() * self.weight_scale[:, None]
-        self._packed = ql.pack(weight, self.bias, backend=self.backend, reduce_range=self.reduce_range)
+        bias = None if self.bias is None else self.bias.float().contiguous()
+        self._packed = ql.pack_quantized(self.qweight, self.weight_scale.float(), bias, self.backend,
+                                         bool(self.reduce_range))
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)

@@ -198,7 +198,8 @@ def _joined_int8(linears, cache: dict) -> ql.PackedLinear:
     sources = tuple(m._packed for m in linears)
     held = cache.get("int8")
     if held is None or len(held[0]) != len(sources) or any(a is not b for a, b in zip(held[0], sources)):
-        cache.pop("weight", None), cache.pop("bias", None)      # the fp32 concatenation is no longer read
+        for name in ("weight", "bias"):             # the fp32 concatenation is no longer read
+            cache.pop(name, None)
         held = cache["int8"] = (sources, ql.join(sources))
     return held[1]
 
@@ -227,7 +228,7 @@ def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: n
             and uses_onednn(h, dense.weight, backend, dense.bias, residual)):
         w, b = dense.weight, dense.bias
         y = linear(h, w, b, residual=residual, backend=backend,
-                   packed=None if packed is None else packed.get(dense, w, (w,)))
+                   packed=_packed(packed, dense, h, w, b, backend, residual))
         return add_norm(y, None, norm, backend, owner)
     a = apply_linear(h, dense, backend, width=residual.shape[-1], owner=owner, packed=packed)
     return add_norm(F.dropout(a, dropout_p, dropout_p > 0), residual, norm, backend, owner)

@@ -114,7 +114,7 @@ def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Opt
         if bias.shape != (q.shape[0],):
             raise ValueError(f"bias shape {tuple(bias.shape)} does not match weight's {q.shape[0]} outputs")
         bias = bias.detach().float().cpu().contiguous()
-    return _pack_quantized(q, scale, bias, backend, bool(reduce_range))
+    return pack_quantized(q, scale, bias, backend, bool(reduce_range))
 
 
 def join(packs) -> PackedLinear:
@@ -128,21 +128,21 @@ def join(packs) -> PackedLinear:
            for p in packs) or len({p.bias is None for p in packs}) != 1:
         raise ValueError("join takes weights packed for the same backend and input width, all with a bias or none")
     bias = None if first.bias is None else torch.cat([p.bias for p in packs])
-    return _pack_quantized(torch.cat([p.qweight for p in packs]), torch.cat([p.scale for p in packs]), bias,
-                           first.backend, first.reduce_range)
+    return pack_quantized(torch.cat([p.qweight for p in packs]), torch.cat([p.scale for p in packs]), bias,
+                          first.backend, first.reduce_range)
 
 
-def _pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor], backend: str,
-                    reduce_range: bool) -> PackedLinear:
+def pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor], backend: str,
+                   reduce_range: bool) -> PackedLinear:
+    """Packs int8 weights already quantized per row (int8 (out, in), float32 scale (out,)) for `backend`."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
     if backend == "linear_dynamic":
-        zeros = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # the prepack op takes a quantized tensor, deprecated as a user type
             warnings.simplefilter("ignore", UserWarning)
             qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
         packed = torch.ops.quantized.linear_prepack(qw, bias)
     else:
         packed = torch.ops.onednn.qlinear_prepack(q, None)
-        zeros = torch.zeros(q.shape[0], dtype=torch.long)
     rank2 = None
     if backend == "per_token":
         wsum = q.float().sum(dim=1) * scale
