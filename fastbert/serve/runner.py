@@ -125,7 +125,8 @@ class Runner:
         self._left = None     # a tokenizer that truncates on the left, made on first use
         # fastbert's tokenizer takes calls from many threads at once; transformers' fast tokenizers
         # set their truncation on the shared Rust object per call ("Already borrowed"): one at a time
-        self._lock = contextlib.nullcontext() if isinstance(tokenizer, BertTokenizer) else threading.Lock()
+        self.lock_free = isinstance(tokenizer, BertTokenizer)
+        self._lock = contextlib.nullcontext() if self.lock_free else threading.Lock()
 
     @property
     def routes(self) -> tuple:

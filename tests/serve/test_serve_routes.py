@@ -87,6 +87,23 @@ def test_embed_normalize_dimensions_and_truncation(app, encoder):
     assert np.abs(np.array(left) - np.array(right)).max() > 1e-2
 
 
+def test_json_without_orjson_is_the_same(app, monkeypatch):
+    """orjson writes a float32 in its shortest form, the standard library's json the float64 it
+    widens to: read back as float32, the same vectors, bit for bit; and the same answer otherwise."""
+    import fastbert.serve.app as app_module
+
+    if app_module.orjson is None:
+        pytest.skip("orjson is not installed: the standard library's json is the only writer here")
+    fast = post(app, "/v1/embeddings", {"input": TEXTS[:3]}).json()
+    fast_embed = post(app, "/embed", {"inputs": TEXTS[:3], "dimensions": 16}).json()
+    monkeypatch.setattr(app_module, "orjson", None)
+    slow = post(app, "/v1/embeddings", {"input": TEXTS[:3]}).json()
+    slow_embed = post(app, "/embed", {"inputs": TEXTS[:3], "dimensions": 16}).json()
+    vectors = [np.array([d["embedding"] for d in body.pop("data")], dtype=np.float32) for body in (fast, slow)]
+    assert np.array_equal(*vectors) and vectors[0].shape == (3, 384) and fast == slow
+    assert np.array_equal(np.array(fast_embed, dtype=np.float32), np.array(slow_embed, dtype=np.float32))
+
+
 def test_embed_prompts_in_one_batch(runner):
     """Requests with different prompts share batches; a prompt pooling leaves out (include_prompt
     false) is skipped per row."""
