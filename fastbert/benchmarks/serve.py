@@ -7,10 +7,13 @@ Servers, each in its own process, the same model (all-MiniLM-L6-v2 by default) o
   batching across requests;
 - infinity: `infinity_emb v2` (infinity-emb, its torch engine) when the command is found (on PATH, or
   named by $FASTBERT_BENCH_INFINITY); else a row saying why not.
-Clients: 1, 16 and 64 at a time (asyncio + httpx in this process), one English line per request
-(pydoc lines of mixed length) to POST /v1/embeddings (infinity: /embeddings), each level for a fixed
-time after a warm-up. Direct: fastbert.Encoder.encode([line]) in this process, one at a time, on the
-same lines: the latency a server adds to. Servers and levels are measured in turns, `rounds` times;
+Clients: 1, 16 and 64 at a time (asyncio in this process, one keep-alive HTTP/1.1 connection per
+client writing a prepared request and reading the answer's status and body: a general client such as
+httpx spends about 1 ms of Python a request, as much as a server's own work, and these figures are
+the servers'), one English line per request (pydoc lines of mixed length) to POST /v1/embeddings
+(infinity: /embeddings), each level for a fixed time after a warm-up. Direct:
+fastbert.Encoder.encode([line]) in this process, one at a time, on the same lines: the latency a
+server adds to. Servers and levels are measured in turns, `rounds` times;
 each figure is the median over rounds. Every server's vectors are checked against Encoder.encode.
 
 Bars (issue: serve it): fastbert >= 2x the handwritten server's requests/s at 16 clients; fastbert's
@@ -19,7 +22,9 @@ p99 at 1 client <= 1.2x the direct call's p99.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -138,26 +143,62 @@ def start_servers(model_dir: str, infinity: str | None) -> tuple[list, list]:
     return ready, notes
 
 
-async def _level(server, texts: list, clients: int, seconds: float) -> dict:
-    """`clients` concurrent clients, one text per request, for `seconds`: requests/s, p50/p99 ms."""
-    import httpx
+def requests(server, texts: list) -> list:
+    """Each text's whole HTTP request to the server's embeddings route, as bytes (made before timing)."""
+    head = f"POST {server.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    out = []
+    for text in texts:
+        body = json.dumps({"input": [text], "model": server.model}).encode("utf-8")
+        out.append(f"{head}Content-Length: {len(body)}\r\n\r\n".encode("ascii") + body)
+    return out
 
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to 127.0.0.1: send a prepared request, read the answer's
+    status and body (Content-Length bodies, as these servers send them)."""
+
+    def __init__(self, url: str):
+        self.host, self.port = url.rsplit("/", 1)[-1].split(":")
+        self.reader = self.writer = None
+
+    async def post(self, request: bytes) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, int(self.port))
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
+        if length is None:
+            raise ConnectionError(f"an answer without Content-Length: {head[:200]!r}")
+        await self.reader.readexactly(int(length[1]))
+        if re.search(rb"\r\nconnection: *close", head, re.IGNORECASE):
+            self.close()
+        return int(head.split(b" ", 2)[1])
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+
+async def _level(server, prepared: list, clients: int, seconds: float) -> dict:
+    """`clients` concurrent clients, one text per request, for `seconds`: requests/s, p50/p99 ms."""
     latencies, errors = [], {}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as http:
-        await asyncio.gather(*(http.post(server.path, json={"input": [text], "model": server.model})
-                               for text in texts[:clients]))           # warm-up: connections, first calls
+    connections = [Connection(server.url) for _ in range(clients)]
+    try:
+        # warm-up: connections, first calls
+        await asyncio.gather(*(c.post(prepared[k]) for k, c in enumerate(connections)))
         stop = time.perf_counter() + seconds
 
         async def client(k: int):
-            i = k
+            i, connection = k, connections[k]
             while time.perf_counter() < stop:
                 start = time.perf_counter()
                 try:
-                    r = await http.post(server.path, json={"input": [texts[i % len(texts)]], "model": server.model})
-                    kind = None if r.status_code == 200 else f"HTTP {r.status_code}"
-                except httpx.TransportError as exc:       # a dropped connection: a lost request
-                    kind = type(exc).__name__
+                    status = await connection.post(prepared[i % len(prepared)])
+                    kind = None if status == 200 else f"HTTP {status}"
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                    kind = type(exc).__name__         # a dropped connection: a lost request
+                    connection.close()
                 if kind is None:
                     latencies.append(time.perf_counter() - start)
                 else:
@@ -166,6 +207,9 @@ async def _level(server, texts: list, clients: int, seconds: float) -> dict:
         began = time.perf_counter()
         await asyncio.gather(*(client(k) for k in range(clients)))
         wall = time.perf_counter() - began
+    finally:
+        for connection in connections:
+            connection.close()
     return _summary(latencies, wall, errors)
 
 
@@ -219,6 +263,7 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
     measured = {}
     try:
         checks = {s.name: _check(s, encoder, texts[:16]) for s in servers}
+        prepared = {s.name: requests(s, texts) for s in servers}
         for r in range(rounds):
             progress(f"round {r + 1}/{rounds}")
             measured.setdefault(("direct", 1), []).append(_direct(encoder, texts, seconds))
@@ -227,7 +272,7 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
                     continue
                 for clients in LEVELS:
                     measured.setdefault((server.name, clients), []).append(
-                        asyncio.run(_level(server, texts, clients, seconds)))
+                        asyncio.run(_level(server, prepared[server.name], clients, seconds)))
         for server in servers:
             if server.proc.poll() is not None:
                 rows.append({"server": server.name, "note": f"exited with {server.proc.returncode} during the "
