@@ -17,6 +17,10 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   its GEMMs reading oneDNN-packed weights on the CPU in fp32 (model.prepack_weights(), turned on
   here: a copy is remade after the weights change through the parameters; after an in-place write
   through `param.data`, which no version counter sees, call model.prepack_weights() again).
+- on the CPU a batch of at most `Encoder.one_thread_tokens` tokens (one short text) runs on one
+  intra-op thread: at a dozen tokens per GEMM, waking and joining the other OpenMP threads for each
+  of a forward's ~100 ops costs more than they save, and on cores shared with other processes a
+  spinning OpenMP team is what made batch 1 slow.
 Results come back in input order. `Encoder.overlap = False` runs all of it serially on the caller's
 thread (same batches, same results).
 
@@ -27,6 +31,7 @@ tokens left out when the Pooling config says include_prompt: false) -> the check
 module -> truncate_dim -> normalize_embeddings -> precision (fastbert.embedding_quantization, the
 math of sentence_transformers.quantization.quantize_embeddings, in fastbert.quantize).
 """
+import contextlib
 import itertools
 import json
 import warnings
@@ -240,6 +245,15 @@ class _Prefetch:
             yield result
 
 
+@contextlib.contextmanager
+def _intra_op_threads(n: int, before: int):
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 
 
@@ -266,6 +280,8 @@ class Encoder:
     # tokenize window i + 1 on a worker thread while the model runs window i, and prepare batch
     # k + 1's host tensors on another while it runs batch k; False: everything on the caller's thread
     overlap = True
+    # CPU batches of at most this many tokens run on one intra-op thread (see the module docstring)
+    one_thread_tokens = 64
 
     def __init__(self, model, tokenizer, pooling=("mean",), normalize: bool = False,
                  max_seq_length: int = 512, do_lower_case: bool = False, prompts: Optional[dict] = None,
@@ -452,6 +468,15 @@ class Encoder:
         ids[mask] = flat
         return ids, mask.long()
 
+    def _threads_for(self, tokens: int):
+        """One intra-op thread for a small CPU batch (one_thread_tokens), else the current setting.
+        torch's thread count is per OS thread once set (OpenMP's), so another Python thread's
+        forward keeps its own."""
+        before = torch.get_num_threads()
+        if self.device.type != "cpu" or tokens > self.one_thread_tokens or before == 1:
+            return contextlib.nullcontext()
+        return _intra_op_threads(1, before)
+
     def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int) -> torch.Tensor:
         """The model's packed forward on one host buffer (from _host_batch): (tokens, hidden). One
         non-blocking copy; nothing is read back."""
@@ -586,10 +611,13 @@ class Encoder:
         with tokenized, prepared, bar:
             for idx, rows, host in prepared:
                 if packed:      # real tokens only, pooled per sequence on the packed states
-                    vectors = pool_packed(self._forward_packed(*host), [len(r) for r in rows], modes, skip)
+                    with self._threads_for(host[1]):
+                        hidden = self._forward_packed(*host)
+                    vectors = pool_packed(hidden, [len(r) for r in rows], modes, skip)
                 else:
                     input_ids, attention_mask = (t.to(self.device) for t in host)
-                    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                    with self._threads_for(input_ids.numel()):
+                        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
                     pool_mask = attention_mask
                     if skip:
                         pool_mask = attention_mask.clone()

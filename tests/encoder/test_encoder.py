@@ -733,3 +733,33 @@ def test_misshapen_sentence_transformers_files_are_named(name, value, match, tmp
     target.write_text(json.dumps(value))
     with pytest.raises(ValueError, match=match):
         fastbert.Encoder.from_pretrained(tmp_path / "m")
+
+
+def test_a_small_cpu_batch_runs_on_one_thread_and_the_setting_comes_back(encoder, lines, monkeypatch):
+    """A batch of at most one_thread_tokens tokens runs its forward on one intra-op thread (batch 1:
+    waking a thread team per op costs more than it saves); a larger one keeps the caller's count,
+    which encode leaves as it found it either way. The vectors are the same (fp32 rounding)."""
+    seen = []
+    original = encoder.model.forward_packed
+
+    def forward_packed(*args, **kwargs):
+        seen.append((args[0].shape[0], torch.get_num_threads()))
+        return original(*args, **kwargs)
+
+    before, limit = torch.get_num_threads(), encoder.one_thread_tokens
+    torch.set_num_threads(2)
+    try:
+        text = "a short sentence to embed"
+        encoder_one = encoder.encode([text])
+        monkeypatch.setattr(encoder.model, "forward_packed", forward_packed)
+        assert np.array_equal(encoder.encode([text]), encoder_one)
+        encoder.encode(lines[:40], batch_size=40)
+        monkeypatch.setattr(encoder, "one_thread_tokens", 0)
+        alone_two = encoder.encode([text])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    (small, small_threads), (big, big_threads), (_, forced_threads) = seen
+    assert small <= limit < big
+    assert (small_threads, big_threads, forced_threads) == (1, 2, 2)
+    np.testing.assert_allclose(alone_two, encoder_one, atol=1e-5)
