@@ -2,7 +2,7 @@
 pick (ONNX Runtime, OpenVINO, CTranslate2; fp32 and int8), in one interleaved run.
 
     python bench/bench_encoder.py [--quick] [--lines N] [--repeats R] [--threads T] [--lines-table]
-                                  [--no-peers] [--no-int8] [--no-save]
+                                  [--no-peers] [--no-int8] [--no-save] [--batch1-only]
     pytest bench/bench_encoder.py --benchmark-only   # pytest-benchmark, fastbert vs sentence-transformers
 
 The workload, the peers and the columns are described in fastbert.benchmarks.encoder (also behind
@@ -73,7 +73,8 @@ if pytest is not None:
 # ---- script -------------------------------------------------------------------------------------------
 
 def _table(rows) -> str:
-    out = [f"{'engine':<44} {'sent/s':>7} {'x fastbert':>10} {'% GEMM':>7} {'b1 p50 ms':>9} {'min cos':>8}"]
+    out = [f"{'engine':<44} {'sent/s':>7} {'x fastbert':>10} {'% GEMM':>7} {'b1 p50 ms':>9} {'b1 p99 ms':>9} "
+           f"{'min cos':>8}"]
     for row in rows:
         if "sentences/s" not in row:
             value = f"{row['GFLOP/s']:.0f} GFLOP/s" if "GFLOP/s" in row else row.get("note", "")
@@ -81,8 +82,13 @@ def _table(rows) -> str:
             continue
         x = row["x fastbert"]
         out.append(f"{row['name']:<44} {row['sentences/s']:7.1f} {'' if x is None else f'{x:.2f}x':>10} "
-                   f"{100 * row['GEMM fraction']:6.0f}% {row['batch1 p50 ms']:9.1f} {row['min_cosine']:8.5f}")
+                   f"{100 * row['GEMM fraction']:6.0f}% {_ms(row['batch1 p50 ms'])} {_ms(row['batch1 p99 ms'])} "
+                   f"{row['min_cosine']:8.5f}")
     return "\n".join(out)
+
+
+def _ms(value) -> str:
+    return f"{'-' if value is None else f'{value:.1f}':>9}"
 
 
 def main(argv=None) -> int:
@@ -96,9 +102,17 @@ def main(argv=None) -> int:
     parser.add_argument("--no-save", action="store_true", help="print the table only, append nothing to encoder.jsonl")
     parser.add_argument("--lines-table", action="store_true",
                         help="also the older short-lines workload (fastbert vs sentence-transformers)")
+    parser.add_argument("--batch1-only", action="store_true",
+                        help="only the batch-1 latency of fastbert and the fp32 peers (each in its own process); "
+                             "prints it, appends nothing")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of encoder.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.batch1_only:
+        for row in eb.run_batch1(model_dir(), quick=args.quick, progress=say):
+            print(f"{row['name']:<44} p50 {_ms(row['batch1 p50 ms'])} ms  p99 {_ms(row['batch1 p99 ms'])} ms  "
+                  f"{row.get('batch1 note', '')}")
+        return 0
     rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats, lines=args.lines,
                   peers=not args.no_peers, int8=not args.no_int8, progress=say)
     print(rows[0]["device"], rows[0]["versions"])

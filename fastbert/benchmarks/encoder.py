@@ -18,7 +18,13 @@ Table 1 (`run`, the `fastbert bench` encoder part): real English text, the way a
   GEMM rate: the machine's sustained fp32 torch.mm rate on this model's four GEMM shapes (1,024
   tokens) with the same threads, measured in every round; an engine's "% GEMM" is its useful
   GFLOP/s (the model's FLOPs on real tokens: GEMMs and attention, no padding) over that rate.
-  Batch 1: one short text (5-12 words) per call, every engine on the same text in turn; p50 ms.
+  Batch 1 (batch1_latency; run_batch1 for this block alone): one short text (5-12 words) per call
+  (`encode([text])`, tokenization included), the way a user runs it: each engine in its own process
+  (spawned after the throughput rounds, built there alone with the same threads), so no other
+  engine's idle thread pool (OpenMP, TBB: they spin after each op) competes for the cores. Every
+  engine encodes the same BATCH1_WARMUP texts untimed, then the same BATCH1_CALLS texts, each under a
+  new tag; p50 and p99 ms over the calls. One engine runs at a time, so the engines' figures come
+  from different seconds of the run: on a busy machine compare several runs.
   Agreement: min cosine of every text's vector to sentence-transformers' fp32 (fastbert fp32's
   without it); int8 rows also give fastbert's batch independence (a text alone vs in a batch).
 Table 2 (`run_lines`): the older workload, 2,000 short pydoc lines (many one or two words beside
@@ -26,6 +32,7 @@ Table 2 (`run_lines`): the older workload, 2,000 short pydoc lines (many one or 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import itertools
 import os
@@ -131,7 +138,7 @@ def run_lines(model_dir, texts=None, quick: bool = False, device: str = "cpu", d
 
 CHUNK = 8 * BATCH_SIZE          # texts per timing unit
 PIECE_WORDS, MIN_WORDS, MAX_WORDS = 60, 5, 120
-BATCH1_CALLS, QUICK_BATCH1_CALLS = 40, 16
+BATCH1_CALLS, QUICK_BATCH1_CALLS, BATCH1_WARMUP, BATCH1_MAX_WORDS = 200, 40, 10, 12
 FASTBERT_FP32, FASTBERT_INT8 = "fastbert Encoder.encode", "fastbert Encoder.encode int8"
 ST_PLAIN, ST_OPTIMIZED = "sentence-transformers (torch sdpa)", "sentence-transformers + fastbert.optimize"
 
@@ -188,6 +195,82 @@ def _median(values):
     return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
 
 
+def _quantile(values, q: float) -> float:
+    """The q-quantile of values, interpolated between the two nearest ranks."""
+    values = sorted(values)
+    at = q * (len(values) - 1)
+    low = int(at)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (at - low) * (values[high] - values[low])
+
+
+def batch1_texts(pool, tags, calls: int) -> tuple[list, list]:
+    """(timed, warm-up) texts for batch 1: the pool's texts of at most BATCH1_MAX_WORDS words, each
+    under a new tag (unseen_each)."""
+    short = [t for t in pool if len(t.split()) <= BATCH1_MAX_WORDS]
+    return unseen_each(short[:calls], tags), unseen_each(short[calls:calls + BATCH1_WARMUP], tags)
+
+
+def run_batch1(model_dir, names=(FASTBERT_FP32, "ONNX Runtime", "OpenVINO", "CTranslate2"), quick: bool = False,
+               calls: int | None = None, progress=None) -> list[dict]:
+    """The batch-1 block of table 1 alone (CPU, fp32 or int8 names, the current torch threads): one
+    row per engine with its p50 and p99 ms; an engine that cannot be built gets its reason instead."""
+    import tempfile
+
+    say = progress or (lambda message: None)
+    threads = torch.get_num_threads()
+    calls = calls or (QUICK_BATCH1_CALLS if quick else BATCH1_CALLS)
+    pool = paragraphs()
+    texts, warmup = batch1_texts(pool, itertools.count(1), calls)         # the texts run() times
+    with tempfile.TemporaryDirectory() as workdir:
+        seconds = batch1_latency(model_dir, names, texts, warmup, threads, say, device="cpu", dtype="float32",
+                                 peers=True, int8=any("int8" in n for n in names), smoke=False, workdir=workdir,
+                                 calibration=pool[FULL_LINES:][:300])
+    case = f"one English text ({MIN_WORDS}-{BATCH1_MAX_WORDS} words) per call, {len(texts)} calls, {threads} threads"
+    return [{"name": name, "case": case, "threads": threads, "ok": None, **_batch1_columns(seconds[name])}
+            for name in names]
+
+
+def _batch1_columns(seconds) -> dict:
+    if not isinstance(seconds, list):      # the engine's child could not build it
+        return {"batch1 p50 ms": None, "batch1 p99 ms": None, "batch1 note": seconds}
+    return {"batch1 p50 ms": 1e3 * _median(seconds), "batch1 p99 ms": 1e3 * _quantile(seconds, 0.99)}
+
+
+def batch1_latency(model_dir, names, texts, warmup, threads: int, say=lambda message: None, **options) -> dict:
+    """{engine name: seconds of each call encode([text]) over texts, or why it could not be built}.
+    Each engine is timed alone in a new (spawned) process with `threads` torch threads, which builds
+    it (build_engines(**options), only that name), encodes the warmup texts, then times one text per
+    call: no other engine's thread pool is alive beside it, as when a user runs it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    out = {}
+    for name in names:
+        say(f"batch-1 latency: {name}")
+        with ProcessPoolExecutor(1, mp_context=context) as child:
+            out[name] = child.submit(_batch1_child, name, model_dir, list(texts), list(warmup), threads,
+                                     options).result()
+    return out
+
+
+def _batch1_child(name, model_dir, texts, warmup, threads, options):
+    torch.set_num_threads(threads)
+    built = build_engines(model_dir, threads=threads, only={name}, **options)
+    if name not in built.engines:
+        return built.absent.get(name, "not built")
+    encode = built.engines[name]
+    for text in warmup:
+        encode([text])
+    seconds = []
+    for text in texts:
+        start = time.perf_counter()
+        encode([text])
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def batch_independence(encoder, texts: list[str]) -> dict:
     """A text's vector alone against the same text inside a batch of all of `texts`."""
     together = encoder.encode(texts, batch_size=len(texts), convert_to_tensor=True)
@@ -195,6 +278,65 @@ def batch_independence(encoder, texts: list[str]) -> dict:
     cos = torch.nn.functional.cosine_similarity(alone, together, dim=1)
     return {"alone_vs_batched_min_cosine": float(cos.min()),
             "alone_vs_batched_max_abs": float((alone - together).abs().max())}
+
+
+@dataclasses.dataclass
+class Engines:
+    """Table 1's engines by name: texts -> (len, dim) tensor, "fp32" or "int8", a note; the absent ones
+    with why; fastbert's Encoders by engine name (their tokenizers cache words)."""
+    engines: dict = dataclasses.field(default_factory=dict)
+    precision: dict = dataclasses.field(default_factory=dict)
+    notes: dict = dataclasses.field(default_factory=dict)
+    absent: dict = dataclasses.field(default_factory=dict)
+    encoders: dict = dataclasses.field(default_factory=dict)
+
+    def add(self, name, fn, kind, note=""):
+        self.engines[name], self.precision[name], self.notes[name] = fn, kind, note
+
+
+def build_engines(model_dir, device: str, dtype: str, threads: int, peers: bool, int8: bool, smoke: bool,
+                  workdir, calibration: list, say=lambda message: None, only=None) -> Engines:
+    """Every engine of table 1 that can run here (only: just these names; a batch-1 child builds
+    its own engine alone)."""
+    import fastbert
+    from fastbert.benchmarks import peers as peer_lib
+
+    out = Engines()
+    wanted = (lambda name: True) if only is None else (lambda name: name in only)
+
+    def encoder_engine(name, kind, **options):
+        say(f"loading {name}")
+        enc = out.encoders[name] = fastbert.Encoder.from_pretrained(model_dir, **options)
+        out.add(name, lambda x: enc.encode(x, batch_size=BATCH_SIZE, convert_to_tensor=True), kind)
+
+    if wanted(FASTBERT_FP32):
+        encoder_engine(FASTBERT_FP32, "fp32", device=device, dtype=getattr(torch, dtype))
+    if wanted(ST_PLAIN) or wanted(ST_OPTIMIZED):
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            out.absent[ST_PLAIN] = out.absent[ST_OPTIMIZED] = f"sentence-transformers is not installed: {exc}"
+        else:
+            say("loading sentence-transformers")
+            for name, wrap in ((ST_PLAIN, lambda m: m), (ST_OPTIMIZED, fastbert.optimize)):
+                if wanted(name):
+                    model = wrap(SentenceTransformer(str(model_dir), device=device))
+                    out.add(name, lambda x, m=model: m.encode(x, batch_size=BATCH_SIZE, convert_to_tensor=True),
+                            "fp32")
+    on_cpu = device == "cpu" and dtype == "float32"
+    if int8 and on_cpu and wanted(FASTBERT_INT8):
+        encoder_engine(FASTBERT_INT8, "int8", device="cpu", quantize="int8")
+    if peers and on_cpu and not smoke:
+        built, missing = peer_lib.build(model_dir, workdir, threads, BATCH_SIZE, calibration,
+                                        ("fp32", "int8") if int8 else ("fp32",), say, names=only)
+        out.absent.update(missing)
+        for peer in built:
+            out.add(peer.name, peer.encode, peer.precision, peer.note)
+    elif peers and not smoke:
+        out.absent["peers"] = "the peers run on the CPU in float32 only"
+    if smoke and peers:
+        out.absent["peers"] = "not built in a smoke run"
+    return out
 
 
 def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: str = "float32",
@@ -206,8 +348,6 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
 
     import transformers
 
-    import fastbert
-    from fastbert.benchmarks import peers as peer_lib
     from fastbert.encoder import read_sentence_config
 
     say = progress or (lambda message: None)
@@ -222,42 +362,13 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
         timespec="seconds"), "versions": env.versions(("fastbert", "torch", "transformers", "sentence-transformers",
                                                        "onnxruntime", "openvino", "nncf", "ctranslate2"))}
     config = transformers.AutoConfig.from_pretrained(str(read_sentence_config(model_dir)["model_dir"]))
-    engines, precision, notes, absent = {}, {}, {}, {}
-
-    def add(name, fn, kind, note=""):
-        engines[name], precision[name], notes[name] = fn, kind, note
-
-    say("loading fastbert.Encoder")
-    encoder = fastbert.Encoder.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype))
-    add(FASTBERT_FP32, lambda x: encoder.encode(x, batch_size=BATCH_SIZE, convert_to_tensor=True), "fp32")
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError as exc:
-        absent[ST_PLAIN] = absent[ST_OPTIMIZED] = f"sentence-transformers is not installed: {exc}"
-    else:
-        say("loading sentence-transformers")
-        plain = SentenceTransformer(str(model_dir), device=device)
-        optimized = fastbert.optimize(SentenceTransformer(str(model_dir), device=device))
-        add(ST_PLAIN, lambda x: plain.encode(x, batch_size=BATCH_SIZE, convert_to_tensor=True), "fp32")
-        add(ST_OPTIMIZED, lambda x: optimized.encode(x, batch_size=BATCH_SIZE, convert_to_tensor=True), "fp32")
-    on_cpu = device == "cpu" and dtype == "float32"
-    int8_encoder = None
-    if int8 and on_cpu:
-        int8_encoder = fastbert.Encoder.from_pretrained(model_dir, device="cpu", quantize="int8")
-        add(FASTBERT_INT8, lambda x: int8_encoder.encode(x, batch_size=BATCH_SIZE, convert_to_tensor=True), "int8")
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
-    if peers and on_cpu and not smoke:
-        built, missing = peer_lib.build(model_dir, workdir or tmp.name, threads, BATCH_SIZE, calibration,
-                                        ("fp32", "int8") if int8 else ("fp32",), say)
-        absent.update(missing)
-        for peer in built:
-            add(peer.name, peer.encode, peer.precision, peer.note)
-    elif peers and not smoke:
-        absent["peers"] = "the peers run on the CPU in float32 only"
-    if smoke and peers:
-        absent["peers"] = "not built in a smoke run"
+    workdir = workdir or tmp.name
+    built = build_engines(model_dir, device, dtype, threads, peers, int8, smoke, workdir, calibration, say)
+    engines, precision, notes, absent = built.engines, built.precision, built.notes, built.absent
+    encoder, int8_encoder = built.encoders.get(FASTBERT_FP32), built.encoders.get(FASTBERT_INT8)
 
-    models = [m for m in (encoder, int8_encoder) if m is not None]
+    models = list(built.encoders.values())
 
     def clear_caches():  # fastbert's tokenizer caches words: nothing kept from a round
         for model in models:
@@ -296,14 +407,9 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
             seconds[name].append(totals[name])
     rate = _median(rates)
 
-    say("batch-1 latency")
-    short = [t for t in pool if len(t.split()) <= 12][:QUICK_BATCH1_CALLS if quick else BATCH1_CALLS]
-    latency = {name: [] for name in names}
-    for i, text in enumerate(unseen_each(short, tags)):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            start = time.perf_counter()
-            engines[name]([text])
-            latency[name].append(time.perf_counter() - start)
+    texts1, warmup1 = batch1_texts(pool, tags, QUICK_BATCH1_CALLS if quick else BATCH1_CALLS)
+    latency = batch1_latency(model_dir, names, texts1, warmup1, threads, say, device=device, dtype=dtype,
+                             peers=peers, int8=int8, smoke=smoke, workdir=str(workdir), calibration=calibration)
 
     independence = batch_independence(int8_encoder, texts[:16]) if int8_encoder is not None else None
     base = {"fp32": FASTBERT_FP32, "int8": FASTBERT_INT8}
@@ -318,7 +424,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
                "lines/s": len(texts) / mid, "seconds": mid, "all_seconds": seconds[name],
                "x fastbert": ratio,     # the engine's speed over fastbert's (same precision)
                "useful GFLOP/s": flops / mid / 1e9, "GEMM fraction": flops / mid / 1e9 / rate,
-               "batch1 p50 ms": 1e3 * _median(latency[name]), "min_cosine": float(cos.min()),
+               **_batch1_columns(latency[name]), "min_cosine": float(cos.min()),
                "reference": ref_name, "ok": None, "note": notes[name], **stamp}
         if name in (FASTBERT_FP32, ST_OPTIMIZED):   # fastbert's fp32 outputs, checked against the reference
             row["ok"] = row["min_cosine"] >= 0.99999

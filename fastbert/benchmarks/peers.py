@@ -283,8 +283,8 @@ def ct2_backend(path: Path, threads: int, compute_type: str) -> tuple[str, dict]
 def ct2_peer(front: HFFrontEnd, workdir: Path, threads: int, int8: bool = False) -> Peer:
     path = ct2_convert(front, workdir, "int8" if int8 else None)
     compute = "int8" if int8 else "float32"
-    already = "ctranslate2" in sys.modules
-    if already:
+    # imported already, or the backend chosen by a parent process (a batch-1 child): no new probe
+    if "ctranslate2" in sys.modules or os.environ.get("CT2_USE_MKL") in ("0", "1"):
         flag, seconds = os.environ.get("CT2_USE_MKL", "default"), {}
     else:
         flag, seconds = ct2_backend(path, threads, compute)
@@ -310,8 +310,9 @@ def ct2_peer(front: HFFrontEnd, workdir: Path, threads: int, int8: bool = False)
 # ---- all of them ------------------------------------------------------------------------------------
 
 def build(model_dir, workdir, threads: int, batch_size: int, calibration: list,
-          precisions=("fp32", "int8"), say=lambda message: None) -> tuple[list, dict]:
-    """([Peer], {peer name: why it is absent}). calibration: texts for NNCF, none of them timed."""
+          precisions=("fp32", "int8"), say=lambda message: None, names=None) -> tuple[list, dict]:
+    """([Peer], {peer name: why it is absent}). calibration: texts for NNCF, none of them timed.
+    names: build only the peers of these names (None: all)."""
     front = HFFrontEnd(model_dir, batch_size)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -326,6 +327,8 @@ def build(model_dir, workdir, threads: int, batch_size: int, calibration: list,
                    ("CTranslate2 int8", lambda: ct2_peer(front, workdir, threads, int8=True))]
     peers, absent = [], {}
     for name, make in makers:
+        if names is not None and name not in names:
+            continue
         say(f"building peer {name}")
         start = time.perf_counter()
         try:
