@@ -25,6 +25,10 @@
 namespace py = pybind11;
 using namespace fastbert;
 
+namespace fastbert {
+void bind_int8_rows(py::module_& m);  // int8_rows.cpp
+}
+
 namespace {
 
 // A str of a batch whose UTF-8 bytes are made without the GIL: segment seg of the batch, and what
@@ -543,7 +547,8 @@ std::string options_repr(const EncodeOptions& o) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-    m.doc() = "fastbert C++ core: WordPiece tokenizer";
+    m.doc() = "fastbert C++ core: WordPiece tokenizer, the row-wise passes of the int8 linear";
+    bind_int8_rows(m);
     py::enum_<Truncation>(m, "Truncation")
         .value("none", Truncation::kNone)
         .value("longest_first", Truncation::kLongestFirst)

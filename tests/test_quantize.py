@@ -88,6 +88,56 @@ def test_constant_rows_are_exact():
     assert bool(((got - want).abs() <= 1e-5 * (x.double().abs() @ wd.abs().T + b.double().abs()) + 1e-6).all())
 
 
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("rows,k", [(1, 5), (9, 384), (33, 1537)])
+def test_row_passes_match_their_torch_formulas(simd, rows, k):
+    """fastbert._C's row passes (vectorized where the CPU allows, and the plain C++ on any CPU) against
+    the same formulas in torch: the codes exactly, the rescale and its GELU within float rounding."""
+    from fastbert import _C
+
+    torch.manual_seed(0)
+    x = torch.randn(rows, k) * torch.rand(rows, 1) * 4 + torch.randn(rows, 1)
+    x[0] = 0.25                                    # a constant row
+    q, s, mid = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, 1), torch.empty(rows, 1)
+    _C.int8_quantize_rows(x.numpy(), q.numpy(), s.numpy(), mid.numpy(), simd=simd)
+    hi, lo = x.amax(1, keepdim=True), x.amin(1, keepdim=True)
+    want_mid, want_s = (hi + lo) * 0.5, ((hi - lo) * (1 / 254)).clamp(min=1e-30)
+    assert torch.equal(mid, want_mid) and torch.allclose(s, want_s, rtol=1e-6, atol=0)
+    assert torch.equal(q, ((x - mid) / s).round().clamp(-127, 127).to(torch.int8))
+    assert int(q[0].abs().max()) == 0
+    y, wsum, bias = torch.randn(rows, k) * 3, torch.randn(k), torch.randn(k)
+    want = s * y + (mid * wsum + bias)
+    for gelu in (False, True):
+        got = y.clone()
+        _C.int8_rescale_rows(got.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), gelu, simd=simd)
+        ref = torch.nn.functional.gelu(want) if gelu else want
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
+    res, gamma, beta = torch.randn(rows, k) * 2, torch.rand(k) + 0.5, torch.randn(k)
+    got = y.clone()
+    _C.int8_rescale_add_norm(got.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), res.numpy(),
+                             gamma.numpy(), beta.numpy(), 1e-12, simd=simd)
+    ref = torch.nn.functional.layer_norm(want + res, (k,), gamma, beta, 1e-12)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4), (got - ref).abs().max()
+    with pytest.raises(TypeError):                 # a float64 (or strided) array is refused, never copied
+        _C.int8_quantize_rows(x.double().numpy(), q.numpy(), s.numpy(), mid.numpy())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_add_norm_is_the_three_steps(bias):
+    """The post-LN step in one pass after the GEMM: layer_norm(quantized_linear(x) + residual)."""
+    torch.manual_seed(0)
+    x, res = torch.randn(2, 19, 96) * 2, torch.randn(2, 19, 40)
+    packed = ql.pack(torch.randn(40, 96), torch.randn(40) if bias else None)
+    norm = nn.LayerNorm(40, bias=bias)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        got = ql.quantized_linear_add_norm(x, packed, res, norm.weight, norm.bias, norm.eps)
+        want = norm(ql.quantized_linear(x, packed) + res)
+    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="residual"):
+        ql.quantized_linear_add_norm(x, packed, res[:, :3], norm.weight, norm.bias, norm.eps)
+
+
 def test_errors_name_the_problem():
     packed = ql.pack(torch.randn(4, 8))
     with pytest.raises(ValueError, match="8"):

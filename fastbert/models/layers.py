@@ -169,6 +169,8 @@ def apply_linear(h: torch.Tensor, module: nn.Module, backend: str, *, residual: 
         y = linear(h, w, b, residual=residual, activation=epilogue, backend=backend,
                    packed=_packed(packed, module, h, w, b, backend, residual))
         return y if activation is None or epilogue is not None else activation.fn(y)
+    if residual is None and epilogue == "gelu" and is_plain(module, QuantizedLinear):
+        return ql.quantized_linear(h, module._packed, gelu=True)   # the GELU in the int8 rescale pass
     y = call_module(module, h, residual.shape[-1] if residual is not None else width, owner)
     if residual is not None:
         return y + residual.to(y.dtype)
@@ -223,7 +225,12 @@ def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: n
               backend: str, owner: Optional[nn.Module] = None, packed: Optional[PackedWeights] = None
               ) -> torch.Tensor:
     """norm(dropout(dense(h)) + residual), the post-LN step. Without dropout, on oneDNN, the residual
-    add runs in the GEMM's epilogue and the LayerNorm alone follows (one pass fewer)."""
+    add runs in the GEMM's epilogue and the LayerNorm alone follows (one pass fewer); an int8 dense
+    layer takes the add and the LayerNorm into the pass that rescales its GEMM's output."""
+    if (dropout_p == 0.0 and residual.dtype == h.dtype == torch.float32 and is_plain(dense, QuantizedLinear)
+            and is_plain(norm, nn.LayerNorm) and norm.weight is not None
+            and norm.normalized_shape == (residual.shape[-1],)):
+        return ql.quantized_linear_add_norm(h, dense._packed, residual, norm.weight, norm.bias, norm.eps)
     if (dropout_p == 0.0 and residual.dtype == h.dtype and is_plain(dense, nn.Linear, bias_required=False)
             and uses_onednn(h, dense.weight, backend, dense.bias, residual)):
         w, b = dense.weight, dense.bias

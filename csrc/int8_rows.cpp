@@ -1,0 +1,310 @@
+// The row-wise passes around fastbert's dynamic int8 GEMM (fastbert/ops/quantized_linear.py), each
+// one pass over memory instead of several torch ops (about a third of an int8 encode before):
+//   quantize_rows  x (rows, k) float32 -> q int8, scale, mid per row: x ~= mid_r + scale_r * q,
+//                  mid_r = (max + min) / 2, scale_r = (max - min) / 254, q = round((x - mid) / scale)
+//                  (half to even, as torch.round), a constant row: q = 0, scale 1e-30.
+//   rescale_rows   y (rows, n) in place: y = scale_r * y + mid_r * wsum_c + bias_c, then GELU (erf)
+//                  when asked: the int32 sums times the weight scales become the layer's output.
+//   rescale_add_norm   the same, + residual, then LayerNorm over the row (gamma, beta, eps): the
+//                  post-LN step after an output projection, in the same pass.
+// Every row is computed on its own, so a row's result does not depend on the others (a text's vector
+// is the same in any batch). AVX-512 where the CPU has it, plain C++ elsewhere or with simd=False
+// (same formulas; the erf differs by < 1e-6). The GIL is released while they run.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's intrinsics (the reductions, the narrowing store) read an _mm512_undefined_* it then warns about
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#define FASTBERT_AVX512 1
+#endif
+
+namespace py = pybind11;
+
+namespace fastbert {
+namespace {
+
+constexpr float kStep = 1.0f / 254.0f, kMinScale = 1e-30f;
+
+using F32 = py::array_t<float, py::array::c_style>;
+using I8 = py::array_t<int8_t, py::array::c_style>;
+
+void row_params(float hi, float lo, float* scale, float* mid) {
+    *mid = (hi + lo) * 0.5f;
+    *scale = std::max((hi - lo) * kStep, kMinScale);
+}
+
+void quantize_rows_plain(const float* x, int8_t* q, float* scale, float* mid, int64_t rows, int64_t k) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * k;
+        float hi = -INFINITY, lo = INFINITY;
+        for (int64_t j = 0; j < k; ++j) {
+            hi = std::max(hi, xr[j]);
+            lo = std::min(lo, xr[j]);
+        }
+        row_params(hi, lo, scale + r, mid + r);
+        const float m = mid[r], inv = 1.0f / scale[r];
+        for (int64_t j = 0; j < k; ++j)
+            q[r * k + j] = static_cast<int8_t>(std::clamp(std::nearbyint((xr[j] - m) * inv), -127.0f, 127.0f));
+    }
+}
+
+float gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); }
+
+void rescale_rows_plain(float* y, const float* scale, const float* mid, const float* wsum, const float* bias,
+                        int64_t rows, int64_t n, bool act) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float* yr = y + r * n;
+        for (int64_t c = 0; c < n; ++c) {
+            const float v = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]);
+            yr[c] = act ? gelu(v) : v;
+        }
+    }
+}
+
+void rescale_add_norm_plain(float* y, const float* scale, const float* mid, const float* wsum, const float* bias,
+                            const float* res, const float* gamma, const float* beta, float eps, int64_t rows,
+                            int64_t n) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float* yr = y + r * n;
+        const float* rr = res + r * n;
+        float sum = 0.0f;
+        for (int64_t c = 0; c < n; ++c) {
+            yr[c] = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]) + rr[c];
+            sum += yr[c];
+        }
+        const float mean = sum / n;
+        float var = 0.0f;
+        for (int64_t c = 0; c < n; ++c) var += (yr[c] - mean) * (yr[c] - mean);
+        const float rstd = 1.0f / std::sqrt(var / n + eps);
+        for (int64_t c = 0; c < n; ++c) yr[c] = (yr[c] - mean) * rstd * gamma[c] + beta[c];
+    }
+}
+
+#ifdef FASTBERT_AVX512
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 void quantize_rows_avx512(const float* x, int8_t* q, float* scale, float* mid, int64_t rows, int64_t k) {
+    const __m512 lo_q = _mm512_set1_ps(-127.0f), hi_q = _mm512_set1_ps(127.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * k;
+        int8_t* qr = q + r * k;
+        __m512 vhi = _mm512_set1_ps(-INFINITY), vlo = _mm512_set1_ps(INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= k; j += 16) {
+            const __m512 v = _mm512_loadu_ps(xr + j);
+            vhi = _mm512_max_ps(vhi, v);
+            vlo = _mm512_min_ps(vlo, v);
+        }
+        float hi = _mm512_reduce_max_ps(vhi), lo = _mm512_reduce_min_ps(vlo);
+        for (int64_t t = j; t < k; ++t) {
+            hi = std::max(hi, xr[t]);
+            lo = std::min(lo, xr[t]);
+        }
+        row_params(hi, lo, scale + r, mid + r);
+        const float m = mid[r], inv = 1.0f / scale[r];
+        const __m512 vm = _mm512_set1_ps(m), vinv = _mm512_set1_ps(inv);
+        for (j = 0; j + 16 <= k; j += 16) {   // the row is still in L1
+            __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xr + j), vm), vinv);
+            v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm512_min_ps(_mm512_max_ps(v, lo_q), hi_q);
+            _mm512_mask_cvtsepi32_storeu_epi8(qr + j, 0xFFFF, _mm512_cvtps_epi32(v));
+        }
+        for (; j < k; ++j)
+            qr[j] = static_cast<int8_t>(std::clamp(std::nearbyint((xr[j] - m) * inv), -127.0f, 127.0f));
+    }
+}
+
+// exp(x) for x <= 0: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p its degree-6 Taylor polynomial
+// (relative error < 2e-7); x below -87 gives 0.
+AVX512 __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);     // ln2 = 0.693359375 - 2.12194e-4
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// GELU(v) = v/2 (1 + erf(v / sqrt 2)); erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7).
+AVX512 __m512 gelu_avx512(__m512 v) {
+    const __m512 z = _mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f));
+    const __m512 a = _mm512_abs_ps(z);
+    const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f),
+                                                                          _mm512_set1_ps(1.0f)));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+    p = _mm512_mul_ps(p, t);
+    const __m512 e = exp_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), a));
+    __m512 erf_abs = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.0f));
+    // erf is odd: the sign of z (a sign bit copied with integer ops, which AVX-512F has)
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN));
+    const __m512 erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf_abs), sign));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), erf));
+}
+
+AVX512 void rescale_rows_avx512(float* y, const float* scale, const float* mid, const float* wsum, const float* bias,
+                                int64_t rows, int64_t n, bool act) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float* yr = y + r * n;
+        const __m512 vs = _mm512_set1_ps(scale[r]), vm = _mm512_set1_ps(mid[r]);
+        int64_t c = 0;
+        for (; c + 16 <= n; c += 16) {
+            const __m512 t = _mm512_fmadd_ps(vm, _mm512_loadu_ps(wsum + c), _mm512_loadu_ps(bias + c));
+            __m512 v = _mm512_fmadd_ps(vs, _mm512_loadu_ps(yr + c), t);
+            _mm512_storeu_ps(yr + c, act ? gelu_avx512(v) : v);
+        }
+        for (; c < n; ++c) {
+            const float v = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]);
+            yr[c] = act ? gelu(v) : v;
+        }
+    }
+}
+
+AVX512 void rescale_add_norm_avx512(float* y, const float* scale, const float* mid, const float* wsum,
+                                    const float* bias, const float* res, const float* gamma, const float* beta,
+                                    float eps, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float* yr = y + r * n;
+        const float* rr = res + r * n;
+        const __m512 vs = _mm512_set1_ps(scale[r]), vm = _mm512_set1_ps(mid[r]);
+        __m512 vsum = _mm512_setzero_ps();
+        int64_t c = 0;
+        for (; c + 16 <= n; c += 16) {
+            __m512 t = _mm512_fmadd_ps(vm, _mm512_loadu_ps(wsum + c), _mm512_loadu_ps(bias + c));
+            t = _mm512_add_ps(_mm512_fmadd_ps(vs, _mm512_loadu_ps(yr + c), t), _mm512_loadu_ps(rr + c));
+            _mm512_storeu_ps(yr + c, t);
+            vsum = _mm512_add_ps(vsum, t);
+        }
+        float sum = _mm512_reduce_add_ps(vsum);
+        for (int64_t t = c; t < n; ++t) {
+            yr[t] = scale[r] * yr[t] + (mid[r] * wsum[t] + bias[t]) + rr[t];
+            sum += yr[t];
+        }
+        const float mean = sum / n;
+        const __m512 vmean = _mm512_set1_ps(mean);
+        __m512 vvar = _mm512_setzero_ps();
+        for (c = 0; c + 16 <= n; c += 16) {   // the row is still in L1
+            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(yr + c), vmean);
+            vvar = _mm512_fmadd_ps(d, d, vvar);
+        }
+        float var = _mm512_reduce_add_ps(vvar);
+        for (int64_t t = c; t < n; ++t) var += (yr[t] - mean) * (yr[t] - mean);
+        const float rstd = 1.0f / std::sqrt(var / n + eps);
+        const __m512 vr = _mm512_set1_ps(rstd);
+        for (c = 0; c + 16 <= n; c += 16) {
+            const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(yr + c), vmean), vr);
+            _mm512_storeu_ps(yr + c, _mm512_fmadd_ps(d, _mm512_loadu_ps(gamma + c), _mm512_loadu_ps(beta + c)));
+        }
+        for (; c < n; ++c) yr[c] = (yr[c] - mean) * rstd * gamma[c] + beta[c];
+    }
+}
+
+bool has_avx512() {
+    static const bool yes = __builtin_cpu_supports("avx512f");
+    return yes;
+}
+#endif
+
+void check_rows(const py::buffer_info& b, int64_t rows, const char* name) {
+    if (b.ndim < 1 || b.shape[0] != rows)
+        throw std::invalid_argument(std::string(name) + " must have one entry per row (" + std::to_string(rows) + ")");
+}
+
+void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, bool simd) {
+    const auto bx = x.request(), bq = q.request(true), bs = scale.request(true), bm = mid.request(true);
+    if (bx.ndim != 2 || bq.ndim != 2 || bq.shape != bx.shape)
+        throw std::invalid_argument("quantize_rows takes x (rows, k) and q of the same shape");
+    const int64_t rows = bx.shape[0], k = bx.shape[1];
+    check_rows(bs, rows, "scale");
+    check_rows(bm, rows, "mid");
+    const auto* xp = static_cast<const float*>(bx.ptr);
+    auto* qp = static_cast<int8_t*>(bq.ptr);
+    auto *sp = static_cast<float*>(bs.ptr), *mp = static_cast<float*>(bm.ptr);
+    py::gil_scoped_release nogil;
+    (void)simd;
+#ifdef FASTBERT_AVX512
+    if (simd && has_avx512()) return quantize_rows_avx512(xp, qp, sp, mp, rows, k);
+#endif
+    quantize_rows_plain(xp, qp, sp, mp, rows, k);
+}
+
+void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, bool gelu_after,
+                  bool simd) {
+    const auto by = y.request(true), bs = scale.request(), bm = mid.request(), bw = wsum.request(),
+               bb = bias.request();
+    if (by.ndim != 2) throw std::invalid_argument("rescale_rows takes y (rows, n)");
+    const int64_t rows = by.shape[0], n = by.shape[1];
+    check_rows(bs, rows, "scale");
+    check_rows(bm, rows, "mid");
+    if (bw.size != n || bb.size != n) throw std::invalid_argument("wsum and bias must have n entries");
+    auto* yp = static_cast<float*>(by.ptr);
+    const auto *sp = static_cast<const float*>(bs.ptr), *mp = static_cast<const float*>(bm.ptr),
+               *wp = static_cast<const float*>(bw.ptr), *bp = static_cast<const float*>(bb.ptr);
+    py::gil_scoped_release nogil;
+    (void)simd;
+#ifdef FASTBERT_AVX512
+    if (simd && has_avx512()) return rescale_rows_avx512(yp, sp, mp, wp, bp, rows, n, gelu_after);
+#endif
+    rescale_rows_plain(yp, sp, mp, wp, bp, rows, n, gelu_after);
+}
+
+void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, const F32& res,
+                      const F32& gamma, const F32& beta, float eps, bool simd) {
+    const auto by = y.request(true), bs = scale.request(), bm = mid.request(), bw = wsum.request(),
+               bb = bias.request(), br = res.request(), bg = gamma.request(), bt = beta.request();
+    if (by.ndim != 2 || br.shape != by.shape)
+        throw std::invalid_argument("rescale_add_norm takes y (rows, n) and a residual of the same shape");
+    const int64_t rows = by.shape[0], n = by.shape[1];
+    check_rows(bs, rows, "scale");
+    check_rows(bm, rows, "mid");
+    if (bw.size != n || bb.size != n || bg.size != n || bt.size != n)
+        throw std::invalid_argument("wsum, bias, gamma and beta must have n entries");
+    auto* yp = static_cast<float*>(by.ptr);
+    const auto *sp = static_cast<const float*>(bs.ptr), *mp = static_cast<const float*>(bm.ptr),
+               *wp = static_cast<const float*>(bw.ptr), *bp = static_cast<const float*>(bb.ptr),
+               *rp = static_cast<const float*>(br.ptr), *gp = static_cast<const float*>(bg.ptr),
+               *tp = static_cast<const float*>(bt.ptr);
+    py::gil_scoped_release nogil;
+    (void)simd;
+#ifdef FASTBERT_AVX512
+    if (simd && has_avx512()) return rescale_add_norm_avx512(yp, sp, mp, wp, bp, rp, gp, tp, eps, rows, n);
+#endif
+    rescale_add_norm_plain(yp, sp, mp, wp, bp, rp, gp, tp, eps, rows, n);
+}
+
+}  // namespace
+
+void bind_int8_rows(py::module_& m) {
+    // noconvert: a wrong dtype or a strided array is an error, never a silent copy the result is lost in
+    m.def("int8_quantize_rows", &quantize_rows, py::arg("x").noconvert(), py::arg("q").noconvert(),
+          py::arg("scale").noconvert(), py::arg("mid").noconvert(), py::arg("simd") = true);
+    m.def("int8_rescale_rows", &rescale_rows, py::arg("y").noconvert(), py::arg("scale").noconvert(),
+          py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
+          py::arg("gelu"), py::arg("simd") = true);
+    m.def("int8_rescale_add_norm", &rescale_add_norm, py::arg("y").noconvert(), py::arg("scale").noconvert(),
+          py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
+          py::arg("residual").noconvert(), py::arg("gamma").noconvert(), py::arg("beta").noconvert(),
+          py::arg("eps"), py::arg("simd") = true);
+}
+
+}  // namespace fastbert
