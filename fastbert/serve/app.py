@@ -67,7 +67,7 @@ def _error_response(exc: ApiError, openai: bool):
         body = {"error": {"message": exc.message, "type": kind, "param": exc.field, "code": None}}
     else:
         body = {"error": exc.message, "error_type": exc.kind, "field": exc.field}
-    headers = {"Retry-After": "1"} if exc.status == 429 else None
+    headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
     return _json_response(body, exc.status, headers)
 
 

@@ -82,8 +82,10 @@ def add_arguments(parser, positive_int) -> None:
     parser.add_argument("--model-name", default=None, help="the name /info and OpenAI answers give the model")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
-                        help="serve on a Ray cluster with Ray Serve: 'auto' (the cluster `ray start` "
-                             "started here), 'local' (start one in this process), or the head's host:port")
+                        help="serve on a Ray cluster with Ray Serve: 'auto' (as ray.init finds one: "
+                             "$RAY_ADDRESS, the cluster `ray start` started here, else a new local one), "
+                             "'local' (a new one in this process), the head's host:port, or ray://host:port "
+                             "(Ray Client)")
     parser.add_argument("--replicas", type=positive_int, default=1, help="Ray Serve replicas (with --ray)")
     parser.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per Ray Serve replica (with --ray)")
 

@@ -37,3 +37,30 @@ def test_model_that_is_a_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["serve", str(path)])
     assert exc.value.code == 2 and "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_ray_address_where_no_cluster_answers(address, monkeypatch, capsys):
+    """An address where nothing listens ends the command at once with exit 1 and one line (Ray itself
+    retries for minutes); "auto" checks $RAY_ADDRESS alike. No cluster starts, no network is used."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]')")
+    from serve_helpers import free_port
+
+    port = free_port()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")        # the command sets it; undone after the test
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    given = address.format(port=port)
+    assert main(["serve", "--ray", given]) == 1
+    err = capsys.readouterr().err
+    assert f"fastbert serve --ray {given}: no Ray cluster answers at " in err and f"127.0.0.1:{port}" in err, err
+
+
+def test_ray_address_that_is_not_one(monkeypatch, capsys):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]')")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert main(["serve", "--ray", "headnode"]) == 1
+    assert "'headnode' is not a Ray cluster address" in capsys.readouterr().err
+    from fastbert.integrations.ray_serve import _init_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)      # ray.init's own search, else a new local cluster
+    assert _init_address("auto") is None and _init_address("local") == "local"

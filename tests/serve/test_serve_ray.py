@@ -1,9 +1,10 @@
 """`fastbert serve MODEL --ray ADDRESS --replicas 2` end to end on a local Ray cluster: the command
 in a child process deploys fastbert.integrations.ray_serve's app as two replicas behind Ray Serve's
 proxy; they answer OpenAI and TEI requests with Encoder.encode's vectors and the single server's
-errors, both take requests, a second command on the cluster is refused, and SIGTERM takes Ray Serve
-down (no replica, proxy or controller left, the port free) with exit status 0 (slow: a Ray cluster
-starts, two processes load the model)."""
+errors, both take requests, a second command on the cluster (found by --ray auto through
+$RAY_ADDRESS) is refused, and SIGTERM takes Ray Serve down: requests sent meanwhile are answered 200
+or 503, never the proxy's 404; then no replica, proxy or controller is left, the port is free, and the
+command exits 0 (slow: a Ray cluster starts, two processes load the model)."""
 import concurrent.futures
 import os
 import signal
@@ -101,12 +102,34 @@ def test_cli_two_replicas(cluster, model_dir):
         assert status.status == "RUNNING"
         assert status.deployments["fastbert"].replica_states.get("RUNNING") == 2
         # a second command on the same cluster is refused: Serve's proxy would keep the first one's port
-        second = subprocess.run([sys.executable, "-m", "fastbert", "serve", model_dir, "--ray", cluster, "--port",
-                                 str(free_port())], capture_output=True, text=True, timeout=300)
+        second = subprocess.run([sys.executable, "-m", "fastbert", "serve", model_dir, "--ray", "auto", "--port",
+                                 str(free_port())], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "RAY_ADDRESS": cluster})
         assert second.returncode == 1 and "Ray Serve already runs on the cluster" in second.stderr, second.stderr
 
+        # requests during the shutdown: until the port closes, or a few 503s in a row once the stand-in answers
+        answers, unclear = [], []
+
+        def keep_asking():
+            with httpx.Client(base_url=url, timeout=60) as http:
+                while answers[-5:] != [503] * 5 and time.monotonic() < deadline:
+                    try:
+                        r = http.post("/embed", json={"inputs": TEXTS})
+                    except httpx.TransportError:
+                        return
+                    answers.append(r.status_code)
+                    if r.status_code == 503 and not (r.headers.get("retry-after") == "1"
+                                                     and "shutting down" in r.json()["error"]):
+                        unclear.append(r.text)
+        deadline = time.monotonic() + 120
+        asker = threading.Thread(target=keep_asking)
+        asker.start()
+        while not answers and asker.is_alive():
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
+        asker.join(150)
         out, _ = proc.communicate(timeout=120)
+        assert answers and set(answers) <= {200, 503} and 503 in answers and not unclear, (answers, unclear, out)
         assert proc.returncode == 0 and "stopped; Ray Serve shut down" in out, out
         assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "serve"]
         with pytest.raises(httpx.ConnectError):            # the proxy let go of the port
