@@ -610,37 +610,37 @@ class Encoder:
         # on any exit: both workers joined (prepared's first: its worker may wait on tokenized's)
         with tokenized, prepared, bar:
             for idx, rows, host in prepared:
-                if packed:      # real tokens only, pooled per sequence on the packed states
-                    with self._threads_for(host[1]):
-                        hidden = self._forward_packed(*host)
-                    vectors = pool_packed(hidden, [len(r) for r in rows], modes, skip)
-                else:
-                    input_ids, attention_mask = (t.to(self.device) for t in host)
-                    with self._threads_for(input_ids.numel()):
-                        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                    pool_mask = attention_mask
-                    if skip:
-                        pool_mask = attention_mask.clone()
-                        pool_mask[:, :skip] = 0
-                    vectors = pool(hidden, pool_mask, modes)
-                if self.normalize:                                   # the checkpoint's Normalize module
-                    vectors = F.normalize(vectors, p=2, dim=1)
-                if truncate_dim is not None:
-                    vectors = vectors[:, :truncate_dim]
-                bar.update()
-                if output_value == "sentence_embedding":
-                    if normalize:                                    # after truncation, as ST's flag
-                        vectors = F.normalize(vectors, p=2, dim=1)
-                    out[torch.tensor(idx, device=out.device)] = vectors
-                    continue
-                for j, (i, row) in enumerate(zip(idx, rows)):
-                    tokens = hidden[j, :len(row)].float()
-                    if output_value == "token_embeddings":
-                        per_text[i] = tokens
+                # a small batch on one intra-op thread, its pooling too (index_add_ would wake the team)
+                with self._threads_for(host[1] if packed else host[0].numel()):
+                    if packed:      # real tokens only, pooled per sequence on the packed states
+                        vectors = pool_packed(self._forward_packed(*host), [len(r) for r in rows], modes, skip)
                     else:
-                        item = {"input_ids": input_ids[j, :len(row)], "attention_mask": attention_mask[j, :len(row)],
-                                "token_embeddings": tokens, "sentence_embedding": vectors[j]}
-                        if prompt:
-                            item["prompt_length"] = prompt_length
-                        per_text[i] = item
+                        input_ids, attention_mask = (t.to(self.device) for t in host)
+                        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                        pool_mask = attention_mask
+                        if skip:
+                            pool_mask = attention_mask.clone()
+                            pool_mask[:, :skip] = 0
+                        vectors = pool(hidden, pool_mask, modes)
+                    if self.normalize:                                   # the checkpoint's Normalize module
+                        vectors = F.normalize(vectors, p=2, dim=1)
+                    if truncate_dim is not None:
+                        vectors = vectors[:, :truncate_dim]
+                    bar.update()
+                    if output_value == "sentence_embedding":
+                        if normalize:                                    # after truncation, as ST's flag
+                            vectors = F.normalize(vectors, p=2, dim=1)
+                        out[torch.tensor(idx, device=out.device)] = vectors
+                        continue
+                    for j, (i, row) in enumerate(zip(idx, rows)):
+                        tokens = hidden[j, :len(row)].float()
+                        if output_value == "token_embeddings":
+                            per_text[i] = tokens
+                        else:
+                            item = {"input_ids": input_ids[j, :len(row)],
+                                    "attention_mask": attention_mask[j, :len(row)],
+                                    "token_embeddings": tokens, "sentence_embedding": vectors[j]}
+                            if prompt:
+                                item["prompt_length"] = prompt_length
+                            per_text[i] = item
         return out if output_value == "sentence_embedding" else per_text
