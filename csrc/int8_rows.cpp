@@ -9,15 +9,22 @@
 //                  post-LN step after an output projection, in the same pass.
 // Every row is computed on its own, so a row's result does not depend on the others (a text's vector
 // is the same in any batch). AVX-512 where the CPU has it, plain C++ elsewhere or with simd=False
-// (same formulas; the erf differs by < 1e-6). The GIL is released while they run.
+// (same formulas; the erf differs by < 1e-6). The GIL is released while they run; a large input is
+// split into `threads` row ranges on a pool of the module's own (for_row_ranges).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+
+#include "thread_pool.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #if defined(__GNUC__) && !defined(__clang__)
@@ -225,12 +232,33 @@ bool has_avx512() {
 }
 #endif
 
+// body(first, end) over `rows` rows of `cols` values: on the calling thread alone for a small input
+// (a worker's wake-up would cost more than it saves), else in up to `threads` row ranges at once.
+void for_row_ranges(int64_t rows, int64_t cols, int threads, const std::function<void(int64_t, int64_t)>& body) {
+    constexpr int64_t kMinValuesPerTask = 1 << 15;
+    const int64_t tasks = std::min<int64_t>({threads, rows, rows * cols / kMinValuesPerTask});
+    static std::mutex mu;
+    static std::unique_ptr<ThreadPool> pool;
+    static long pool_pid = -1;
+    std::unique_lock<std::mutex> lock(mu, std::defer_lock);
+    if (tasks <= 1 || !lock.try_lock()) return body(0, rows);   // try_lock: another call holds the pool
+    const long pid = static_cast<long>(getpid());
+    if (pool && pool_pid != pid) (void)pool.release();   // a forked child: the parent's workers are gone
+    if (!pool || pool->size() != threads) {
+        pool.reset(new ThreadPool(threads));
+        pool_pid = pid;
+    }
+    pool->run(static_cast<size_t>(tasks), [&](size_t i) {
+        body(rows * static_cast<int64_t>(i) / tasks, rows * static_cast<int64_t>(i + 1) / tasks);
+    });
+}
+
 void check_rows(const py::buffer_info& b, int64_t rows, const char* name) {
     if (b.ndim < 1 || b.shape[0] != rows)
         throw std::invalid_argument(std::string(name) + " must have one entry per row (" + std::to_string(rows) + ")");
 }
 
-void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, bool simd) {
+void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, int threads, bool simd) {
     const auto bx = x.request(), bq = q.request(true), bs = scale.request(true), bm = mid.request(true);
     if (bx.ndim != 2 || bq.ndim != 2 || bq.shape != bx.shape)
         throw std::invalid_argument("quantize_rows takes x (rows, k) and q of the same shape");
@@ -241,15 +269,17 @@ void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, bool simd) {
     auto* qp = static_cast<int8_t*>(bq.ptr);
     auto *sp = static_cast<float*>(bs.ptr), *mp = static_cast<float*>(bm.ptr);
     py::gil_scoped_release nogil;
-    (void)simd;
+    for_row_ranges(rows, k, threads, [&](int64_t a, int64_t b) {
+        (void)simd;
 #ifdef FASTBERT_AVX512
-    if (simd && has_avx512()) return quantize_rows_avx512(xp, qp, sp, mp, rows, k);
+        if (simd && has_avx512()) return quantize_rows_avx512(xp + a * k, qp + a * k, sp + a, mp + a, b - a, k);
 #endif
-    quantize_rows_plain(xp, qp, sp, mp, rows, k);
+        quantize_rows_plain(xp + a * k, qp + a * k, sp + a, mp + a, b - a, k);
+    });
 }
 
 void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, bool gelu_after,
-                  bool simd) {
+                  int threads, bool simd) {
     const auto by = y.request(true), bs = scale.request(), bm = mid.request(), bw = wsum.request(),
                bb = bias.request();
     if (by.ndim != 2) throw std::invalid_argument("rescale_rows takes y (rows, n)");
@@ -261,15 +291,17 @@ void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, con
     const auto *sp = static_cast<const float*>(bs.ptr), *mp = static_cast<const float*>(bm.ptr),
                *wp = static_cast<const float*>(bw.ptr), *bp = static_cast<const float*>(bb.ptr);
     py::gil_scoped_release nogil;
-    (void)simd;
+    for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
+        (void)simd;
 #ifdef FASTBERT_AVX512
-    if (simd && has_avx512()) return rescale_rows_avx512(yp, sp, mp, wp, bp, rows, n, gelu_after);
+        if (simd && has_avx512()) return rescale_rows_avx512(yp + a * n, sp + a, mp + a, wp, bp, b - a, n, gelu_after);
 #endif
-    rescale_rows_plain(yp, sp, mp, wp, bp, rows, n, gelu_after);
+        rescale_rows_plain(yp + a * n, sp + a, mp + a, wp, bp, b - a, n, gelu_after);
+    });
 }
 
 void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, const F32& res,
-                      const F32& gamma, const F32& beta, float eps, bool simd) {
+                      const F32& gamma, const F32& beta, float eps, int threads, bool simd) {
     const auto by = y.request(true), bs = scale.request(), bm = mid.request(), bw = wsum.request(),
                bb = bias.request(), br = res.request(), bg = gamma.request(), bt = beta.request();
     if (by.ndim != 2 || br.shape != by.shape)
@@ -285,11 +317,14 @@ void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum,
                *rp = static_cast<const float*>(br.ptr), *gp = static_cast<const float*>(bg.ptr),
                *tp = static_cast<const float*>(bt.ptr);
     py::gil_scoped_release nogil;
-    (void)simd;
+    for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
+        (void)simd;
 #ifdef FASTBERT_AVX512
-    if (simd && has_avx512()) return rescale_add_norm_avx512(yp, sp, mp, wp, bp, rp, gp, tp, eps, rows, n);
+        if (simd && has_avx512())
+            return rescale_add_norm_avx512(yp + a * n, sp + a, mp + a, wp, bp, rp + a * n, gp, tp, eps, b - a, n);
 #endif
-    rescale_add_norm_plain(yp, sp, mp, wp, bp, rp, gp, tp, eps, rows, n);
+        rescale_add_norm_plain(yp + a * n, sp + a, mp + a, wp, bp, rp + a * n, gp, tp, eps, b - a, n);
+    });
 }
 
 }  // namespace
@@ -297,14 +332,14 @@ void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum,
 void bind_int8_rows(py::module_& m) {
     // noconvert: a wrong dtype or a strided array is an error, never a silent copy the result is lost in
     m.def("int8_quantize_rows", &quantize_rows, py::arg("x").noconvert(), py::arg("q").noconvert(),
-          py::arg("scale").noconvert(), py::arg("mid").noconvert(), py::arg("simd") = true);
+          py::arg("scale").noconvert(), py::arg("mid").noconvert(), py::arg("threads") = 1, py::arg("simd") = true);
     m.def("int8_rescale_rows", &rescale_rows, py::arg("y").noconvert(), py::arg("scale").noconvert(),
           py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
-          py::arg("gelu"), py::arg("simd") = true);
+          py::arg("gelu"), py::arg("threads") = 1, py::arg("simd") = true);
     m.def("int8_rescale_add_norm", &rescale_add_norm, py::arg("y").noconvert(), py::arg("scale").noconvert(),
           py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
           py::arg("residual").noconvert(), py::arg("gamma").noconvert(), py::arg("beta").noconvert(),
-          py::arg("eps"), py::arg("simd") = true);
+          py::arg("eps"), py::arg("threads") = 1, py::arg("simd") = true);
 }
 
 }  // namespace fastbert

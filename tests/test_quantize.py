@@ -122,6 +122,25 @@ def test_row_passes_match_their_torch_formulas(simd, rows, k):
         _C.int8_quantize_rows(x.double().numpy(), q.numpy(), s.numpy(), mid.numpy())
 
 
+def test_row_passes_split_over_threads_give_the_same_bits():
+    """A large input runs in row ranges on several threads: each row's result is the one-thread one."""
+    from fastbert import _C
+
+    torch.manual_seed(0)
+    x, wsum, bias = torch.randn(1001, 384) * 3, torch.randn(384), torch.randn(384)
+    outs = []
+    for threads in (1, 2, 3):
+        q, s, mid = torch.empty(1001, 384, dtype=torch.int8), torch.empty(1001, 1), torch.empty(1001, 1)
+        _C.int8_quantize_rows(x.numpy(), q.numpy(), s.numpy(), mid.numpy(), threads)
+        y, z = x.clone(), x.clone()
+        _C.int8_rescale_rows(y.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), True, threads)
+        _C.int8_rescale_add_norm(z.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), x.numpy(),
+                                 wsum.numpy(), bias.numpy(), 1e-5, threads)
+        outs.append((q, s, mid, y, z))
+    for other in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8_linear_add_norm_is_the_three_steps(bias):
     """The post-LN step in one pass after the GEMM: layer_norm(quantized_linear(x) + residual)."""

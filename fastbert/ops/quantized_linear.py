@@ -10,7 +10,7 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
                        in-place pass (the bias and, when asked, the GELU ride along):
                          y = s_r * acc_rc + m_r * wsum_c + b_c,   wsum_c = sum_k Wq_ck * w_scale_c
                        The quantization and that pass are fastbert._C's (csrc/int8_rows.cpp): one pass
-                       over memory each, where torch ops took six and three.
+                       over memory each, where torch ops took six and three, on torch's thread count.
                        (symmetric scales, m_r = 0, save both passes but cost accuracy: min cosine
                        0.992 instead of 0.997 over 2,000 paragraphs with all-MiniLM-L6-v2).
   "linear_dynamic"     torch.ops.quantized.linear_dynamic on a quantized.linear_prepack'ed weight (FBGEMM);
@@ -98,7 +98,7 @@ def quantize_rows(x: torch.Tensor):
     scale_r * q, q = round((x - mid_r) / scale_r) in [-127, 127] (a constant row: q = 0, x = mid)."""
     q = torch.empty(x.shape, dtype=torch.int8)
     scale, mid = x.new_empty(x.shape[0], 1), x.new_empty(x.shape[0], 1)
-    _C.int8_quantize_rows(x.numpy(), q.numpy(), scale.numpy(), mid.numpy())
+    _C.int8_quantize_rows(x.numpy(), q.numpy(), scale.numpy(), mid.numpy(), torch.get_num_threads())
     return q, scale, mid
 
 
@@ -182,7 +182,7 @@ def quantized_linear(x: torch.Tensor, packed: PackedLinear, gelu: bool = False) 
     if packed.backend == "per_token":
         y, s, mid = _per_token_sums(x2, packed)
         _C.int8_rescale_rows(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(),
-                             packed.bias_or_zeros.numpy(), gelu)
+                             packed.bias_or_zeros.numpy(), gelu, torch.get_num_threads())
         return y.reshape(*lead, packed.out_features)
     if packed.backend == "linear_dynamic":
         y = torch.ops.quantized.linear_dynamic(x2, packed.packed, packed.reduce_range)
@@ -209,5 +209,6 @@ def quantized_linear_add_norm(x: torch.Tensor, packed: PackedLinear, residual: t
     weight = norm_weight.detach().float().contiguous()
     bias = torch.zeros_like(weight) if norm_bias is None else norm_bias.detach().float().contiguous()
     _C.int8_rescale_add_norm(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(), packed.bias_or_zeros.numpy(),
-                             residual.reshape(y.shape).contiguous().numpy(), weight.numpy(), bias.numpy(), float(eps))
+                             residual.reshape(y.shape).contiguous().numpy(), weight.numpy(), bias.numpy(), float(eps),
+                             torch.get_num_threads())
     return y.reshape(residual.shape)
