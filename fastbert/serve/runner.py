@@ -257,7 +257,9 @@ class EmbeddingRunner(Runner):
 
         enc = self.encoder
         rows = [s.ids for s in seqs]
-        with torch.inference_mode():
+        tokens = sum(map(len, rows)) if self.packed else len(rows) * max(map(len, rows))
+        # a small batch (one short text) on one intra-op thread, as Encoder.encode runs it
+        with torch.inference_mode(), enc._threads_for(tokens):
             if self.packed:
                 hidden = enc._forward_packed(*enc._host_batch(rows, packed=True))      # (tokens, hidden)
                 lengths = [len(r) for r in rows]
