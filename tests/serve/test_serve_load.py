@@ -49,9 +49,11 @@ def pool(model_dir):
 
 async def drive(url: str, requests: list, clients: int, reference: dict):
     """Send `requests` ((route, texts)) from `clients` concurrent clients, each retrying after a
-    429; returns (latencies of the answers, [outstanding count when each 429 came], wall seconds)."""
+    429; returns (latencies of the answers, [the most requests outstanding while each 429 was on its
+    way], wall seconds). The most, not the count when the 429 arrives: by then other answers may have
+    come back, below the count the server saw when it refused."""
     queue = list(enumerate(requests))
-    latencies, rejected, outstanding = [], [], 0
+    latencies, rejected, outstanding, peaks = [], [], 0, {}
     answered = [None] * len(requests)
 
     async def client(http):
@@ -61,12 +63,15 @@ async def drive(url: str, requests: list, clients: int, reference: dict):
             while True:
                 body = {"input": texts} if route == "/v1/embeddings" else {"inputs": texts}
                 outstanding += 1
+                peak = peaks[i] = [outstanding]
+                for other in peaks.values():             # each request in flight keeps the most it saw
+                    other[0] = max(other[0], outstanding)
                 start = time.perf_counter()
                 r = await http.post(url + route, json=body)
-                seen = outstanding
+                del peaks[i]
                 outstanding -= 1
                 if r.status_code == 429:
-                    rejected.append(seen)
+                    rejected.append(peak[0])
                     await asyncio.sleep(0.05)              # back off, as a client told Retry-After would
                     continue
                 assert r.status_code == 200, r.text
