@@ -18,8 +18,10 @@
 # Dropout (HAS_DROPOUT) on the probabilities, exactly as fastbert.kernels.attention (one Philox4x32
 # call per four scores, counter (i * ceil(L / 4) + j // 4, b*H + h), i, j offsets in the sequence,
 # L = max_seqlen), kept ones scaled by 1/(1-p); softmax statistics are those of the undropped P (transformers drops
-# after the softmax). The seed is a one-element int64 device tensor; the backward regenerates the
-# same mask from it, and dS, dc2p, dp2c and dbias go through it like dP.
+# after the softmax). The seed is a one-element int64 device tensor. The backward draws the mask once:
+# the query pass regenerates it from the seed and writes it as bits (fastbert.kernels.attention's
+# transient (batch * heads, L, ceil(L / 8)) uint8 buffer), which the key pass reads; dS, dc2p, dp2c and
+# dbias go through it like dP.
 # Limits: head_dim <= 128, fp16 / bf16 / fp32 q, k, v (c2p, p2c, bias fp32), fp32 accumulators and
 # statistics; fp32 products as in fastbert.kernels.attention (TF32 or 3xTF32, never unrolled FMAs).
 # Offsets that scale with the token count are int64: c2p / p2c are transposed views whose head stride is
@@ -36,12 +38,15 @@ from fastbert.kernels._autotune import TunedKernel, launch
 from fastbert.kernels.attention import (
     MAX_HEAD_DIM,
     _attention_bwd_preprocess_kernel,
+    _bits_ptrs,
     _configs,
     _head,
     _keep,
+    _keep_bits,
     _program,
     _strides4,
     _tile,
+    _unpack_bits,
     by_dtype,
     dot_precision,
     preprocess_block,
@@ -63,21 +68,17 @@ _KEY = ["SEQ_BUCKET", "HEAD_DIM", "HAS_C2P", "HAS_P2C", "HAS_BIAS", "HAS_DROPOUT
 
 
 @triton.jit
-def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-            stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION: tl.constexpr,
-            HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) fp32 scores in natural-log units, the clamped distance index d, its relative
-    index lut[d] (HAS_C2P or HAS_P2C, else d), the tile mask. SWAP: q . k^T taken as (k . q^T)^T."""
+def _scores(qk, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr, stride_cs, stride_ch,
+            stride_bd, radius, sm_scale, HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) fp32 scores in natural-log units from the product qk = q . k^T, the clamped
+    distance index d, its relative index lut[d] (HAS_C2P or HAS_P2C, else d), the tile mask."""
     row_ok = rows < n
     col_ok = cols < n
     ok = row_ok[:, None] & col_ok[None, :]
     p_i = tl.load(pos_ptr + start64 + rows, mask=row_ok, other=0)
     p_j = tl.load(pos_ptr + start64 + cols, mask=col_ok, other=0)
     d = tl.minimum(tl.maximum(p_i[:, None] - p_j[None, :], -radius), radius) + radius
-    if SWAP:
-        s = tl.trans(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION))
-    else:
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s = qk
     idx = d
     if HAS_C2P or HAS_P2C:
         idx = tl.load(lut_ptr + d, mask=ok, other=0)
@@ -91,39 +92,59 @@ def _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr,
     return s, d, idx, ok
 
 
+@triton.jit
+def _tiles(base, rows, n, offs_d, stride_s, stride_d, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
+    """_tile of columns offs_d and, SPLIT (the head dimension in two halves), of the next len(offs_d)
+    columns (else the first again)."""
+    t = _tile(base, rows, n, offs_d, stride_s, stride_d, HEAD_DIM)
+    t2 = t
+    if SPLIT:
+        t2 = _tile(base, rows, n, offs_d + offs_d.shape[0], stride_s, stride_d, HEAD_DIM)
+    return t, t2
+
+
+@triton.jit
+def _dot_nt(a, a2, b, b2, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """a . b^T over the head dimension (+ a2 . b2^T, its second half, when SPLIT)."""
+    x = tl.dot(a, tl.trans(b), input_precision=DOT_PRECISION)
+    if SPLIT:
+        x = tl.dot(a2, tl.trans(b2), x, input_precision=DOT_PRECISION)
+    return x
+
+
+@triton.jit
+def _bwd_probs(s, dp, ok, lse, delta, keep, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)) of a tile from its scores s
+    and dp = dO . v^T, P from the saved lse, dP taken through the keep mask."""
+    p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+    p_drop = p
+    if HAS_DROPOUT:
+        scale_keep = 1.0 / (1.0 - dropout_p)
+        p_drop = tl.where(keep, p * scale_keep, 0.0)
+        dp = tl.where(keep, dp * scale_keep, 0.0)
+    return p_drop, p * (dp - delta[:, None])
+
+
+@triton.jit
+def _store_tile(base, x, rows, n, offs_d, stride_s, stride_d, HEAD_DIM: tl.constexpr):
+    """Stores x as _tile's rows and columns, in base's dtype."""
+    tl.store(base + rows[:, None] * stride_s + offs_d[None, :] * stride_d, x.to(base.dtype.element_ty),
+             mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM))
+
+
 def _bwd_prune(configs, nargs, BLOCK_D, ROWS, **meta):
     """The backward's one config by dtype, head-dim block and pass (query rows or key columns): a large
     tile that neither spills nor overflows 99 KB of shared memory on sm_80, sm_89 and sm_90 with every
     flag set (measured with the AOT compile test)."""
     fp32 = nargs["q_ptr"].element_size() == 4
     rows = {(False, 16): (64, 32, 4, 2), (False, 32): (64, 32, 4, 2), (False, 64): (64, 32, 8, 2),
-            (False, 128): (32, 32, 4, 2), (True, 16): (16, 32, 4, 1), (True, 32): (16, 32, 4, 1),
-            (True, 64): (16, 32, 4, 1), (True, 128): (16, 16, 8, 1)}
+            (False, 128): (32, 32, 8, 2), (True, 16): (16, 32, 4, 1), (True, 32): (16, 32, 4, 1),
+            (True, 64): (16, 32, 8, 1), (True, 128): (16, 16, 8, 1)}
     cols = {(False, 16): (64, 32, 4, 2), (False, 32): (64, 32, 4, 2), (False, 64): (32, 32, 4, 2),
             (False, 128): (32, 32, 8, 2), (True, 16): (16, 16, 2, 1), (True, 32): (16, 16, 2, 1),
             (True, 64): (16, 32, 8, 1), (True, 128): (16, 16, 8, 1)}
     shape = (rows if ROWS else cols)[fp32, BLOCK_D]
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == shape]
-
-
-@triton.jit
-def _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, bh, rows, col0, max_seqlen, dropout_p,
-               DOT_PRECISION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               SWAP: tl.constexpr):
-    """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)), P from the saved lse;
-    SWAP: dO . v^T taken as (v . dO^T)^T."""
-    p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-    if SWAP:
-        dp = tl.trans(tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION))
-    else:
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-    p_drop = p
-    if HAS_DROPOUT:    # the forward's keep mask regenerated from the seed
-        keep = _keep(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
-        scale_keep = 1.0 / (1.0 - dropout_p)
-        p_drop = tl.where(keep, p * scale_keep, 0.0)
-        dp = tl.where(keep, dp * scale_keep, 0.0)
-    return p_drop, p * (dp - delta[:, None])
 
 
 @triton.jit
@@ -164,9 +185,9 @@ def _relative_attention_fwd_kernel(
         cols = start_n + offs_n
         k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
         v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        s, _, _, _ = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-                             stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
-                             HAS_C2P, HAS_P2C, HAS_BIAS, False)
+        s, _, _, _ = _scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n, h, start64,
+                             pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr, stride_cs, stride_ch, stride_bd, radius,
+                             sm_scale, HAS_C2P, HAS_P2C, HAS_BIAS)
         s = tl.where((cols < n)[None, :], s * 1.4426950408889634, float("-inf"))   # exp2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -177,14 +198,11 @@ def _relative_attention_fwd_kernel(
             p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
-    row_ok = rows < n
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o_base = _head(out_ptr, b, start64, h, 0, stride_os, stride_oh)
-    tl.store(o_base + rows[:, None] * stride_os + offs_d[None, :] * stride_od,
-             (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    _store_tile(_head(out_ptr, b, start64, h, 0, stride_os, stride_oh), acc / l_safe[:, None], rows, n, offs_d,
+                stride_os, stride_od, HEAD_DIM)
     tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, (m_i + tl.log2(l_safe)) / 1.4426950408889634,
-             mask=row_ok)
+             mask=rows < n)
 
 
 @triton.jit
@@ -195,6 +213,8 @@ def _relative_attention_bwd_kernel(
     dc2p_ptr,   # (tokens, heads, K) fp32 zeroed, scatter-added when ROWS and HAS_C2P
     dp2c_ptr,   # like dc2p, scatter-added when not ROWS and HAS_P2C
     dbias_ptr,  # (2 radius + 1, heads) fp32 zeroed, scatter-added when ROWS and HAS_BIAS
+    bits_ptr,   # (batch * heads, max_seqlen, ceil(max_seqlen / 8)) uint8 dropout keep bits, written when
+                # ROWS, read when not (HAS_DROPOUT)
     q_ptr, k_ptr, v_ptr,
     do_ptr,     # (tokens, heads, head_dim) output gradient
     lse_ptr,    # (batch, heads, max_seqlen) fp32 from the forward
@@ -211,11 +231,16 @@ def _relative_attention_bwd_kernel(
     ROWS: tl.constexpr,  # True: this program owns a query block (dq, dc2p, dbias); False: a key block
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # Past 64 the head dimension is taken in two halves (SPLIT): q, k, v, dO tiles and dq / dk / dv
+    # accumulators of 64 columns each, each product over it a sum of two. A warp holds a whole row block
+    # of a product's first operand (3xTF32: twice, split in two): at 128 wide it spilled even at 16 x 16.
+    SPLIT: tl.constexpr = BLOCK_D > 64
+    D1: tl.constexpr = BLOCK_D // 2 if SPLIT else BLOCK_D
     pid_bh, pid, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, True)
     own = BLOCK_M if ROWS else BLOCK_N
     if pid * own >= n:
         return
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, D1)
     q_base = _head(q_ptr, b, start64, h, 0, stride_qs, stride_qh)
     k_base = _head(k_ptr, b, start64, h, 0, stride_ks, stride_kh)
     v_base = _head(v_ptr, b, start64, h, 0, stride_vs, stride_vh)
@@ -223,57 +248,80 @@ def _relative_attention_bwd_kernel(
     stat_base = pid_bh.to(tl.int64) * max_seqlen
     if ROWS:
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
-        do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
+        q, q2 = _tiles(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM, SPLIT)
+        do, do2 = _tiles(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM, SPLIT)
         lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
         delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
-        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        # 32-bit rows of 128 (3xTF32 splits each operand in two): q and dO, held for the whole loop, go in
-        # as the products' second operands, of which a warp holds only its columns' share (no spills)
-        swap: tl.constexpr = BLOCK_D * q_ptr.dtype.element_ty.primitive_bitwidth >= 4096
+        dq = tl.zeros([BLOCK_M, D1], tl.float32)
+        if SPLIT:
+            dq2 = tl.zeros([BLOCK_M, D1], tl.float32)
         for start_n in range(0, n, BLOCK_N):
             cols = start_n + tl.arange(0, BLOCK_N)
-            k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
-            v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-            s, d, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-                                    stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
-                                    HAS_C2P, HAS_P2C, HAS_BIAS, swap)
-            _, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p,
-                               DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N, swap)   # dL/ds
+            k, k2 = _tiles(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM, SPLIT)
+            v, v2 = _tiles(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM, SPLIT)
+            s, d, idx, ok = _scores(_dot_nt(q, q2, k, k2, DOT_PRECISION, SPLIT), rows, cols, n, h, start64, pos_ptr,
+                                    c2p_ptr, p2c_ptr, lut_ptr, bias_ptr, stride_cs, stride_ch, stride_bd, radius,
+                                    sm_scale, HAS_C2P, HAS_P2C, HAS_BIAS)
+            keep = ok
+            if HAS_DROPOUT:    # the forward's mask, drawn once: this pass writes it for the key pass
+                keep, packed = _keep_bits(seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
+                bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, start_n, max_seqlen, BLOCK_N)
+                tl.store(bits, packed, mask=bits_ok)
+            _, ds = _bwd_probs(s, _dot_nt(do, do2, v, v2, DOT_PRECISION, SPLIT), ok, lse, delta, keep, dropout_p,
+                               HAS_DROPOUT)   # dL/ds
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+            if SPLIT:
+                dq2 += tl.dot(ds.to(k.dtype), k2, input_precision=DOT_PRECISION)
             if HAS_C2P:
                 tl.atomic_add(dc2p_ptr + (start64 + rows[:, None]) * stride_cs + h * stride_ch + idx,
                               ds * sm_scale, mask=ok)
             if HAS_BIAS:
                 tl.atomic_add(dbias_ptr + d * stride_bd + h, ds, mask=ok)
-        tl.store(dq_ptr + (start64 + rows[:, None]) * stride_gs + h * stride_gh + offs_d[None, :] * stride_gd,
-                 (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM))
+        dq_base = _head(dq_ptr, b, start64, h, 0, stride_gs, stride_gh)
+        _store_tile(dq_base, dq * sm_scale, rows, n, offs_d, stride_gs, stride_gd, HEAD_DIM)
+        if SPLIT:
+            _store_tile(dq_base, dq2 * sm_scale, rows, n, offs_d + D1, stride_gs, stride_gd, HEAD_DIM)
     else:
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)
-        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        k, k2 = _tiles(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM, SPLIT)
+        v, v2 = _tiles(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM, SPLIT)
+        dk = tl.zeros([BLOCK_N, D1], tl.float32)
+        dv = tl.zeros([BLOCK_N, D1], tl.float32)
+        if SPLIT:
+            dk2 = tl.zeros([BLOCK_N, D1], tl.float32)
+            dv2 = tl.zeros([BLOCK_N, D1], tl.float32)
         for start_m in range(0, n, BLOCK_M):
             rows = start_m + tl.arange(0, BLOCK_M)
-            q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
-            do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
+            q, q2 = _tiles(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM, SPLIT)
             lse = tl.load(lse_ptr + stat_base + rows, mask=rows < n, other=float("inf"))
             delta = tl.load(delta_ptr + stat_base + rows, mask=rows < n, other=0.0)
-            s, _, idx, ok = _scores(q, k, rows, cols, n, h, start64, pos_ptr, c2p_ptr, p2c_ptr, lut_ptr, bias_ptr,
-                                    stride_cs, stride_ch, stride_bd, radius, sm_scale, DOT_PRECISION,
-                                    HAS_C2P, HAS_P2C, HAS_BIAS, False)
-            p_drop, ds = _bwd_probs(s, ok, lse, delta, do, v, seed_ptr, pid_bh, rows, pid * BLOCK_N, max_seqlen,
-                                    dropout_p, DOT_PRECISION, HAS_DROPOUT, BLOCK_M, BLOCK_N, False)
-            dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
+            s, _, idx, ok = _scores(_dot_nt(q, q2, k, k2, DOT_PRECISION, SPLIT), rows, cols, n, h, start64, pos_ptr,
+                                    c2p_ptr, p2c_ptr, lut_ptr, bias_ptr, stride_cs, stride_ch, stride_bd, radius,
+                                    sm_scale, HAS_C2P, HAS_P2C, HAS_BIAS)
+            keep = ok
+            if HAS_DROPOUT:    # the query pass's bits
+                bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, pid * BLOCK_N, max_seqlen, BLOCK_N)
+                keep = _unpack_bits(tl.load(bits, mask=bits_ok, other=0), BLOCK_M, BLOCK_N)
+            do, do2 = _tiles(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM, SPLIT)
+            p_drop, ds = _bwd_probs(s, _dot_nt(do, do2, v, v2, DOT_PRECISION, SPLIT), ok, lse, delta, keep,
+                                    dropout_p, HAS_DROPOUT)
+            p_t = tl.trans(p_drop.to(do.dtype))
+            ds_t = tl.trans(ds.to(q.dtype))
+            dv += tl.dot(p_t, do, input_precision=DOT_PRECISION)
+            dk += tl.dot(ds_t, q, input_precision=DOT_PRECISION)
+            if SPLIT:
+                dv2 += tl.dot(p_t, do2, input_precision=DOT_PRECISION)
+                dk2 += tl.dot(ds_t, q2, input_precision=DOT_PRECISION)
             if HAS_P2C:
                 tl.atomic_add(dp2c_ptr + (start64 + cols[None, :]) * stride_cs + h * stride_ch + idx,
                               ds * sm_scale, mask=ok)
-        g_off = (start64 + cols[:, None]) * stride_gs + h * stride_gh + offs_d[None, :] * stride_gd
-        g_ok = (cols[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
-        tl.store(dk_ptr + g_off, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=g_ok)
-        tl.store(dv_ptr + g_off, dv.to(dv_ptr.dtype.element_ty), mask=g_ok)
+        dk_base = _head(dk_ptr, b, start64, h, 0, stride_gs, stride_gh)
+        dv_base = _head(dv_ptr, b, start64, h, 0, stride_gs, stride_gh)
+        _store_tile(dk_base, dk * sm_scale, cols, n, offs_d, stride_gs, stride_gd, HEAD_DIM)
+        _store_tile(dv_base, dv, cols, n, offs_d, stride_gs, stride_gd, HEAD_DIM)
+        if SPLIT:
+            _store_tile(dk_base, dk2 * sm_scale, cols, n, offs_d + D1, stride_gs, stride_gd, HEAD_DIM)
+            _store_tile(dv_base, dv2, cols, n, offs_d + D1, stride_gs, stride_gd, HEAD_DIM)
 
 
 _fwd = TunedKernel(_relative_attention_fwd_kernel, _FWD_CONFIGS, _fwd_prune, key=_KEY, shared=shared_bytes(1.4, 1.75))
@@ -348,9 +396,13 @@ def relative_attention_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, positi
     launch(_attention_bwd_preprocess_kernel, (c.batch * c.heads, triton.cdiv(c.max_seqlen, block_m)),
            delta, out, do, cu_seqlens, *_strides4(out), *_strides4(do), c.heads, c.max_seqlen,
            HEAD_DIM=c.meta["HEAD_DIM"], BLOCK_D=c.meta["BLOCK_D"], IS_VARLEN=True, BLOCK_M=block_m)
-    grads = (dq, dk, dv, dq if dc2p is None else dc2p, dq if dp2c is None else dp2c, dq if dbias is None else dbias)
+    # the dropout mask as bits: the query pass draws it once and writes them, the key pass reads them
+    bits = (torch.empty((c.batch * c.heads, c.max_seqlen, (c.max_seqlen + 7) // 8), dtype=torch.uint8,
+                        device=q.device) if dropout_p > 0 else q)
+    grads = (dq, dk, dv, dq if dc2p is None else dc2p, dq if dp2c is None else dp2c, dq if dbias is None else dbias,
+             bits)
     args = (q, k, v, do, lse, delta, *c.ptrs, *_strides4(q)[1:], *_strides4(k)[1:], *_strides4(v)[1:],
             *_strides4(do)[1:], *_strides4(dq)[1:], *c.cstrides, *c.bstride, *c.scalars)
-    for rows in (True, False):
+    for rows in (True, False):    # the query pass first: it writes the dropout bits
         _bwd.launch(c.key + (rows,), c.grid("BLOCK_M" if rows else "BLOCK_N"), *grads, *args, **c.meta, ROWS=rows)
     return dq, dk, dv, dc2p, dp2c, dbias
