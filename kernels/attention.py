@@ -12,7 +12,8 @@
 #   lse, delta: (batch, heads, max_seqlen) fp32, natural-log logsumexp of each query row's scaled
 #           scores; a row with no real key (fully padded sequence) stores +inf, so that the backward's
 #           P = exp(S - lse) is 0 there and the row's output and gradients are exactly 0.
-# Limits: head_dim 1..128 (padded to the next power of two >= 16 with masked loads), any sequence
+# Limits: head_dim 1..128 (padded to the next power of two >= 16 with masked loads; the fp32 dk/dv pass
+# takes head dims past 64 as 64 columns and a power of two >= 16, so 80 and 96 are not padded there), any sequence
 # length, fp16 / bf16 / fp32 in, fp32 accumulation and statistics, output in the input dtype.
 # fp32 products: TF32 tensor cores when torch.backends.cuda.matmul.allow_tf32 is set (as torch's own
 # matmuls), else 3xTF32 (split operands, fp32 accuracy, still tensor cores): never "ieee", which
@@ -79,6 +80,8 @@ _FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 16): (32, 32, 4, 2), (4, 32): (32,
                 (4, 128): (16, 32, 4, 2)}
 _DKDV_DEFAULT = {(2, 16): (32, 32, 4, 3), (2, 32): (32, 32, 4, 3), (2, 64): (32, 32, 4, 3), (2, 128): (32, 32, 8, 3),
                  (4, 16): (16, 16, 4, 1), (4, 32): (16, 16, 4, 1), (4, 64): (16, 32, 8, 2), (4, 128): (16, 16, 8, 1)}
+# fp32 dk/dv: the configs that do not spill on sm_80/89/90 where others do (every choosable config compiled)
+_DKDV_ONLY_FP32 = {(4, 64): [(16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)], (4, 128): [(16, 16, 8, 1)]}
 _DQ_DEFAULT = {(2, 16): (32, 32, 4, 3), (2, 32): (32, 32, 4, 3), (2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2),
                (4, 128): (16, 16, 8, 1)}
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"]  # + argument dtypes
@@ -103,21 +106,34 @@ def shared_bytes(factor16, factor32):
     return shared
 
 
+def dkdv_second_chunk(head_dim: int, dtype) -> int:
+    """The dk/dv kernel's BLOCK_D2: for fp32 past head_dim 64 the width of the columns past 64 (a power
+    of two >= 16), else 0 (one chunk: 16-bit tiles fit in registers whole, and in two chunks the
+    smallest 16-bit tile, 32 x 32, spilled 8-16 B on sm_90)."""
+    return max(16, triton.next_power_of_2(head_dim - 64)) if head_dim > 64 and dtype == torch.float32 else 0
+
+
 def preprocess_block(block_d: int) -> int:
     """Rows per program of the backward's preprocess (two (rows, BLOCK_D) fp32 tiles in registers: 64
     rows of 128 spill on 4 warps)."""
     return min(64, 4096 // block_d)
 
 
-def by_dtype(configs16, configs32, defaults=None):
+def _shape(config):
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
+
+
+def by_dtype(configs16, configs32, defaults=None, only=None):
     """(configs, prune) of a kernel whose 16-bit and fp32 inputs tune over config lists of their own;
-    defaults {(element size, BLOCK_D): (BLOCK_M, BLOCK_N, warps, stages)} goes first there."""
+    defaults {(element size, BLOCK_D): (BLOCK_M, BLOCK_N, warps, stages)} goes first there, and where
+    only {(element size, BLOCK_D): shapes} names shapes, the others are dropped (they spill there)."""
     def prune(configs, nargs, **meta):
         size = nargs["q_ptr"].element_size()
         kept = configs[len(configs16):] if size == 4 else configs[:len(configs16)]
+        allowed = (only or {}).get((size, meta["BLOCK_D"]))
+        kept = kept if allowed is None else [c for c in kept if _shape(c) in allowed]
         first = (defaults or {}).get((size, meta["BLOCK_D"]))
-        shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
-        return sorted(kept, key=lambda c: shape(c) != first)      # stable: the rest keep their order
+        return sorted(kept, key=lambda c: _shape(c) != first)     # stable: the rest keep their order
     return configs16 + configs32, prune
 
 
@@ -149,6 +165,13 @@ def _tile(base, rows, n, offs_d, stride_s, stride_d, HEAD_DIM: tl.constexpr):
     """(len(rows), BLOCK_D) rows of one head; zeros past the sequence and past head_dim."""
     return tl.load(base + rows[:, None] * stride_s + offs_d[None, :] * stride_d,
                    mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def _store_tile(base, x, rows, n, offs_d, stride_s, stride_d, HEAD_DIM: tl.constexpr):
+    """Stores x as _tile's rows and columns, in base's dtype."""
+    tl.store(base + rows[:, None] * stride_s + offs_d[None, :] * stride_d, x.to(base.dtype.element_ty),
+             mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -231,15 +254,13 @@ def _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW: tl.constex
 
 
 @triton.jit
-def _bwd_tile(q, k, v, do, lse, delta, col_ok, keep, qk_scale, dropout_p, DOT_PRECISION: tl.constexpr,
-              HAS_DROPOUT: tl.constexpr):
-    """One (rows x cols) tile of the backward: (P as the forward multiplied it into V, dS), P recomputed
-    from the saved lse, dP taken through the dropout keep mask (HAS_DROPOUT; kept entries scaled by
-    1/(1-p), dropped ones 0). col_ok: (cols,) key validity, or a (rows, cols) visibility mask (window)."""
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N)
-    p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
+def _bwd_tile(s, dp, lse, delta, col_ok, keep, qk_scale, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """One (rows x cols) tile of the backward from its products s = Q K^T and dp = dO V^T: (P as the
+    forward multiplied it into V, dS), P recomputed from the saved lse, dP taken through the dropout keep
+    mask (HAS_DROPOUT; kept entries scaled by 1/(1-p), dropped ones 0). col_ok: (cols,) key validity, or
+    a (rows, cols) visibility mask (window)."""
+    p = tl.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)
     p = tl.where(col_ok, p, 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     p_drop = p
     if HAS_DROPOUT:
         scale_keep = 1.0 / (1.0 - dropout_p)
@@ -308,13 +329,11 @@ def _attention_fwd_kernel(
     has_key = l_i > 0.0
     l_safe = tl.where(has_key, l_i, 1.0)
     out = acc / l_safe[:, None]
-    row_ok = rows < n
-    o_base = _head(out_ptr, b, start64, h, stride_ob, stride_os, stride_oh)
-    tl.store(o_base + rows[:, None] * stride_os + offs_d[None, :] * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    _store_tile(_head(out_ptr, b, start64, h, stride_ob, stride_os, stride_oh), out, rows, n, offs_d,
+                stride_os, stride_od, HEAD_DIM)
     if STORE_LSE:
         lse = tl.where(has_key, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("inf"))
-        tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, lse, mask=row_ok)
+        tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, lse, mask=rows < n)
 
 
 @triton.jit
@@ -341,6 +360,21 @@ def _attention_bwd_preprocess_kernel(
 
 
 @triton.jit
+def _dkdv_rows(lse_ptr, delta_ptr, bits_ptr, seed_ptr, stat_base, bh, rows, row_ok, col0, ok, max_seqlen, dropout_p,
+               HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lse, delta, keep mask) of the dk/dv pass's rows x columns [col0, col0 + BLOCK_N); with dropout the
+    mask is drawn and its bits stored for the dq pass. ok: the visibility mask (keep without dropout)."""
+    lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
+    keep = ok
+    if HAS_DROPOUT:
+        keep, packed = _keep_bits(seed_ptr, bh, rows, col0, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
+        bits, bits_ok = _bits_ptrs(bits_ptr, bh, rows, col0, max_seqlen, BLOCK_N)
+        tl.store(bits, packed, mask=bits_ok)
+    return lse, delta, keep
+
+
+@triton.jit
 def _attention_bwd_dkdv_kernel(
     dk_ptr,     # like k, contiguous
     dv_ptr,     # like v, contiguous (same strides as dk)
@@ -361,24 +395,39 @@ def _attention_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D2: tl.constexpr,  # dkdv_second_chunk(): 0, or the width of the columns past 64
 ):
+    # fp32 past head_dim 64: the columns are two chunks, [0, 64) and [64, 64 + BLOCK_D2) (BLOCK_D2 16 / 32
+    # / 64 at head dims 80 / 96 / 128, so 80 and 96 are not padded to 128): Q K^T and dO V^T are sums of two
+    # products, dk and dv two accumulators each. Every warp holds whole 16-row blocks of q and dO as the
+    # first operands of Q K^T and dO V^T, twice under 3xTF32 (high and low parts): 128 columns wide that
+    # spilled at fp32 even on 16 x 16 tiles. The 64-wide chunk's dk / dv products come last: Triton gives
+    # the chained dots the warp layout it picks for that one, where a (BLOCK_N, 16) or (32, 32) product
+    # would stack the warps on rows and spill.
+    D1: tl.constexpr = 64 if BLOCK_D2 else BLOCK_D
     pid_bh, pid_n, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_n * BLOCK_N >= n:
         return
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, D1)
     col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
     q_base = _head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh)
     do_base = _head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh)
-    k = _tile(_head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh), cols, n, offs_d,
-              stride_ks, stride_kd, HEAD_DIM)                                   # (BLOCK_N, BLOCK_D)
-    v = _tile(_head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh), cols, n, offs_d,
-              stride_vs, stride_vd, HEAD_DIM)
+    k_base = _head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh)
+    v_base = _head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh)
+    k = _tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM)        # (BLOCK_N, D1)
+    v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, D1], tl.float32)
+    dv = tl.zeros([BLOCK_N, D1], tl.float32)
+    if BLOCK_D2:
+        offs_d2 = D1 + tl.arange(0, BLOCK_D2)
+        k2 = _tile(k_base, cols, n, offs_d2, stride_ks, stride_kd, HEAD_DIM)  # (BLOCK_N, BLOCK_D2)
+        v2 = _tile(v_base, cols, n, offs_d2, stride_vs, stride_vd, HEAD_DIM)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], tl.float32)
+        dv2 = tl.zeros([BLOCK_N, BLOCK_D2], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     stat_base = pid_bh.to(tl.int64) * max_seqlen
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo, hi = _window_span(pid_n * BLOCK_N, BLOCK_N, n, window, BLOCK_M, WINDOW)
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -386,23 +435,35 @@ def _attention_bwd_dkdv_kernel(
         ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
         do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
-        lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
-        delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
-        keep = ok
-        if HAS_DROPOUT:
-            keep, packed = _keep_bits(seed_ptr, pid_bh, rows, pid_n * BLOCK_N, max_seqlen, dropout_p, BLOCK_M,
-                                      BLOCK_N)
-            bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, pid_n * BLOCK_N, max_seqlen, BLOCK_N)
-            tl.store(bits, packed, mask=bits_ok)
-        p_drop, ds = _bwd_tile(q, k, v, do, lse, delta, ok, keep, qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
-        dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=DOT_PRECISION)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
-    dk = dk * sm_scale
-    g_off = (b.to(tl.int64) * stride_gb + (start64 + cols[:, None]) * stride_gs + h * stride_gh
-             + offs_d[None, :] * stride_gd)
-    g_ok = (cols[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(dk_ptr + g_off, dk.to(dk_ptr.dtype.element_ty), mask=g_ok)
-    tl.store(dv_ptr + g_off, dv.to(dv_ptr.dtype.element_ty), mask=g_ok)
+        # the row statistics and dropout mask: before the products in one chunk, after them in two (the
+        # order that compiles to fewer registers in each case)
+        if not BLOCK_D2:
+            lse, delta, keep = _dkdv_rows(lse_ptr, delta_ptr, bits_ptr, seed_ptr, stat_base, pid_bh, rows, row_ok,
+                                          pid_n * BLOCK_N, ok, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # (BLOCK_M, BLOCK_N)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if BLOCK_D2:
+            q2 = _tile(q_base, rows, n, offs_d2, stride_qs, stride_qd, HEAD_DIM)
+            do2 = _tile(do_base, rows, n, offs_d2, stride_ds, stride_dd, HEAD_DIM)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
+            dp = tl.dot(do2, tl.trans(v2), dp, input_precision=DOT_PRECISION)
+            lse, delta, keep = _dkdv_rows(lse_ptr, delta_ptr, bits_ptr, seed_ptr, stat_base, pid_bh, rows, row_ok,
+                                          pid_n * BLOCK_N, ok, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+        p_drop, ds = _bwd_tile(s, dp, lse, delta, ok, keep, qk_scale, dropout_p, HAS_DROPOUT)
+        p_t = tl.trans(p_drop.to(do.dtype))
+        ds_t = tl.trans(ds.to(q.dtype))
+        if BLOCK_D2:
+            dv2 += tl.dot(p_t, do2, input_precision=DOT_PRECISION)
+            dk2 += tl.dot(ds_t, q2, input_precision=DOT_PRECISION)
+        dv += tl.dot(p_t, do, input_precision=DOT_PRECISION)
+        dk += tl.dot(ds_t, q, input_precision=DOT_PRECISION)
+    dk_base = _head(dk_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
+    dv_base = _head(dv_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
+    _store_tile(dk_base, dk * sm_scale, cols, n, offs_d, stride_gs, stride_gd, HEAD_DIM)
+    _store_tile(dv_base, dv, cols, n, offs_d, stride_gs, stride_gd, HEAD_DIM)
+    if BLOCK_D2:
+        _store_tile(dk_base, dk2 * sm_scale, cols, n, offs_d2, stride_gs, stride_gd, HEAD_DIM)
+        _store_tile(dv_base, dv2, cols, n, offs_d2, stride_gs, stride_gd, HEAD_DIM)
 
 
 @triton.jit
@@ -451,17 +512,18 @@ def _attention_bwd_dq_kernel(
         if HAS_DROPOUT:
             bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, start_n, max_seqlen, BLOCK_N)
             keep = _unpack_bits(tl.load(bits, mask=bits_ok, other=0), BLOCK_M, BLOCK_N)
-        _, ds = _bwd_tile(q, k, v, do, lse, delta, ok, keep, qk_scale, dropout_p, DOT_PRECISION, HAS_DROPOUT)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        _, ds = _bwd_tile(s, dp, lse, delta, ok, keep, qk_scale, dropout_p, HAS_DROPOUT)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
-    dq = dq * sm_scale
-    g_base = _head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
-    tl.store(g_base + rows[:, None] * stride_gs + offs_d[None, :] * stride_gd, dq.to(dq_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    _store_tile(_head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh), dq * sm_scale, rows, n, offs_d,
+                stride_gs, stride_gd, HEAD_DIM)
 
 
 _fwd = TunedKernel(_attention_fwd_kernel, *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT),
                    key=_KEY + ["STORE_LSE"], shared=shared_bytes(1.0, 1.4))
-_dkdv = TunedKernel(_attention_bwd_dkdv_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT),
+_dkdv = TunedKernel(_attention_bwd_dkdv_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT,
+                                                              _DKDV_ONLY_FP32),
                     key=_KEY, shared=shared_bytes(1.25, 1.75))
 _dq = TunedKernel(_attention_bwd_dq_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DQ_DEFAULT),
                   key=_KEY, shared=shared_bytes(1.25, 1.75))
@@ -559,7 +621,8 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
                         device=q.device) if c.dropout else q)
     strides = (*_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do))
     _dkdv.launch(c.key, c.grid("BLOCK_N"), dk, dv, bits, q, k, v, do, lse, delta, c.mask, c.cu, c.seed, c.pos,
-                 *strides, *_strides4(dk), *c.mstride, *c.scalars, **c.meta)
+                 *strides, *_strides4(dk), *c.mstride, *c.scalars, **c.meta,
+                 BLOCK_D2=dkdv_second_chunk(c.meta["HEAD_DIM"], q.dtype))
     _dq.launch(c.key, c.grid("BLOCK_M"), dq, q, k, v, do, lse, delta, c.mask, c.cu, c.pos, bits,
                *strides, *_strides4(dq), *c.mstride, *c.scalars, **c.meta)
     return dq, dk, dv

@@ -428,8 +428,9 @@ tuned = dict(flags, DOT_PRECISION="tf32", HAS_MASK=True, HAS_DROPOUT=True, BLOCK
 window = lambda w: dict(tuned, WINDOW=w)  # 0 global, 1 window over offsets, 2 over positions
 for fn, const in ((K._attention_fwd_kernel, dict(tuned, STORE_LSE=True, WINDOW=0)),
                   (K._attention_bwd_preprocess_kernel, flags),
-                  (K._attention_bwd_dkdv_kernel, window(0)), (K._attention_bwd_dq_kernel, window(0)),
-                  (K._attention_fwd_kernel, dict(window(1), STORE_LSE=True)), (K._attention_bwd_dkdv_kernel, window(2))):
+                  (K._attention_bwd_dkdv_kernel, dict(window(0), BLOCK_D2=16)), (K._attention_bwd_dq_kernel, window(0)),
+                  (K._attention_fwd_kernel, dict(window(1), STORE_LSE=True)),
+                  (K._attention_bwd_dkdv_kernel, dict(window(2), BLOCK_D2=16))):
     sig = {n: "constexpr" if n in const else "*fp32" if n in ("lse_ptr", "delta_ptr") else "*i8"
            if n == "mask_ptr" else "*i32" if n == "cu_ptr" else "*i64" if n in ("seed_ptr", "pos_ptr")
            else "*fp16" if n.endswith("_ptr")
