@@ -20,15 +20,10 @@ FAST = dict(dtypes=("float16", "float32"), head_dims=(64, 128), hiddens=(768, 81
 
 # Spills still measured in a default config: open defects, capped at what the full sweep measured
 # (bf16/fp16/fp32, head dims 32-128, every hidden size, sm_80/89/90), so that any new spill, or a larger
-# one, fails. The relative-attention backward has none left (both passes take head dims past 64 in two
-# 64-wide halves).
+# one, fails. None is left: the relative-attention backward and the attention dk/dv pass take fp32 head
+# dims past 64 in two column chunks.
 # (kernel, dtype, target) -> the most stack bytes allowed.
-KNOWN_SPILLS = {
-    # fp32 dk/dv at BLOCK_D 128 (head dims 80-128): q and dO as full-width 3xTF32 operands, even at 16 x 16
-    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_80"): 16,
-    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_89"): 16,
-    ("attention._attention_bwd_dkdv_kernel", "fp32", "sm_90"): 24,
-}
+KNOWN_SPILLS = {}
 
 
 def _unexpected(rows):
