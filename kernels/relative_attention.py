@@ -39,11 +39,13 @@ from fastbert.kernels.attention import (
     MAX_HEAD_DIM,
     _attention_bwd_preprocess_kernel,
     _bits_ptrs,
+    _bwd_tile,
     _configs,
     _head,
     _keep,
     _keep_bits,
     _program,
+    _store_tile,
     _strides4,
     _tile,
     _unpack_bits,
@@ -110,26 +112,6 @@ def _dot_nt(a, a2, b, b2, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr):
     if SPLIT:
         x = tl.dot(a2, tl.trans(b2), x, input_precision=DOT_PRECISION)
     return x
-
-
-@triton.jit
-def _bwd_probs(s, dp, ok, lse, delta, keep, dropout_p, HAS_DROPOUT: tl.constexpr):
-    """(P as the forward multiplied it into V (dropped), dS = P * (dP - delta)) of a tile from its scores s
-    and dp = dO . v^T, P from the saved lse, dP taken through the keep mask."""
-    p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-    p_drop = p
-    if HAS_DROPOUT:
-        scale_keep = 1.0 / (1.0 - dropout_p)
-        p_drop = tl.where(keep, p * scale_keep, 0.0)
-        dp = tl.where(keep, dp * scale_keep, 0.0)
-    return p_drop, p * (dp - delta[:, None])
-
-
-@triton.jit
-def _store_tile(base, x, rows, n, offs_d, stride_s, stride_d, HEAD_DIM: tl.constexpr):
-    """Stores x as _tile's rows and columns, in base's dtype."""
-    tl.store(base + rows[:, None] * stride_s + offs_d[None, :] * stride_d, x.to(base.dtype.element_ty),
-             mask=(rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM))
 
 
 def _bwd_prune(configs, nargs, BLOCK_D, ROWS, **meta):
@@ -267,8 +249,9 @@ def _relative_attention_bwd_kernel(
                 keep, packed = _keep_bits(seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
                 bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, start_n, max_seqlen, BLOCK_N)
                 tl.store(bits, packed, mask=bits_ok)
-            _, ds = _bwd_probs(s, _dot_nt(do, do2, v, v2, DOT_PRECISION, SPLIT), ok, lse, delta, keep, dropout_p,
-                               HAS_DROPOUT)   # dL/ds
+            # s is in natural-log units: exp2(s * log2(e)) = exp(s)
+            _, ds = _bwd_tile(s, _dot_nt(do, do2, v, v2, DOT_PRECISION, SPLIT), lse, delta, ok, keep,
+                              1.4426950408889634, dropout_p, HAS_DROPOUT)   # dL/ds
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
             if SPLIT:
                 dq2 += tl.dot(ds.to(k.dtype), k2, input_precision=DOT_PRECISION)
@@ -303,8 +286,8 @@ def _relative_attention_bwd_kernel(
                 bits, bits_ok = _bits_ptrs(bits_ptr, pid_bh, rows, pid * BLOCK_N, max_seqlen, BLOCK_N)
                 keep = _unpack_bits(tl.load(bits, mask=bits_ok, other=0), BLOCK_M, BLOCK_N)
             do, do2 = _tiles(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM, SPLIT)
-            p_drop, ds = _bwd_probs(s, _dot_nt(do, do2, v, v2, DOT_PRECISION, SPLIT), ok, lse, delta, keep,
-                                    dropout_p, HAS_DROPOUT)
+            p_drop, ds = _bwd_tile(s, _dot_nt(do, do2, v, v2, DOT_PRECISION, SPLIT), lse, delta, ok, keep,
+                                   1.4426950408889634, dropout_p, HAS_DROPOUT)
             p_t = tl.trans(p_drop.to(do.dtype))
             ds_t = tl.trans(ds.to(q.dtype))
             dv += tl.dot(p_t, do, input_precision=DOT_PRECISION)
