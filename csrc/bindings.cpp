@@ -26,7 +26,7 @@ namespace py = pybind11;
 using namespace fastbert;
 
 namespace fastbert {
-void bind_int8_rows(py::module_& m);  // int8_rows.cpp
+void bind_int8_rows(py::module_& m);  // py_quantized_linear.cpp
 }
 
 namespace {

@@ -9,7 +9,7 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
                        int32 sums times the weight scales, acc_rc, in fp32) and the rows follow in one
                        in-place pass (the bias and, when asked, the GELU ride along):
                          y = s_r * acc_rc + m_r * wsum_c + b_c,   wsum_c = sum_k Wq_ck * w_scale_c
-                       The quantization and that pass are fastbert._C's (csrc/int8_rows.cpp): one pass
+                       The quantization and that pass are fastbert._C's (csrc/py_quantized_linear.cpp): one pass
                        over memory each, where torch ops took six and three, on torch's thread count.
                        (symmetric scales, m_r = 0, save both passes but cost accuracy: min cosine
                        0.992 instead of 0.997 over 2,000 paragraphs with all-MiniLM-L6-v2).
