@@ -278,18 +278,28 @@ void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, int threads, bool 
     });
 }
 
+// The inputs both rescale passes share, checked against y's (rows, n): per row scale and mid, per
+// column wsum and bias.
+struct RescaleInputs {
+    const float *scale, *mid, *wsum, *bias;
+    RescaleInputs(const F32& s, const F32& m, const F32& w, const F32& b, int64_t rows, int64_t n) {
+        const auto bs = s.request(), bm = m.request(), bw = w.request(), bb = b.request();
+        check_rows(bs, rows, "scale");
+        check_rows(bm, rows, "mid");
+        if (bw.size != n || bb.size != n) throw std::invalid_argument("wsum and bias must have n entries");
+        scale = static_cast<const float*>(bs.ptr), mid = static_cast<const float*>(bm.ptr);
+        wsum = static_cast<const float*>(bw.ptr), bias = static_cast<const float*>(bb.ptr);
+    }
+};
+
 void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, bool gelu_after,
                   int threads, bool simd) {
-    const auto by = y.request(true), bs = scale.request(), bm = mid.request(), bw = wsum.request(),
-               bb = bias.request();
+    const auto by = y.request(true);
     if (by.ndim != 2) throw std::invalid_argument("rescale_rows takes y (rows, n)");
     const int64_t rows = by.shape[0], n = by.shape[1];
-    check_rows(bs, rows, "scale");
-    check_rows(bm, rows, "mid");
-    if (bw.size != n || bb.size != n) throw std::invalid_argument("wsum and bias must have n entries");
+    const RescaleInputs in(scale, mid, wsum, bias, rows, n);
     auto* yp = static_cast<float*>(by.ptr);
-    const auto *sp = static_cast<const float*>(bs.ptr), *mp = static_cast<const float*>(bm.ptr),
-               *wp = static_cast<const float*>(bw.ptr), *bp = static_cast<const float*>(bb.ptr);
+    const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
     py::gil_scoped_release nogil;
     for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
         (void)simd;
@@ -302,19 +312,15 @@ void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, con
 
 void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, const F32& res,
                       const F32& gamma, const F32& beta, float eps, int threads, bool simd) {
-    const auto by = y.request(true), bs = scale.request(), bm = mid.request(), bw = wsum.request(),
-               bb = bias.request(), br = res.request(), bg = gamma.request(), bt = beta.request();
+    const auto by = y.request(true), br = res.request(), bg = gamma.request(), bt = beta.request();
     if (by.ndim != 2 || br.shape != by.shape)
         throw std::invalid_argument("rescale_add_norm takes y (rows, n) and a residual of the same shape");
     const int64_t rows = by.shape[0], n = by.shape[1];
-    check_rows(bs, rows, "scale");
-    check_rows(bm, rows, "mid");
-    if (bw.size != n || bb.size != n || bg.size != n || bt.size != n)
-        throw std::invalid_argument("wsum, bias, gamma and beta must have n entries");
+    const RescaleInputs in(scale, mid, wsum, bias, rows, n);
+    if (bg.size != n || bt.size != n) throw std::invalid_argument("gamma and beta must have n entries");
     auto* yp = static_cast<float*>(by.ptr);
-    const auto *sp = static_cast<const float*>(bs.ptr), *mp = static_cast<const float*>(bm.ptr),
-               *wp = static_cast<const float*>(bw.ptr), *bp = static_cast<const float*>(bb.ptr),
-               *rp = static_cast<const float*>(br.ptr), *gp = static_cast<const float*>(bg.ptr),
+    const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
+    const auto *rp = static_cast<const float*>(br.ptr), *gp = static_cast<const float*>(bg.ptr),
                *tp = static_cast<const float*>(bt.ptr);
     py::gil_scoped_release nogil;
     for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
