@@ -13,27 +13,15 @@
 // split into `threads` row ranges on a pool of the module's own (for_row_ranges).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
-#include "thread_pool.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's intrinsics (the reductions, the narrowing store) read an _mm512_undefined_* it then warns about
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#define FASTBERT_AVX512 1
-#endif
+#include "cpu_passes.h"
 
 namespace py = pybind11;
 
@@ -98,7 +86,6 @@ void rescale_add_norm_plain(float* y, const float* scale, const float* mid, cons
 }
 
 #ifdef FASTBERT_AVX512
-#define AVX512 __attribute__((target("avx512f")))
 
 AVX512 void quantize_rows_avx512(const float* x, int8_t* q, float* scale, float* mid, int64_t rows, int64_t k) {
     const __m512 lo_q = _mm512_set1_ps(-127.0f), hi_q = _mm512_set1_ps(127.0f);
@@ -129,24 +116,6 @@ AVX512 void quantize_rows_avx512(const float* x, int8_t* q, float* scale, float*
         for (; j < k; ++j)
             qr[j] = static_cast<int8_t>(std::clamp(std::nearbyint((xr[j] - m) * inv), -127.0f, 127.0f));
     }
-}
-
-// exp(x) for x <= 0: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p its degree-6 Taylor polynomial
-// (relative error < 2e-7); x below -87 gives 0.
-AVX512 __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);     // ln2 = 0.693359375 - 2.12194e-4
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 // GELU(v) = v/2 (1 + erf(v / sqrt 2)); erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7).
@@ -226,31 +195,14 @@ AVX512 void rescale_add_norm_avx512(float* y, const float* scale, const float* m
     }
 }
 
-bool has_avx512() {
-    static const bool yes = __builtin_cpu_supports("avx512f");
-    return yes;
-}
 #endif
 
 // body(first, end) over `rows` rows of `cols` values: on the calling thread alone for a small input
 // (a worker's wake-up would cost more than it saves), else in up to `threads` row ranges at once.
 void for_row_ranges(int64_t rows, int64_t cols, int threads, const std::function<void(int64_t, int64_t)>& body) {
     constexpr int64_t kMinValuesPerTask = 1 << 15;
-    const int64_t tasks = std::min<int64_t>({threads, rows, rows * cols / kMinValuesPerTask});
-    static std::mutex mu;
-    static std::unique_ptr<ThreadPool> pool;
-    static long pool_pid = -1;
-    std::unique_lock<std::mutex> lock(mu, std::defer_lock);
-    if (tasks <= 1 || !lock.try_lock()) return body(0, rows);   // try_lock: another call holds the pool
-    const long pid = static_cast<long>(getpid());
-    if (pool && pool_pid != pid) (void)pool.release();   // a forked child: the parent's workers are gone
-    if (!pool || pool->size() != threads) {
-        pool.reset(new ThreadPool(threads));
-        pool_pid = pid;
-    }
-    pool->run(static_cast<size_t>(tasks), [&](size_t i) {
-        body(rows * static_cast<int64_t>(i) / tasks, rows * static_cast<int64_t>(i + 1) / tasks);
-    });
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>({threads, rows, rows * cols / kMinValuesPerTask}));
+    run_tasks(tasks, threads, [&](int64_t i) { body(rows * i / tasks, rows * (i + 1) / tasks); });
 }
 
 void check_rows(const py::buffer_info& b, int64_t rows, const char* name) {

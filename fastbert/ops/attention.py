@@ -483,10 +483,10 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, *, scale: Optional[fl
             raise ValueError("the sliding-window torch path draws dropout from torch's default generator; "
                              "pass generator=None")
         return sliding_window_attention_ref(q, k, v, cu_seqlens, window, positions, scale, dropout_p=dropout_p)
-    from fastbert.ops.length_runs import runs_apply, varlen_attention_runs   # CPU inference: no padding
-    runs = runs_apply(q, k, v, cu_seqlens, dropout_p)
-    if runs is not None:
-        return varlen_attention_runs(q, k, v, runs, scale)
+    from fastbert.ops.length_runs import varlen_attention_cpu   # CPU inference: no padding
+    out = varlen_attention_cpu(q, k, v, cu_seqlens, dropout_p, scale)
+    if out is not None:
+        return out
     return varlen_attention_ref(q, k, v, cu_seqlens, int(max_seqlen), scale, dropout_p=dropout_p,
                                 generator=generator)
 

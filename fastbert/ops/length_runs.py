@@ -14,11 +14,19 @@ Batches that fastbert.Encoder forms are sorted by length, so their runs are few;
 fall back to the padded reference beyond MAX_RUNS runs (a call costs tens of microseconds).
 Inference only (no dropout, no autograd), float32 / float64, not under torch.compile (it reads
 cu_seqlens on the host).
+
+float32 with head_dim 16, 32, ... 128 on an AVX-512 CPU (BERT's 32 and 64) takes fastbert._C's
+attention_packed instead (csrc/py_attention.cpp): one pass per (sequence, head), its scores kept in
+cache, any number of lengths in any order (torch's flash kernel, at head_dim 32 and 12 heads on one
+thread, took 3x its time at 8 tokens, 1.4x at 64, 1.1x at 256). Same property: a sequence's bits
+do not depend on the batch (nor on the thread count).
 """
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from fastbert import _C
 
 MAX_RUNS = 64
 
@@ -36,16 +44,48 @@ def length_runs(cu_seqlens: torch.Tensor) -> List[Tuple[int, int, int]]:
     return runs
 
 
+def _inference(q, k, v, cu_seqlens, dropout_p) -> bool:
+    """CPU float32 / float64 inference outside torch.compile: the calls this module serves."""
+    return not (q.device.type != "cpu" or cu_seqlens.device.type != "cpu" or dropout_p != 0.0
+                or q.dtype not in (torch.float32, torch.float64) or not q.dtype == k.dtype == v.dtype
+                or torch.compiler.is_compiling()
+                or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))))
+
+
 def runs_apply(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                dropout_p: float) -> Optional[List[Tuple[int, int, int]]]:
     """The runs when this path serves the call, else None (the caller takes the padded reference)."""
-    if (q.device.type != "cpu" or cu_seqlens.device.type != "cpu" or dropout_p != 0.0
-            or q.dtype not in (torch.float32, torch.float64) or not q.dtype == k.dtype == v.dtype
-            or torch.compiler.is_compiling()
-            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))):
+    if not _inference(q, k, v, cu_seqlens, dropout_p):
         return None
     runs = length_runs(cu_seqlens)
     return runs if len(runs) <= MAX_RUNS else None
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     scale: float) -> Optional[torch.Tensor]:
+    """fastbert._C's kernel on (tokens, heads, head_dim) float32 q, k, v (any token stride) -> a new
+    contiguous output; None where it does not run (dtype, head_dim, a CPU without AVX-512)."""
+    dim = q.shape[-1]
+    if q.dtype != torch.float32 or dim % 16 or dim > 128 or any(
+            t.stride(2) != 1 or t.stride(1) != dim for t in (q, k, v)):
+        return None
+    out = torch.empty(q.shape, dtype=q.dtype)
+    done = _C.attention_packed(q.numpy(), k.numpy(), v.numpy(), cu_seqlens.to(torch.int64).numpy(), out.numpy(),
+                               float(scale), torch.get_num_threads())
+    return out if done else None
+
+
+def varlen_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                         dropout_p: float, scale: float) -> Optional[torch.Tensor]:
+    """The packed attention of a CPU inference call: fastbert._C's kernel, else one SDPA per run; None
+    when neither serves it (the caller takes the padded reference)."""
+    if not _inference(q, k, v, cu_seqlens, dropout_p):
+        return None
+    out = packed_attention(q, k, v, cu_seqlens, scale)
+    if out is not None:
+        return out
+    runs = runs_apply(q, k, v, cu_seqlens, dropout_p)
+    return None if runs is None else varlen_attention_runs(q, k, v, runs, scale)
 
 
 def varlen_attention_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs, scale: float) -> torch.Tensor:

@@ -1,10 +1,12 @@
-"""fastbert.ops.length_runs: packed CPU attention, one SDPA per run of equal lengths, no padding."""
+"""fastbert.ops.length_runs: packed CPU attention with no padding: fastbert._C's kernel (float32, head_dim
+a multiple of 16, AVX-512), else one SDPA per run of equal lengths."""
 import pytest
 import torch
 
+from fastbert import _C
 from fastbert.ops import varlen_attention
 from fastbert.ops.attention import varlen_attention_ref
-from fastbert.ops.length_runs import MAX_RUNS, length_runs, runs_apply, varlen_attention_runs
+from fastbert.ops.length_runs import MAX_RUNS, length_runs, packed_attention, runs_apply, varlen_attention_runs
 
 
 def _packed(lengths, heads=3, dim=8, seed=0):
@@ -29,8 +31,49 @@ def test_matches_the_padded_reference(lengths):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_sequence_gives_the_same_bits_alone_and_in_any_batch():
-    q, k, v, cu = _packed([9, 9, 9, 4])
+def _kernel_or_skip(q, k, v, cu):
+    out = packed_attention(q, k, v, cu, q.shape[-1] ** -0.5)
+    if out is None:
+        pytest.skip("fastbert._C's attention kernel needs an AVX-512 CPU")
+    return out
+
+
+@pytest.mark.parametrize("dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("lengths", [[1], [100, 17, 0, 64, 3, 16], [513, 31]])
+def test_kernel_matches_the_padded_reference(lengths, dim):
+    q, k, v, cu = _packed(lengths, heads=2, dim=dim)
+    got = _kernel_or_skip(q, k, v, cu)
+    want = varlen_attention_ref(q.double(), k.double(), v.double(), cu, max(lengths)).float()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(varlen_attention(q, k, v, cu, max(lengths)), got, atol=0, rtol=0)   # the op's path
+    torch.testing.assert_close(varlen_attention_runs(q, k, v, length_runs(cu), dim ** -0.5), want,
+                               atol=1e-5, rtol=1e-5)   # the SDPA runs it replaces, where it does not run
+
+
+def test_kernel_bits_do_not_depend_on_the_thread_count():
+    q, k, v, cu = _packed([300, 200, 100, 7], heads=12, dim=32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _kernel_or_skip(q, k, v, cu)
+        torch.set_num_threads(4)
+        assert torch.equal(packed_attention(q, k, v, cu, 32 ** -0.5), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_refuses_what_it_cannot_take():
+    q, k, v, cu = _packed([3, 2], dim=32)
+    assert packed_attention(q.double(), k.double(), v.double(), cu, 0.2) is None   # float64: SDPA runs
+    assert packed_attention(q[..., :24], k[..., :24], v[..., :24], cu, 0.2) is None   # head_dim 24
+    out = torch.empty(q.shape)
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0 and end at the token count"):
+        _C.attention_packed(q.numpy(), k.numpy(), v.numpy(), torch.tensor([0, 4]).numpy(), out.numpy(), 0.2)
+
+
+@pytest.mark.parametrize("dim", [8, 32])   # SDPA runs, the kernel
+def test_a_sequence_gives_the_same_bits_alone_and_in_any_batch(dim):
+    q, k, v, cu = _packed([9, 9, 9, 4], dim=dim)
     together = varlen_attention(q, k, v, cu, 9)
     for first, n in ((0, 9), (9, 9), (27, 4)):
         alone = varlen_attention(q[first:first + n], k[first:first + n], v[first:first + n],
