@@ -7,6 +7,9 @@
 //                  when asked: the int32 sums times the weight scales become the layer's output.
 //   rescale_add_norm   the same, + residual, then LayerNorm over the row (gamma, beta, eps): the
 //                  post-LN step after an output projection, in the same pass.
+//   rescale_gelu_quantize   rescale_rows with the GELU, then quantize_rows of each row straight from
+//                  a buffer in L1: the FFN's inner activation becomes the next GEMM's int8 input
+//                  without its float32 rows going through memory (4 * hidden floats per token).
 // Every row is computed on its own, so a row's result does not depend on the others (a text's vector
 // is the same in any batch). AVX-512 where the CPU has it, plain C++ elsewhere or with simd=False
 // (same formulas; the erf differs by < 1e-6). The GIL is released while they run; a large input is
@@ -20,6 +23,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cpu_passes.h"
 
@@ -55,13 +59,15 @@ void quantize_rows_plain(const float* x, int8_t* q, float* scale, float* mid, in
 
 float gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); }
 
-void rescale_rows_plain(float* y, const float* scale, const float* mid, const float* wsum, const float* bias,
-                        int64_t rows, int64_t n, bool act) {
+// y's rows rescaled into out's (out may be y)
+void rescale_rows_plain(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
+                        const float* bias, int64_t rows, int64_t n, bool act) {
     for (int64_t r = 0; r < rows; ++r) {
-        float* yr = y + r * n;
+        const float* yr = y + r * n;
+        float* outr = out + r * n;
         for (int64_t c = 0; c < n; ++c) {
             const float v = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]);
-            yr[c] = act ? gelu(v) : v;
+            outr[c] = act ? gelu(v) : v;
         }
     }
 }
@@ -138,20 +144,21 @@ AVX512 __m512 gelu_avx512(__m512 v) {
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), erf));
 }
 
-AVX512 void rescale_rows_avx512(float* y, const float* scale, const float* mid, const float* wsum, const float* bias,
-                                int64_t rows, int64_t n, bool act) {
+AVX512 void rescale_rows_avx512(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
+                                const float* bias, int64_t rows, int64_t n, bool act) {
     for (int64_t r = 0; r < rows; ++r) {
-        float* yr = y + r * n;
+        const float* yr = y + r * n;
+        float* outr = out + r * n;
         const __m512 vs = _mm512_set1_ps(scale[r]), vm = _mm512_set1_ps(mid[r]);
         int64_t c = 0;
         for (; c + 16 <= n; c += 16) {
             const __m512 t = _mm512_fmadd_ps(vm, _mm512_loadu_ps(wsum + c), _mm512_loadu_ps(bias + c));
             __m512 v = _mm512_fmadd_ps(vs, _mm512_loadu_ps(yr + c), t);
-            _mm512_storeu_ps(yr + c, act ? gelu_avx512(v) : v);
+            _mm512_storeu_ps(outr + c, act ? gelu_avx512(v) : v);
         }
         for (; c < n; ++c) {
             const float v = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]);
-            yr[c] = act ? gelu(v) : v;
+            outr[c] = act ? gelu(v) : v;
         }
     }
 }
@@ -199,6 +206,22 @@ AVX512 void rescale_add_norm_avx512(float* y, const float* scale, const float* m
 
 // body(first, end) over `rows` rows of `cols` values: on the calling thread alone for a small input
 // (a worker's wake-up would cost more than it saves), else in up to `threads` row ranges at once.
+// the AVX-512 form where asked and the CPU has it, else the plain one
+void quantize_rows_any(const float* x, int8_t* q, float* scale, float* mid, int64_t rows, int64_t k, bool simd) {
+#ifdef FASTBERT_AVX512
+    if (simd && has_avx512()) return quantize_rows_avx512(x, q, scale, mid, rows, k);
+#endif
+    quantize_rows_plain(x, q, scale, mid, rows, k);
+}
+
+void rescale_rows_any(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
+                      const float* bias, int64_t rows, int64_t n, bool act, bool simd) {
+#ifdef FASTBERT_AVX512
+    if (simd && has_avx512()) return rescale_rows_avx512(y, out, scale, mid, wsum, bias, rows, n, act);
+#endif
+    rescale_rows_plain(y, out, scale, mid, wsum, bias, rows, n, act);
+}
+
 void for_row_ranges(int64_t rows, int64_t cols, int threads, const std::function<void(int64_t, int64_t)>& body) {
     constexpr int64_t kMinValuesPerTask = 1 << 15;
     const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>({threads, rows, rows * cols / kMinValuesPerTask}));
@@ -222,11 +245,7 @@ void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, int threads, bool 
     auto *sp = static_cast<float*>(bs.ptr), *mp = static_cast<float*>(bm.ptr);
     py::gil_scoped_release nogil;
     for_row_ranges(rows, k, threads, [&](int64_t a, int64_t b) {
-        (void)simd;
-#ifdef FASTBERT_AVX512
-        if (simd && has_avx512()) return quantize_rows_avx512(xp + a * k, qp + a * k, sp + a, mp + a, b - a, k);
-#endif
-        quantize_rows_plain(xp + a * k, qp + a * k, sp + a, mp + a, b - a, k);
+        quantize_rows_any(xp + a * k, qp + a * k, sp + a, mp + a, b - a, k, simd);
     });
 }
 
@@ -254,11 +273,32 @@ void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, con
     const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
     py::gil_scoped_release nogil;
     for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
-        (void)simd;
-#ifdef FASTBERT_AVX512
-        if (simd && has_avx512()) return rescale_rows_avx512(yp + a * n, sp + a, mp + a, wp, bp, b - a, n, gelu_after);
-#endif
-        rescale_rows_plain(yp + a * n, sp + a, mp + a, wp, bp, b - a, n, gelu_after);
+        rescale_rows_any(yp + a * n, yp + a * n, sp + a, mp + a, wp, bp, b - a, n, gelu_after, simd);
+    });
+}
+
+// rescale_rows with the GELU, then quantize_rows of its result into q, qscale, qmid, row by row through
+// an L1-sized buffer: the same codes, without writing the fp32 rows out and reading them back.
+void rescale_gelu_quantize(const F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, I8& q,
+                           F32& qscale, F32& qmid, int threads, bool simd) {
+    const auto by = y.request(), bq = q.request(true), bs = qscale.request(true), bm = qmid.request(true);
+    if (by.ndim != 2 || bq.ndim != 2 || bq.shape != by.shape)
+        throw std::invalid_argument("rescale_gelu_quantize takes y (rows, n) and q of the same shape");
+    const int64_t rows = by.shape[0], n = by.shape[1];
+    const RescaleInputs in(scale, mid, wsum, bias, rows, n);
+    check_rows(bs, rows, "qscale");
+    check_rows(bm, rows, "qmid");
+    const auto* yp = static_cast<const float*>(by.ptr);
+    auto* qp = static_cast<int8_t*>(bq.ptr);
+    auto *qsp = static_cast<float*>(bs.ptr), *qmp = static_cast<float*>(bm.ptr);
+    const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
+    py::gil_scoped_release nogil;
+    for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int64_t r = a; r < b; ++r) {
+            rescale_rows_any(yp + r * n, row.data(), sp + r, mp + r, wp, bp, 1, n, true, simd);
+            quantize_rows_any(row.data(), qp + r * n, qsp + r, qmp + r, 1, n, simd);
+        }
     });
 }
 
@@ -294,6 +334,10 @@ void bind_int8_rows(py::module_& m) {
     m.def("int8_rescale_rows", &rescale_rows, py::arg("y").noconvert(), py::arg("scale").noconvert(),
           py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
           py::arg("gelu"), py::arg("threads") = 1, py::arg("simd") = true);
+    m.def("int8_rescale_gelu_quantize", &rescale_gelu_quantize, py::arg("y").noconvert(),
+          py::arg("scale").noconvert(), py::arg("mid").noconvert(), py::arg("wsum").noconvert(),
+          py::arg("bias").noconvert(), py::arg("q").noconvert(), py::arg("qscale").noconvert(),
+          py::arg("qmid").noconvert(), py::arg("threads") = 1, py::arg("simd") = true);
     m.def("int8_rescale_add_norm", &rescale_add_norm, py::arg("y").noconvert(), py::arg("scale").noconvert(),
           py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
           py::arg("residual").noconvert(), py::arg("gamma").noconvert(), py::arg("beta").noconvert(),

@@ -136,9 +136,51 @@ def test_row_passes_split_over_threads_give_the_same_bits():
         _C.int8_rescale_rows(y.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), True, threads)
         _C.int8_rescale_add_norm(z.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), x.numpy(),
                                  wsum.numpy(), bias.numpy(), 1e-5, threads)
-        outs.append((q, s, mid, y, z))
+        g = [torch.empty(1001, 384, dtype=torch.int8), torch.empty(1001, 1), torch.empty(1001, 1)]
+        _C.int8_rescale_gelu_quantize(x.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(),
+                                      *(t.numpy() for t in g), threads=threads)
+        outs.append((q, s, mid, y, z, *g))
     for other in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("rows,n", [(1, 5), (9, 1536), (33, 1537)])
+def test_gelu_quantize_pass_gives_the_codes_of_the_two_passes(simd, rows, n):
+    """The FFN's fused pass (rescale + GELU, then quantize each row from a buffer) gives bit for bit the
+    codes and scales of int8_rescale_rows(gelu) then int8_quantize_rows, on the AVX-512 and plain paths."""
+    from fastbert import _C
+
+    torch.manual_seed(0)
+    y, wsum, bias = torch.randn(rows, n) * 3, torch.randn(n), torch.randn(n)
+    s, mid = torch.rand(rows, 1) + 0.1, torch.randn(rows, 1)
+    out = [torch.empty(rows, n, dtype=torch.int8), torch.empty(rows, 1), torch.empty(rows, 1)]
+    _C.int8_rescale_gelu_quantize(y.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(),
+                                  *(t.numpy() for t in out), simd=simd)
+    g = y.clone()
+    _C.int8_rescale_rows(g.numpy(), s.numpy(), mid.numpy(), wsum.numpy(), bias.numpy(), True, simd=simd)
+    want = [torch.empty(rows, n, dtype=torch.int8), torch.empty(rows, 1), torch.empty(rows, 1)]
+    _C.int8_quantize_rows(g.numpy(), *(t.numpy() for t in want), simd=simd)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+
+def test_quantized_gelu_rows_feed_the_next_gemm_as_its_own_quantization():
+    """quantized_linear_gelu_rows -> quantized_linear_add_norm: the same bits as the float32 GELU output
+    handed to quantized_linear_add_norm (which quantizes it itself)."""
+    torch.manual_seed(0)
+    x, res = torch.randn(2, 21, 96) * 2, torch.randn(2, 21, 40)
+    inner, outer = ql.pack(torch.randn(160, 96), torch.randn(160)), ql.pack(torch.randn(40, 160), torch.randn(40))
+    gamma, beta = torch.rand(40) + 0.5, torch.randn(40)
+    rows = ql.quantized_linear_gelu_rows(x, inner)
+    assert rows.lead == (2, 21) and rows.q.shape == (42, 160)
+    got = ql.quantized_linear_add_norm(rows, outer, res, gamma, beta, 1e-12)
+    want = ql.quantized_linear_add_norm(ql.quantized_linear(x, inner, gelu=True), outer, res, gamma, beta, 1e-12)
+    assert torch.equal(got, want)
+    empty = ql.quantized_linear_gelu_rows(x[:, :0], inner)
+    assert ql.quantized_linear_add_norm(empty, outer, res[:, :0], gamma, beta, 1e-12).shape == (2, 0, 40)
+    with pytest.raises(ValueError, match="per_token"):
+        ql.quantized_linear_add_norm(rows, ql.pack(torch.randn(40, 160), backend="per_tensor"), res, gamma, beta,
+                                     1e-12)
 
 
 @pytest.mark.parametrize("bias", [True, False])

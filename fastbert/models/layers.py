@@ -227,9 +227,8 @@ def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: n
     """norm(dropout(dense(h)) + residual), the post-LN step. Without dropout, on oneDNN, the residual
     add runs in the GEMM's epilogue and the LayerNorm alone follows (one pass fewer); an int8 dense
     layer takes the add and the LayerNorm into the pass that rescales its GEMM's output."""
-    if (dropout_p == 0.0 and residual.dtype == h.dtype == torch.float32 and is_plain(dense, QuantizedLinear)
-            and is_plain(norm, nn.LayerNorm) and norm.weight is not None
-            and norm.normalized_shape == (residual.shape[-1],)):
+    if (isinstance(h, ql.QuantizedRows) or h.dtype == torch.float32) and _int8_add_norm(dense, residual, norm,
+                                                                                        dropout_p):
         return ql.quantized_linear_add_norm(h, dense._packed, residual, norm.weight, norm.bias, norm.eps)
     if (dropout_p == 0.0 and residual.dtype == h.dtype and is_plain(dense, nn.Linear, bias_required=False)
             and uses_onednn(h, dense.weight, backend, dense.bias, residual)):
@@ -239,6 +238,13 @@ def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: n
         return add_norm(y, None, norm, backend, owner)
     a = apply_linear(h, dense, backend, width=residual.shape[-1], owner=owner, packed=packed)
     return add_norm(F.dropout(a, dropout_p, dropout_p > 0), residual, norm, backend, owner)
+
+
+def _int8_add_norm(dense: nn.Module, residual: torch.Tensor, norm: nn.Module, dropout_p: float) -> bool:
+    """post_norm runs dense's int8 GEMM with the residual add and the LayerNorm in its rescale pass."""
+    return (dropout_p == 0.0 and residual.dtype == torch.float32 and is_plain(dense, QuantizedLinear)
+            and is_plain(norm, nn.LayerNorm) and norm.weight is not None
+            and norm.normalized_shape == (residual.shape[-1],))
 
 
 def residual_linear(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, dropout_p: float,
@@ -359,6 +365,18 @@ class FastLayer(EncoderLayer):
                                  self.attention_dropout if train else 0.0, backend)
         x = post_norm(ctx.reshape(x.shape[0], self.num_heads * self.head_dim), p.attn_out, x, p.attn_norm,
                       self.attn_output_dropout if train else 0.0, backend, owner=self, packed=self.packed_weights)
-        return post_norm(self.ffn_hidden(x, p, backend), p.ffn_out, x, p.ffn_norm,
-                         self.ffn_output_dropout if train else 0.0, backend, owner=self,
+        ffn_dropout = self.ffn_output_dropout if train else 0.0
+        if self._int8_ffn(p, x, ffn_dropout):   # the GELU's output goes to the next GEMM as int8 codes
+            h = ql.quantized_linear_gelu_rows(x, p.ffn_in._packed)
+        else:
+            h = self.ffn_hidden(x, p, backend)
+        return post_norm(h, p.ffn_out, x, p.ffn_norm, ffn_dropout, backend, owner=self,
                          packed=self.packed_weights), probs
+
+    def _int8_ffn(self, p: LayerParts, x: torch.Tensor, dropout_p: float) -> bool:
+        """Both FFN GEMMs int8 per_token around an erf GELU (this class's ffn_hidden), the add+LayerNorm
+        in the second's rescale pass: the first's pass can hand the second its int8 input."""
+        return (type(self).ffn_hidden is FastLayer.ffn_hidden and self.activation.epilogue == "gelu"
+                and is_plain(p.ffn_in, QuantizedLinear) and p.ffn_in.backend == "per_token"
+                and is_plain(p.ffn_out, QuantizedLinear) and p.ffn_out.backend == "per_token"
+                and x.dtype == torch.float32 and _int8_add_norm(p.ffn_out, x, p.ffn_norm, dropout_p))

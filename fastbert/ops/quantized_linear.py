@@ -149,6 +149,16 @@ def pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Te
     return PackedLinear(backend, packed, q, scale, bias, reduce_range, zeros, wsum, bias_or_zeros)
 
 
+@dataclass
+class QuantizedRows:
+    """Activations quantized per row as the per_token GEMM takes them (x ~= mid + scale * q): q (rows, k)
+    int8, scale and mid (rows, 1) float32; `lead` the leading shape of the float tensor they stand for."""
+    q: torch.Tensor
+    scale: torch.Tensor
+    mid: torch.Tensor
+    lead: tuple
+
+
 def _onednn(qx: torch.Tensor, x_scale: float, x_zero: int, packed: PackedLinear, bias) -> torch.Tensor:
     return torch.ops.onednn.qlinear_pointwise(
         qx, x_scale, x_zero, packed.packed, packed.scale, packed.zeros,
@@ -193,19 +203,46 @@ def quantized_linear(x: torch.Tensor, packed: PackedLinear, gelu: bool = False) 
     return torch.nn.functional.gelu(y) if gelu else y
 
 
-def quantized_linear_add_norm(x: torch.Tensor, packed: PackedLinear, residual: torch.Tensor,
-                              norm_weight: torch.Tensor, norm_bias: Optional[torch.Tensor], eps: float
-                              ) -> torch.Tensor:
-    """layer_norm(quantized_linear(x) + residual) over the last dimension: the post-LN step, in the
-    pass after the GEMM (per_token; the other backends run the steps one by one)."""
-    if residual.shape != (*x.shape[:-1], packed.out_features) or residual.dtype != torch.float32:
-        raise ValueError(f"the residual must be float32 of shape {(*x.shape[:-1], packed.out_features)}, "
-                         f"got {residual.dtype} {tuple(residual.shape)}")
+def quantized_linear_gelu_rows(x: torch.Tensor, packed: PackedLinear) -> QuantizedRows:
+    """GELU(x W^T + b), quantized per row as the next per_token GEMM takes it: the codes and scales
+    quantize_rows gives on quantized_linear(x, packed, gelu=True), made in its rescale pass without
+    the float32 output going through memory (the FFN's inner activation: 4 x hidden per token)."""
+    if packed.backend != "per_token":
+        raise ValueError(f"quantized GELU rows come from the per_token backend, not {packed.backend!r}")
     x2 = _rows(x, packed)
-    if packed.backend != "per_token" or x2.shape[0] == 0:
-        y = quantized_linear(x, packed) + residual
-        return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
-    y, s, mid = _per_token_sums(x2, packed)
+    rows, n = x2.shape[0], packed.out_features
+    q = torch.empty(rows, n, dtype=torch.int8)
+    qs, qm = x2.new_empty(rows, 1), x2.new_empty(rows, 1)
+    if rows:
+        y, s, mid = _per_token_sums(x2, packed)
+        _C.int8_rescale_gelu_quantize(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(),
+                                      packed.bias_or_zeros.numpy(), q.numpy(), qs.numpy(), qm.numpy(),
+                                      torch.get_num_threads())
+    return QuantizedRows(q, qs, qm, tuple(x.shape[:-1]))
+
+
+def quantized_linear_add_norm(x, packed: PackedLinear, residual: torch.Tensor, norm_weight: torch.Tensor,
+                              norm_bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """layer_norm(quantized_linear(x) + residual) over the last dimension: the post-LN step, in the
+    pass after the GEMM (per_token; the other backends run the steps one by one). x: a float32 tensor,
+    or QuantizedRows for a per_token weight (quantized_linear_gelu_rows' output)."""
+    lead = x.lead if isinstance(x, QuantizedRows) else tuple(x.shape[:-1])
+    if residual.shape != (*lead, packed.out_features) or residual.dtype != torch.float32:
+        raise ValueError(f"the residual must be float32 of shape {(*lead, packed.out_features)}, "
+                         f"got {residual.dtype} {tuple(residual.shape)}")
+    if isinstance(x, QuantizedRows):
+        if packed.backend != "per_token" or x.q.shape[1] != packed.in_features:
+            raise ValueError(f"QuantizedRows of width {x.q.shape[1]} need a per_token weight of that input "
+                             f"width, got {packed.backend!r} with {packed.in_features}")
+        if x.q.shape[0] == 0:
+            return residual.clone()
+        y, s, mid = _onednn(x.q, 1.0, 0, packed, None), x.scale, x.mid
+    else:
+        x2 = _rows(x, packed)
+        if packed.backend != "per_token" or x2.shape[0] == 0:
+            y = quantized_linear(x, packed) + residual
+            return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
+        y, s, mid = _per_token_sums(x2, packed)
     weight = norm_weight.detach().float().contiguous()
     bias = torch.zeros_like(weight) if norm_bias is None else norm_bias.detach().float().contiguous()
     _C.int8_rescale_add_norm(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(), packed.bias_or_zeros.numpy(),
