@@ -12,9 +12,13 @@ Modules mean what they hold: the fused path reads `.weight` / `.bias` only of mo
 exactly nn.Linear / nn.LayerNorm with no hooks. Anything else swapped in (a peft LoRA layer, a
 quantized Linear, a hooked module) is called as a module, so what it adds is honoured.
 
-CPU fp32 inference can read oneDNN-packed copies of the weights instead (PackedWeights, for a model
-that opted in through EncoderModel.prepack_weights: fastbert.Encoder's does), which saves each GEMM
-its weight reorder: most of its time at batch 1.
+CPU fp32 inference can read packed copies of the weights instead (PackedWeights, for a model that
+opted in through EncoderModel.prepack_weights: fastbert.Encoder's does): MKL's packed GEMM for a few
+dozen tokens, oneDNN's blocked weights for more (fastbert.ops.linear), no weight reorder per GEMM.
+Such a model's eval forward with autograd off then takes the lean path (LeanPlan, run_lean): the
+same ops on the same tensors, with each layer's module lookups, checks and packed weights gathered
+once and re-checked per call by identity and version only (a few microseconds a layer, against
+about 150 for the module path's per-op checks and dispatch at batch 1).
 
 Every op gets the model's `backend` ("auto" | "triton" | "torch"): fastbert.ops.linear (oneDNN
 epilogues for CPU inference, see there), varlen_attention, bias_gelu, add_layer_norm.
@@ -24,6 +28,8 @@ Under autocast the GEMM outputs are low precision while the residual stream is n
 then takes both in their promoted dtype, as transformers' `LayerNorm(dense(x) + residual)` does.
 """
 import dataclasses
+import inspect
+import math
 from typing import Any, Optional, Tuple
 
 import torch
@@ -36,8 +42,9 @@ from fastbert._quantize import QuantizedLinear
 from fastbert.models.activations import Activation
 from fastbert.ops.attention import attention_probs_ref
 from fastbert.ops import quantized_linear as ql
-from fastbert.ops.linear import linear, pack_weight, uses_onednn
-from fastbert.ops.varlen import Packing, pack, repad
+from fastbert.ops.length_runs import varlen_attention_cpu
+from fastbert.ops.linear import linear, pack_weight, packed_linear, uses_cpu_gemm
+from fastbert.ops.varlen import Packing, check_cu_seqlens, pack, repad
 
 
 def is_plain(module: nn.Module, cls: type, bias_required: bool = True) -> bool:
@@ -121,10 +128,12 @@ class PackedWeights:
     load_state_dict(assign=True)) or another version (any in-place write through the parameter:
     load_state_dict, an optimizer step, `with torch.no_grad(): p.mul_(2)`). A write through `p.data`
     (`p.data.mul_(2)`) bumps no version counter and is not seen: after one, call the model's
-    prepack_weights() again (it drops every copy). Copies are not pickled or deep-copied."""
+    prepack_weights() again (it drops every copy). Copies are not pickled or deep-copied. It also
+    holds the layer's LeanPlan, which goes with it."""
 
     def __init__(self):
         self._entries = {}
+        self.plan: Optional[LeanPlan] = None      # the layer's lean path (FastLayer.lean_plan)
 
     def get(self, key, weight: torch.Tensor, sources) -> Optional[torch.Tensor]:
         """The packed copy of `weight` (built from the parameters `sources`), current; None for a
@@ -142,7 +151,7 @@ class PackedWeights:
         return {}
 
     def __setstate__(self, state):
-        self._entries = {}
+        self.__init__()
 
     def __deepcopy__(self, memo):
         return PackedWeights()
@@ -150,7 +159,7 @@ class PackedWeights:
 
 def _packed(store: Optional[PackedWeights], key, h, weight, bias, backend, residual=None, sources=None):
     """store's copy of weight when oneDNN runs this GEMM, else None."""
-    if store is None or not uses_onednn(h, weight, backend, bias, residual):
+    if store is None or not uses_cpu_gemm(h, weight, backend, bias, residual):
         return None
     return store.get(key, weight, (weight,) if sources is None else sources)
 
@@ -231,7 +240,7 @@ def post_norm(h: torch.Tensor, dense: nn.Module, residual: torch.Tensor, norm: n
                                                                                         dropout_p):
         return ql.quantized_linear_add_norm(h, dense._packed, residual, norm.weight, norm.bias, norm.eps)
     if (dropout_p == 0.0 and residual.dtype == h.dtype and is_plain(dense, nn.Linear, bias_required=False)
-            and uses_onednn(h, dense.weight, backend, dense.bias, residual)):
+            and uses_cpu_gemm(h, dense.weight, backend, dense.bias, residual)):
         w, b = dense.weight, dense.bias
         y = linear(h, w, b, residual=residual, backend=backend,
                    packed=_packed(packed, dense, h, w, b, backend, residual))
@@ -327,6 +336,21 @@ class FastLayer(EncoderLayer):
         self._qkv_cache = {}
         self.packed_weights: Optional[PackedWeights] = None   # set by EncoderModel.prepack_weights
 
+    def lean_plan(self) -> Optional["LeanPlan"]:
+        """This layer's LeanPlan (kept in its PackedWeights), current, or None where the lean path
+        cannot run it: training, packed weights off (EncoderModel.prepack_weights), hooks on the layer
+        or its modules, a module that is not a plain nn.Linear / nn.LayerNorm with a bias, a family
+        that changes the layer. Remade when a module or parameter is replaced or a Linear's weight is
+        written in place (as PackedWeights sees it); checking that costs a few microseconds."""
+        store = self.packed_weights
+        if store is None or self.training or _hooked(self) or not _lean_class(type(self)):
+            return None
+        if store.plan is None or not store.plan.current():
+            p = self.parts()
+            store.plan = _build_plan(self, (p.query, p.key, p.value, p.attn_out, p.attn_norm, p.ffn_in, p.ffn_out,
+                                            p.ffn_norm))
+        return store.plan
+
     def parts(self) -> LayerParts:
         raise NotImplementedError
 
@@ -380,3 +404,144 @@ class FastLayer(EncoderLayer):
                 and is_plain(p.ffn_in, QuantizedLinear) and p.ffn_in.backend == "per_token"
                 and is_plain(p.ffn_out, QuantizedLinear) and p.ffn_out.backend == "per_token"
                 and x.dtype == torch.float32 and _int8_add_norm(p.ffn_out, x, p.ffn_norm, dropout_p))
+
+
+# ---- the lean path: CPU fp32 inference of the default post-LN layer, its per-call work gathered once ----
+_LEAN_METHODS = ("forward", "_qkv", "attend", "ffn_hidden")
+_lean_classes = {}
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _global_hooks() -> bool:
+    """Hooks registered for every module (torch.nn.modules.module.register_module_forward_hook, ...)."""
+    g = torch.nn.modules.module
+    return bool(g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks
+                or g._global_backward_pre_hooks)
+
+
+def _lean_class(cls: type) -> bool:
+    """cls runs FastLayer's own layer (not a family's other attention, QKV or FFN)."""
+    if cls not in _lean_classes:
+        _lean_classes[cls] = all(inspect.unwrap(getattr(cls, name)) is inspect.unwrap(getattr(FastLayer, name))
+                                 for name in _LEAN_METHODS)
+    return _lean_classes[cls]
+
+
+def _links(layer: nn.Module, modules) -> Optional[list]:
+    """(parent's module dict, name, child) for every step from the layer down to each of `modules`:
+    while each still holds, no module on the way has been replaced. None if one is not inside it."""
+    where = {id(m): name for name, m in layer.named_modules(remove_duplicate=False)}
+    links = {}
+    for m in modules:
+        if id(m) not in where:
+            return None
+        parent = layer
+        for part in where[id(m)].split("."):
+            child = parent._modules[part]
+            links[id(parent), part] = (parent._modules, part, child)
+            parent = child
+    return list(links.values())
+
+
+def _stamp(params) -> tuple:
+    """Each tensor's address, and for the weights (the packed ones) their version."""
+    return tuple(v for w, b in params for v in (w.data_ptr(), w._version, b.data_ptr()))
+
+
+class LeanPlan:
+    """One FastLayer's forward for CPU fp32 inference, with what every call would look up, check and
+    pack made once (FastLayer.lean_plan): its modules' tensors, the fused QKV bias, the packed weights
+    (the layer's PackedWeights) and what says they are current. forward() runs the same ops as the
+    layer's own forward, in the same order, without their per-op checks and dispatch."""
+    __slots__ = ("links", "modules", "params", "stamp", "qkv_bias", "packed", "epilogue", "act_fn", "heads",
+                 "head_dim", "norms")
+
+    def __init__(self, layer: "FastLayer", links, modules, qkv_bias, packed):
+        q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
+        self.links, self.modules, self.qkv_bias, self.packed = links, modules, qkv_bias, packed
+        # (weight, bias) of each Linear and LayerNorm: the parameter objects, whose data can change
+        self.params = [(m._parameters["weight"], m._parameters["bias"]) for m in (q, k, v, attn_out, ffn_in, ffn_out,
+                                                                                 attn_norm, ffn_norm)]
+        self.stamp = _stamp(self.params)
+        self.norms = [(n.normalized_shape, n.eps) for n in (attn_norm, ffn_norm)]
+        self.epilogue = layer.activation.epilogue
+        self.act_fn = None if self.epilogue is not None else layer.activation.fn
+        self.heads, self.head_dim = layer.num_heads, layer.head_dim
+
+    def current(self) -> bool:
+        """Still this layer's: the same modules in the same places, no hooks, the same parameters
+        (objects, addresses, weight versions)."""
+        return (all(d.get(name) is child for d, name, child in self.links)
+                and not any(map(_hooked, self.modules))
+                and all(m._parameters["weight"] is w and m._parameters["bias"] is b
+                        for m, (w, b) in zip(self.modules[:4] + self.modules[5:7] + self.modules[4::3], self.params))
+                and _stamp(self.params) == self.stamp)
+
+    def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """x (tokens, hidden) -> the layer's output; attend(q, k, v) -> (tokens, heads, head_dim)."""
+        qkv_packed, out_packed, ffn_in_packed, ffn_out_packed = self.packed
+        _, _, _, (_, out_bias), (_, ffn_in_bias), (_, ffn_out_bias), (w1, b1), (w2, b2) = self.params
+        (shape1, eps1), (shape2, eps2) = self.norms
+        tokens = x.shape[0]
+        qkv = packed_linear(x, qkv_packed, self.qkv_bias).view(tokens, 3, self.heads, self.head_dim)
+        ctx = attend(*qkv.unbind(1)).view(tokens, self.heads * self.head_dim)
+        x = F.layer_norm(packed_linear(ctx, out_packed, out_bias, residual=x), shape1, w1, b1, eps1)
+        h = packed_linear(x, ffn_in_packed, ffn_in_bias, activation=self.epilogue)
+        if self.act_fn is not None:
+            h = self.act_fn(h)
+        return F.layer_norm(packed_linear(h, ffn_out_packed, ffn_out_bias, residual=x), shape2, w2, b2, eps2)
+
+
+def _build_plan(layer: "FastLayer", modules) -> Optional[LeanPlan]:
+    q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
+    linears = (q, k, v, attn_out, ffn_in, ffn_out)
+    if (any(map(_hooked, modules))
+            or not all(is_plain(m, nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+                       for m in linears)
+            or not all(is_plain(n, nn.LayerNorm) and n.weight is not None and n.bias is not None
+                       for n in (attn_norm, ffn_norm))):
+        return None
+    links = _links(layer, modules)
+    store = layer.packed_weights
+    weight, bias = fused_weight((q, k, v), layer._qkv_cache)
+    packed = [store.get((q, k, v), weight, (q.weight, k.weight, v.weight))]
+    packed += [store.get(m, m.weight, (m.weight,)) for m in (attn_out, ffn_in, ffn_out)]
+    if links is None or any(p is None for p in packed):     # a weight made in inference mode: no version to watch
+        return None
+    return LeanPlan(layer, links, modules, bias, packed)
+
+
+def lean_plans(layers, x: torch.Tensor, backend: str) -> Optional[list]:
+    """The layers' LeanPlans when this forward can run them (run_lean), else None: CPU fp32 inference
+    (autograd off, not under torch.compile, backend "auto"), no global module hooks, and every layer a
+    FastLayer that can (FastLayer.lean_plan)."""
+    if (backend != "auto" or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled()
+            or torch.compiler.is_compiling() or _global_hooks()):
+        return None
+    plans = []
+    for layer in layers:
+        plan = layer.lean_plan() if isinstance(layer, FastLayer) else None
+        if plan is None:
+            return None
+        plans.append(plan)
+    return plans
+
+
+def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """The layers' forward by their plans: packed x (tokens, hidden) -> the last layer's output. The
+    sequence bounds are checked once for all layers (cu_seqlens on the CPU, as varlen_attention checks
+    them per call); attention is fastbert.ops.length_runs' CPU path, else varlen_attention."""
+    check_cu_seqlens(cu_seqlens, x.shape[0], max_seqlen)
+    scale = 1.0 / math.sqrt(plans[0].head_dim) if plans else 1.0
+
+    def attend(q, k, v):
+        out = varlen_attention_cpu(q, k, v, cu_seqlens, 0.0, scale)
+        return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen) if out is None else out
+
+    for plan in plans:
+        x = plan.forward(x, attend)
+    return x

@@ -22,7 +22,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.gradient_checkpointing import GradientCheckpointing
 from fastbert.models.inputs import NOT_EXPORTABLE, check_inputs, check_packed, check_packed_shapes
-from fastbert.models.layers import EncoderLayer, FastLayer, PackedWeights
+from fastbert.models.layers import EncoderLayer, FastLayer, PackedWeights, lean_plans, run_lean
 from fastbert.models.loading import CheckpointIO
 from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
 from fastbert.models.registry import family
@@ -292,12 +292,15 @@ class EncoderModel(FastPreTrainedModel):
         return self.dims.max_position_embeddings
 
     def prepack_weights(self, enable: bool = True) -> None:
-        """CPU fp32 inference (no gradient) reads oneDNN-packed copies of the post-LN layers' Linear
-        weights (fastbert.models.layers.PackedWeights), made on first use: each GEMM skips its
-        weight reorder (batch-1 forwards about 1.5x faster), for one more copy of those weights in
-        memory. A copy is remade when its parameter is replaced or written in place through itself
-        (load_state_dict, an optimizer step, `with torch.no_grad(): p.mul_(2)`), not after a write
-        through `p.data`: call prepack_weights() again after one (it drops every copy).
+        """CPU fp32 inference (no gradient) reads packed copies of the post-LN layers' Linear
+        weights (fastbert.models.layers.PackedWeights, fastbert.ops.linear.PackedWeight), made on
+        first use: each GEMM skips its weight reorder (batch-1 forwards about 1.5x faster), for one
+        more copy of those weights in memory per GEMM engine used (MKL's for up to
+        fastbert.ops.linear.MKL_MAX_TOKENS tokens, oneDNN's for more), and an eval forward with
+        autograd off runs the layers' lean path (fastbert.models.layers.LeanPlan). A copy is remade
+        when its parameter is replaced or written in place through itself (load_state_dict, an
+        optimizer step, `with torch.no_grad(): p.mul_(2)`), not after a write through `p.data`: call
+        prepack_weights() again after one (it drops every copy).
         enable=False drops the copies and goes back to the plain weights. fastbert.Encoder turns it
         on for its model; other layer kinds ignore it."""
         for layer in self.encoder_layers():
@@ -335,7 +338,10 @@ class EncoderModel(FastPreTrainedModel):
         the padded tensor, so that gradients reach every returned hidden state (saliency, attribution)."""
         attentions = [] if output_attentions else None
         backend = self._backend
-        for layer in self.encoder_layers():
+        layers = self.encoder_layers()
+        if not output_attentions and hidden_states is None and (plans := lean_plans(layers, x, backend)) is not None:
+            return run_lean(plans, x, packing.cu_seqlens, packing.max_seqlen), None
+        for layer in layers:
             x, probs = layer(x, packing, output_attentions, backend)
             if hidden_states is not None:
                 hidden_states.append(repad(x, packing))

@@ -6,10 +6,15 @@
   GEMM, so FFN1's 4x-wide activation is written once instead of read and written again, and the
   residual add after an output projection costs no extra pass. On a 2-core x86 box this is
   1.2-1.7x faster than F.linear for BERT's shapes.
-- `pack_weight`: oneDNN's blocked copy of a weight, which `linear(..., packed=)` then reads instead
-  of reordering the plain weight on every call (at batch 1 that reorder is most of a GEMM: 548 vs
-  860 us for a MiniLM layer's four GEMMs at 15 tokens, 1 thread). The copy does not follow later
-  writes to the weight: its owner remakes it (fastbert.models.layers.PackedWeights).
+- `pack_weight`: packed copies of a weight (a PackedWeight) that `linear(..., packed=)` reads instead
+  of the plain weight. Up to MKL_MAX_TOKENS tokens the call runs MKL's packed GEMM
+  (`torch.ops.mkl._mkl_linear` on a `cblas_sgemm_pack`ed copy), then its epilogue as one in-place op:
+  at a few dozen tokens a GEMM only streams its weight, and MKL's packed kernel does that fastest,
+  with about 1 us of fixed cost per call against oneDNN's 13 (all 36 GEMMs of MiniLM-L6, 1 thread:
+  2.1-2.2 ms against oneDNN's 2.8-2.9 at 9 tokens, 3.2 against 3.8 at 18, 4.6 against 5.4 at 30; at
+  512 tokens oneDNN is ahead). Past MKL_MAX_TOKENS, oneDNN on its blocked copy (no weight reorder per
+  call: at batch 1 that reorder is most of a GEMM). Each copy is made when a call first needs it and
+  does not follow later writes to the weight: its owner remakes it (fastbert.models.layers.PackedWeights).
 - Elsewhere (CUDA, autograd, other dtypes, backend="torch" or "triton"): F.linear, with the GELU
   epilogue as fastbert.ops.bias_gelu on the same backend (its Triton kernel on CUDA).
 GEMMs themselves always stay with torch (cuBLAS / oneDNN); there is no Triton GEMM.
@@ -24,6 +29,11 @@ from fastbert.ops.bias_gelu import bias_gelu
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh", "relu")
 _ONEDNN = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+_MKL = (torch.ops.mkl._mkl_linear.default
+        if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear") else None)
+# token counts up to which a packed weight runs MKL's packed GEMM (oneDNN past it); the copy is packed
+# for this many rows and serves any row count up to it (tested: tests/ops/test_linear.py)
+MKL_MAX_TOKENS = 128
 # activation -> (oneDNN post-op, its algorithm)
 _EPILOGUE = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 
@@ -43,9 +53,10 @@ def _check(x, weight, bias, activation, residual, backend) -> None:
         raise ValueError(f"residual must have shape {(*x.shape[:-1], weight.shape[0])}, got {tuple(residual.shape)}")
 
 
-def uses_onednn(x: torch.Tensor, weight: torch.Tensor, backend: str = "auto", bias: Optional[torch.Tensor] = None,
-                residual: Optional[torch.Tensor] = None) -> bool:
-    """True when `linear` runs this call as one oneDNN GEMM with its epilogue fused. Never while
+def uses_cpu_gemm(x: torch.Tensor, weight: torch.Tensor, backend: str = "auto", bias: Optional[torch.Tensor] = None,
+                  residual: Optional[torch.Tensor] = None) -> bool:
+    """True when `linear` runs this call as CPU fp32 inference: one oneDNN GEMM with its epilogue
+    fused, or with a packed weight and few tokens MKL's packed GEMM and its epilogue. Never while
     torch.compile traces: the op has no fake kernel, and Inductor makes the same fusion itself
     from F.linear (with weights it packs). Never when any operand needs a gradient: the op has no
     backward, so a trainable bias beside a frozen weight (BitFit) would get none."""
@@ -69,34 +80,81 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return y if residual is None else y + residual
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked copy of a CPU fp32 (out, in) weight (an opaque mkldnn tensor), for
-    `linear(..., packed=)`. A copy: later writes to `weight` do not reach it."""
+class PackedWeight:
+    """pack_weight(weight): the packed copies of one weight that `linear(..., packed=)` reads, MKL's
+    (up to MKL_MAX_TOKENS tokens, where MKL is available) and oneDNN's (more tokens), each made from
+    the weight when a call first needs it. A copy, once made, does not follow writes to the weight."""
+    __slots__ = ("weight", "shape", "_mkl", "_onednn")
+
+    def __init__(self, weight: torch.Tensor):
+        with torch.no_grad():
+            self.weight = weight.detach().contiguous()
+        self.shape = self.weight.shape
+        self._mkl = self._onednn = None
+
+    def uses_mkl(self, tokens: int) -> bool:
+        return _MKL is not None and tokens <= MKL_MAX_TOKENS
+
+    def mkl(self) -> torch.Tensor:
+        if self._mkl is None:
+            with torch.no_grad():
+                self._mkl = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, MKL_MAX_TOKENS)
+        return self._mkl
+
+    def onednn(self) -> torch.Tensor:
+        if self._onednn is None:
+            with torch.no_grad():
+                self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+        return self._onednn
+
+
+def pack_weight(weight: torch.Tensor) -> PackedWeight:
+    """The packed copies of a CPU fp32 (out, in) weight for `linear(..., packed=)` (see PackedWeight)."""
     if _ONEDNN is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         raise ValueError(f"pack_weight takes a 2-D float32 CPU weight with oneDNN available, got "
                          f"{tuple(weight.shape)} {weight.dtype} on {weight.device}")
-    with torch.no_grad():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+    return PackedWeight(weight)
+
+
+def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Tensor] = None,
+                  activation: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`linear` on its CPU inference path with a packed weight, without its checks: for a caller that
+    made them once for many calls (fastbert.models.layers' lean plans). x (tokens, in) fp32 CPU."""
+    if packed.uses_mkl(x.shape[0]):         # the bias rides in the GEMM, the epilogue in place after it
+        y = _MKL(x, packed.mkl(), packed.weight, bias, x.shape[0])
+        if residual is not None:
+            return y.add_(residual)
+        if activation == "relu":
+            return y.relu_()
+        if activation is not None:
+            return torch._C._nn.gelu_(y, approximate="tanh" if activation == "gelu_tanh" else "none")
+        return y
+    return _onednn_linear(x, packed.onednn(), bias, activation, residual)
+
+
+def _onednn_linear(x, w, bias, activation, residual) -> torch.Tensor:
+    x = x.contiguous()
+    if residual is not None:
+        return _ONEDNN.binary(x, residual.contiguous(), w, bias, "add")
+    attr, algorithm = _EPILOGUE[activation]
+    return _ONEDNN(x, w, bias, attr, [None] if attr in ("none", "gelu") else [], algorithm)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            activation: Optional[str] = None, residual: Optional[torch.Tensor] = None,
-           backend: str = "auto", packed: Optional[torch.Tensor] = None) -> torch.Tensor:
+           backend: str = "auto", packed: Optional[PackedWeight] = None) -> torch.Tensor:
     """act(x W^T + b) (activation "gelu" = exact erf GELU, "gelu_tanh", "relu"), or with
     residual: x W^T + b + residual. Same result on every path, within float rounding.
-    packed: pack_weight(weight), read instead of weight when oneDNN runs the call; the caller
-    vouches that it is current."""
+    packed: pack_weight(weight), read instead of weight on the CPU inference path (uses_cpu_gemm);
+    the caller vouches that it is current."""
     _check(x, weight, bias, activation, residual, backend)
-    if packed is not None and not (packed.is_mkldnn and packed.shape == weight.shape):
-        raise ValueError(f"packed must be pack_weight(weight) for weight {tuple(weight.shape)}, got "
-                         f"{'a ' if packed.is_mkldnn else 'a non-packed '}{tuple(packed.shape)} tensor")
-    if uses_onednn(x, weight, backend, bias, residual) and (residual is None or residual.dtype == x.dtype):
-        x = x.contiguous()
-        w = weight if packed is None else packed
-        if residual is not None:
-            return _ONEDNN.binary(x, residual.contiguous(), w, bias, "add")
-        attr, algorithm = _EPILOGUE[activation]
-        return _ONEDNN(x, w, bias, attr, [None] if attr in ("none", "gelu") else [], algorithm)
+    if packed is not None and not (isinstance(packed, PackedWeight) and packed.shape == weight.shape):
+        got = tuple(packed.shape) if isinstance(packed, PackedWeight) else type(packed).__name__
+        raise ValueError(f"packed must be pack_weight(weight) for weight {tuple(weight.shape)}, got {got}")
+    if uses_cpu_gemm(x, weight, backend, bias, residual) and (residual is None or residual.dtype == x.dtype):
+        if packed is not None:
+            return packed_linear(x, packed, bias, activation, residual)
+        return _onednn_linear(x, weight, bias, activation, residual)
     if activation in ("gelu", "gelu_tanh") and bias is not None:
         h = F.linear(x, weight)                                  # bias is fused into the GELU below
         approximate = "tanh" if activation == "gelu_tanh" else "none"

@@ -26,7 +26,7 @@ def test_inference_paths_match_the_reference(activation, backend):
     if backend == "auto" and L._ONEDNN is None:
         pytest.skip("this torch build has no oneDNN (mkldnn) linear")
     with torch.no_grad():
-        assert L.uses_onednn(x, w, backend) == (backend == "auto")
+        assert L.uses_cpu_gemm(x, w, backend) == (backend == "auto")
         got = L.linear(x, w, b, activation=activation, backend=backend)
     torch.testing.assert_close(got, ref64(x, w, b, activation), atol=2e-5, rtol=1e-5)
 
@@ -65,7 +65,7 @@ def test_packed_weight_matches_the_reference(epilogue):
 def test_autograd_path_matches_the_reference(activation):
     x, w, b, _ = operands(seed=2)
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    assert not L.uses_onednn(leaves[0], leaves[1])              # a gradient is needed: never oneDNN
+    assert not L.uses_cpu_gemm(leaves[0], leaves[1])              # a gradient is needed: never oneDNN
     out = L.linear(*leaves, activation=activation)
     grad = torch.randn_like(out)
     out.backward(grad)
@@ -83,7 +83,7 @@ def test_non_contiguous_and_other_dtypes():
         torch.testing.assert_close(L.linear(xt[::2], w, b, activation="gelu"), ref64(x[::2], w, b, "gelu"),
                                    atol=2e-5, rtol=1e-5)
         half = L.linear(x.bfloat16(), w.bfloat16(), b.bfloat16(), activation="gelu")
-    assert half.dtype == torch.bfloat16 and not L.uses_onednn(x.bfloat16(), w.bfloat16())
+    assert half.dtype == torch.bfloat16 and not L.uses_cpu_gemm(x.bfloat16(), w.bfloat16())
     torch.testing.assert_close(half.float(), ref64(x, w, b, "gelu"), atol=0.1, rtol=2e-2)
 
 
@@ -101,3 +101,28 @@ def test_errors_name_the_argument():
         L.linear(x, w, b, residual=r[:, :4])
     with pytest.raises(ValueError, match="backend must be one of"):
         L.linear(x, w, b, backend="cuda")
+
+
+@pytest.mark.parametrize("epilogue", [*ACTIVATIONS, "residual"])
+def test_packed_weight_serves_every_token_count(epilogue):
+    """One packed weight for all token counts: MKL's packed GEMM (its copy packed once, for
+    MKL_MAX_TOKENS rows) at every count up to MKL_MAX_TOKENS, oneDNN past it; made under one
+    intra-op thread count and used under another, as an Encoder does."""
+    if L._ONEDNN is None:
+        pytest.skip("this torch build has no oneDNN (mkldnn) linear")
+    before = torch.get_num_threads()
+    limit = L.MKL_MAX_TOKENS
+    try:
+        for n_in, n_out in ((384, 1536), (48, 67)):
+            x, w, b, r = operands(tokens=limit + 172, n_in=n_in, n_out=n_out, seed=5)
+            packed = L.pack_weight(w)
+            for threads, tokens in ((1, 1), (2, 2), (1, 7), (2, 16), (1, 31), (2, limit), (1, limit + 1), (2, 300)):
+                torch.set_num_threads(threads)
+                assert packed.uses_mkl(tokens) == (L._MKL is not None and tokens <= limit)
+                residual, activation = (r[:tokens], None) if epilogue == "residual" else (None, epilogue)
+                with torch.no_grad():
+                    got = L.linear(x[:tokens], w, b, activation=activation, residual=residual, packed=packed)
+                torch.testing.assert_close(got, ref64(x[:tokens], w, b, activation, residual), atol=1e-4, rtol=1e-5,
+                                           msg=lambda m: f"{tokens} tokens, {n_in}->{n_out}: {m}")
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,151 @@
+"""fastbert.models.layers' lean path (LeanPlan: CPU fp32 inference of the default post-LN layer with its
+lookups, checks and packed weights made once): it gives the layer path's results on every family that
+takes it, only when it may run (eval, autograd off, packed weights on, no hooks), and it follows every
+change to the modules and parameters that the layer path sees."""
+import pytest
+import torch
+import transformers as T
+from torch import nn
+
+from fastbert.models import layers as Ly
+from test_forward_packed import build, padded_and_packed
+from test_models import FAMILIES
+
+LENGTHS = (9, 0, 4, 4, 1, 17)
+
+
+def packed_inputs(model):
+    _, packed = padded_and_packed(model.config, LENGTHS, seq=max(LENGTHS))
+    return packed
+
+
+def run(model, packed):
+    with torch.inference_mode():
+        return model.forward_packed(**packed).last_hidden_state
+
+
+def layer_path(model, packed):
+    """The same forward on the layers' own path (no packed weights: no lean plan)."""
+    model.prepack_weights(False)
+    try:
+        return run(model, packed)
+    finally:
+        model.prepack_weights()
+
+
+@pytest.fixture
+def lean_calls(monkeypatch):
+    calls = []
+    forward = Ly.LeanPlan.forward
+    monkeypatch.setattr(Ly.LeanPlan, "forward", lambda self, *a: calls.append(self) or forward(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_lean_path_equals_the_layer_path_and_transformers(family, lean_calls):
+    model = build(family, backend="auto")
+    model.prepack_weights()
+    packed = packed_inputs(model)
+    got = run(model, packed)
+    assert len(lean_calls) == len(model.encoder_layers())
+    torch.testing.assert_close(got, layer_path(model, packed), atol=1e-5, rtol=1e-5)
+    hf = getattr(T, FAMILIES[family][2] + "Model")(model.config).eval()
+    hf.load_state_dict(model.state_dict(), strict=False)
+    starts = packed["cu_seqlens"].tolist()
+    with torch.no_grad():
+        for n, (a, b) in zip(LENGTHS, zip(starts, starts[1:])):
+            if n:
+                want = hf(input_ids=packed["input_ids"][a:b][None],
+                          **({"token_type_ids": packed["token_type_ids"][a:b][None]}
+                             if "token_type_ids" in packed else {})).last_hidden_state[0]
+                torch.testing.assert_close(got[a:b], want, atol=1e-5, rtol=1e-5)
+
+
+def test_lean_path_runs_only_where_it_may(lean_calls):
+    model = build("bert", backend="auto")
+    packed = packed_inputs(model)
+    run(model, packed)                                          # no packed weights: never lean
+    assert not lean_calls
+    model.prepack_weights()
+    with torch.no_grad():
+        run(model, packed)                                      # inference mode or no_grad: lean
+    assert len(lean_calls) == 2
+    lean_calls.clear()
+    model.forward_packed(**packed)                              # autograd on
+    model.train()
+    run(model, packed)
+    model.eval()
+    model.backend = "torch"
+    run(model, packed)
+    model.backend = "auto"
+    seen = []
+    handle = model.encoder.layer[1].register_forward_hook(lambda *a: seen.append(1))
+    run(model, packed)
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda *a: seen.append(2))
+    run(model, packed)
+    handle.remove()
+    assert not lean_calls and seen[0] == 1 and 2 in seen
+    run(model, packed)
+    assert len(lean_calls) == 2
+
+
+def test_lean_path_follows_module_and_parameter_changes(lean_calls):
+    """Each edit changes the output, and the lean path gives what the layer path gives after it."""
+    model = build("bert", backend="auto")
+    model.prepack_weights()
+    packed = packed_inputs(model)
+    layer = model.encoder.layer[-1]
+    g = torch.Generator().manual_seed(7)
+
+    def new_linear(old):
+        new = nn.Linear(old.in_features, old.out_features)
+        with torch.no_grad():
+            new.weight.copy_(torch.randn(new.weight.shape, generator=g) / 5)
+        return new
+
+    def replace_dense():
+        layer.attention.output.dense = new_linear(layer.attention.output.dense)
+
+    def replace_attention_output():        # a module above the Linear: its old one keeps the old weights
+        old = layer.attention.output
+        new = type(old)(old.dense.in_features, model.dims)
+        new.load_state_dict(old.state_dict())
+        new.dense = new_linear(old.dense)
+        layer.attention.output = new
+
+    def replace_bias():
+        layer.intermediate.dense.bias = nn.Parameter(torch.randn(model.config.intermediate_size, generator=g))
+
+    def in_place_key_weight():
+        with torch.no_grad():
+            layer.attention.self.key.weight.mul_(1.5)
+
+    def in_place_norm():
+        with torch.no_grad():
+            layer.output.LayerNorm.weight.mul_(0.5)
+
+    def hooked_module():                   # a hook on a Linear: the layer path calls it as a module
+        layer.output.dense.register_forward_hook(lambda m, i, out: out * 2)
+
+    before = run(model, packed)
+    for edit in (replace_dense, replace_attention_output, replace_bias, in_place_key_weight, in_place_norm,
+                 hooked_module):
+        edit()
+        lean_calls.clear()
+        got = run(model, packed)
+        assert bool(lean_calls) == (edit is not hooked_module), edit.__name__
+        torch.testing.assert_close(got, layer_path(model, packed), atol=1e-5, rtol=1e-5, msg=edit.__name__)
+        assert (got - before).abs().max() > 1e-3, edit.__name__
+        before = got
+
+
+@pytest.mark.parametrize("family", ["deberta-v2", "mpnet", "nomic_bert"])
+def test_families_that_change_the_layer_keep_their_own_path(family):
+    from tiny_families import CONFIGS
+
+    import fastbert
+    torch.manual_seed(0)
+    model = fastbert.AutoModel.from_config(CONFIGS[family]()).eval()
+    model.prepack_weights()
+    assert all(not isinstance(layer, Ly.FastLayer) or layer.lean_plan() is None for layer in model.encoder_layers())
