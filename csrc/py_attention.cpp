@@ -60,8 +60,9 @@ template <int R, int NV>
 AVX512 void query_block(const Head& h, int64_t i0, const float* kt, int64_t lp, float scale, float* sc) {
     const float* qrow[R];
     for (int r = 0; r < R; ++r) qrow[r] = h.q + std::min(i0 + r, h.len - 1) * h.qs;
+    constexpr int C = R >= 8 ? 2 : 4;   // R x C score accumulators
     int64_t c0 = 0;
-    for (; c0 + 64 <= lp; c0 += 64) score_block<R, 4, NV>(qrow, kt, lp, c0, scale, sc);
+    for (; c0 + 16 * C <= lp; c0 += 16 * C) score_block<R, C, NV>(qrow, kt, lp, c0, scale, sc);
     for (; c0 < lp; c0 += 16) score_block<R, 1, NV>(qrow, kt, lp, c0, scale, sc);
     // softmax numerators in place, over the len real keys (the padded columns read as 0)
     const int64_t full = h.len / 16 * 16;
@@ -105,16 +106,47 @@ AVX512 void query_block(const Head& h, int64_t i0, const float* kt, int64_t lp, 
     }
 }
 
+// out[c] = column c of the 16 x 16 block in rows r (r is overwritten)
+AVX512 inline void transpose16(__m512* r, __m512* out) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]),
+                      c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));       // in 128-bit lane l: column 4 l + m of
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));   // rows 4 i .. 4 i + 3, m = 0 .. 3
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int m = 0; m < 4; ++m) {
+        const __m512 a = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88), b = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xdd),
+                     c = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88),
+                     d = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xdd);
+        out[m] = _mm512_shuffle_f32x4(a, c, 0x88);
+        out[8 + m] = _mm512_shuffle_f32x4(a, c, 0xdd);
+        out[4 + m] = _mm512_shuffle_f32x4(b, d, 0x88);
+        out[12 + m] = _mm512_shuffle_f32x4(b, d, 0xdd);
+    }
+}
+
 // kt: (16 NV, lp) scratch, lp = len rounded up to 16; sc: (R, lp) scratch.
 template <int NV>
 AVX512 void attend_head(const Head& h, float scale, std::vector<float>& kt, std::vector<float>& sc) {
-    constexpr int R = NV <= 2 ? 4 : 2;   // the p V accumulators: R * NV of the 32 vector registers
+    constexpr int R = NV <= 2 ? 8 : NV <= 4 ? 4 : 2;   // the p V accumulators: R * NV <= 16
     const int64_t lp = (h.len + 15) / 16 * 16;
-    kt.assign(static_cast<size_t>(16 * NV * lp), 0.0f);
+    kt.resize(static_cast<size_t>(16 * NV * lp));
     sc.resize(static_cast<size_t>(R * lp));
-    for (int64_t j = 0; j < h.len; ++j) {
-        const float* kj = h.k + j * h.ks;
-        for (int d = 0; d < 16 * NV; ++d) kt[d * lp + j] = kj[d];
+    for (int64_t j0 = 0; j0 < lp; j0 += 16) {   // K^T in 16 x 16 blocks, the keys past len as zeros
+        for (int n = 0; n < NV; ++n) {
+            __m512 rows[16], cols[16];
+            for (int j = 0; j < 16; ++j)
+                rows[j] = j0 + j < h.len ? _mm512_loadu_ps(h.k + (j0 + j) * h.ks + 16 * n) : _mm512_setzero_ps();
+            transpose16(rows, cols);
+            for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kt.data() + (16 * n + c) * lp + j0, cols[c]);
+        }
     }
     for (int64_t i0 = 0; i0 < h.len; i0 += R) query_block<R, NV>(h, i0, kt.data(), lp, scale, sc.data());
 }

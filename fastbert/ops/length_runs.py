@@ -18,7 +18,7 @@ cu_seqlens on the host).
 float32 with head_dim 16, 32, ... 128 on an AVX-512 CPU (BERT's 32 and 64) takes fastbert._C's
 attention_packed instead (csrc/py_attention.cpp): one pass per (sequence, head), its scores kept in
 cache, any number of lengths in any order (torch's flash kernel, at head_dim 32 and 12 heads on one
-thread, took 3x its time at 8 tokens, 1.4x at 64, 1.1x at 256). Same property: a sequence's bits
+thread, took 4.7x its time at 8 tokens, 1.7x at 64, 1.3x at 128, 1.2x at 256). Same property: a sequence's bits
 do not depend on the batch (nor on the thread count).
 """
 from typing import List, Optional, Tuple
