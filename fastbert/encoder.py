@@ -173,6 +173,8 @@ def pool_packed(hidden: torch.Tensor, lengths: Sequence[int], modes: Sequence[st
     excluded prompt) are left out, as pool() does with a mask. Reads no device value."""
     hidden = hidden.float()
     device, batch = hidden.device, len(lengths)
+    if batch == 1:      # one text (batch 1): slices, no index tensors
+        return _pool_one(hidden[:lengths[0]], modes, skip)
     lengths_t = torch.tensor(lengths, dtype=torch.long)
     starts_t = torch.cumsum(lengths_t, 0) - lengths_t
     seq = torch.repeat_interleave(torch.arange(batch), lengths_t).to(device)          # (tokens,)
@@ -193,6 +195,24 @@ def pool_packed(hidden: torch.Tensor, lengths: Sequence[int], modes: Sequence[st
         elif mode in ("mean", "mean_sqrt_len_tokens"):
             sums = hidden.new_zeros((batch, width)).index_add_(0, seq, hidden * keep)
             parts.append(sums / (counts if mode == "mean" else counts.sqrt()))
+        else:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _pool_one(hidden: torch.Tensor, modes: Sequence[str], skip: int) -> torch.Tensor:
+    """pool_packed for one sequence's (length, hidden) fp32 states -> (1, hidden * len(modes))."""
+    kept = hidden[skip:]
+    parts = []
+    for mode in modes:
+        if mode == "cls":
+            parts.append(hidden[skip if len(kept) else 0:][:1])
+        elif mode == "max":
+            parts.append(kept.amax(0, keepdim=True) if len(kept) else hidden.new_full((1, hidden.shape[1]),
+                                                                                       float("-inf")))
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            count = max(len(kept), 1e-9)
+            parts.append(kept.sum(0, keepdim=True) / (count if mode == "mean" else count ** 0.5))
         else:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -454,33 +474,36 @@ class Encoder:
         packed: (one buffer [ids | 0 | cumsum(lengths)], pinned on CUDA, token count, longest row);
         else (input_ids, attention_mask) padded to the longest row."""
         lengths = [len(r) for r in rows]
-        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
         if packed:
-            tokens = len(flat)
-            host = torch.empty(tokens + len(rows) + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
-            host[:tokens] = flat
-            host[tokens] = 0
-            host[tokens + 1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.long), 0)
+            values = [t for r in rows for t in r]
+            tokens = len(values)
+            values.append(0)
+            values.extend(itertools.accumulate(lengths))
+            host = torch.tensor(values, dtype=torch.long)
+            if self.device.type == "cuda":
+                host = host.pin_memory()
             return host, tokens, max(lengths)
+        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
         lengths = torch.tensor(lengths)
         mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]        # (batch, width)
         ids = torch.full(mask.shape, getattr(self.tokenizer, "pad_token_id", None) or 0, dtype=torch.long)
         ids[mask] = flat
         return ids, mask.long()
 
-    def _threads_for(self, tokens: int):
+    def _threads_for(self, tokens: int, device: Optional[torch.device] = None):
         """One intra-op thread for a small CPU batch (one_thread_tokens), else the current setting.
         torch's thread count is per OS thread once set (OpenMP's), so another Python thread's
-        forward keeps its own."""
+        forward keeps its own. device: self.device, if read."""
         before = torch.get_num_threads()
-        if self.device.type != "cpu" or tokens > self.one_thread_tokens or before == 1:
+        if (device or self.device).type != "cpu" or tokens > self.one_thread_tokens or before == 1:
             return contextlib.nullcontext()
         return _intra_op_threads(1, before)
 
-    def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int) -> torch.Tensor:
+    def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int,
+                        device: Optional[torch.device] = None) -> torch.Tensor:
         """The model's packed forward on one host buffer (from _host_batch): (tokens, hidden). One
-        non-blocking copy; nothing is read back."""
-        buf = host.to(self.device, non_blocking=True)
+        non-blocking copy; nothing is read back. device: self.device, if read."""
+        buf = host.to(device or self.device, non_blocking=True)
         input_ids, cu_seqlens = buf[:tokens], buf[tokens:].to(torch.int32)
         return self.model.forward_packed(input_ids, cu_seqlens, max_seqlen).last_hidden_state
 
@@ -523,9 +546,10 @@ class Encoder:
         if len(given) > 1:
             raise TypeError(f"Encoder.encode() got the texts twice: {' and '.join(given)}")
         sentences = next(iter(given.values()), None)
-        want = torch.device(device) if device is not None else self.device
-        if want.type != self.device.type or want.index not in (None, self.device.index):
-            raise ValueError(f"device={device!r}: this Encoder runs on {self.device}; build one there with "
+        here = self.device
+        want = torch.device(device) if device is not None else here
+        if want.type != here.type or want.index not in (None, here.index):
+            raise ValueError(f"device={device!r}: this Encoder runs on {here}; build one there with "
                              "Encoder.from_pretrained(..., device=...)")
         if isinstance(sentences, np.ndarray) and sentences.ndim == 1 and sentences.dtype.kind in "UO":
             sentences = sentences.tolist()              # sentence-transformers takes arrays of str
@@ -589,10 +613,9 @@ class Encoder:
     def _embed(self, texts, batch_size, modes, normalize, show_progress_bar, prompt, truncate_dim,
                output_value, sort_window=SORT_WINDOW):
         """(len(texts), dim) float32 for sentence embeddings, else a list per text."""
-        from tqdm.auto import tqdm
-
+        device = self.device
         dim = self.model.config.hidden_size * len(modes)
-        out = torch.empty((len(texts), truncate_dim or dim), dtype=torch.float32, device=self.device)
+        out = torch.empty((len(texts), truncate_dim or dim), dtype=torch.float32, device=device)
         per_text = [None] * len(texts)
         if not texts:
             return out if output_value == "sentence_embedding" else []
@@ -606,16 +629,20 @@ class Encoder:
                               windows, background=self.overlap and len(windows) > 1, name="fastbert-tokenize")
         prepared = _Prefetch(lambda batch: (*batch, self._host_batch(batch[1], packed)),
                              itertools.chain.from_iterable(tokenized), background=self.overlap and n > batch_size)
-        bar = tqdm(total=-(-n // batch_size), desc="Batches", disable=not show_progress_bar)
+        bar = None
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=-(-n // batch_size), desc="Batches")
         # on any exit: both workers joined (prepared's first: its worker may wait on tokenized's)
-        with tokenized, prepared, bar:
+        with tokenized, prepared, bar or contextlib.nullcontext():
             for idx, rows, host in prepared:
                 # a small batch on one intra-op thread, its pooling too (index_add_ would wake the team)
-                with self._threads_for(host[1] if packed else host[0].numel()):
+                with self._threads_for(host[1] if packed else host[0].numel(), device):
                     if packed:      # real tokens only, pooled per sequence on the packed states
-                        vectors = pool_packed(self._forward_packed(*host), [len(r) for r in rows], modes, skip)
+                        vectors = pool_packed(self._forward_packed(*host, device), [len(r) for r in rows], modes,
+                                              skip)
                     else:
-                        input_ids, attention_mask = (t.to(self.device) for t in host)
+                        input_ids, attention_mask = (t.to(device) for t in host)
                         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
                         pool_mask = attention_mask
                         if skip:
@@ -626,7 +653,8 @@ class Encoder:
                         vectors = F.normalize(vectors, p=2, dim=1)
                     if truncate_dim is not None:
                         vectors = vectors[:, :truncate_dim]
-                    bar.update()
+                    if bar is not None:
+                        bar.update()
                     if output_value == "sentence_embedding":
                         if normalize:                                    # after truncation, as ST's flag
                             vectors = F.normalize(vectors, p=2, dim=1)
