@@ -14,13 +14,19 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   8,716 lines took the same time, within noise, with 4,096-text windows as with one global sort);
 - a second worker prepares batch k + 1's host tensors while the model runs batch k;
 - the encoder is fastbert.AutoModel (fused QKV, fused bias+GELU and add+LayerNorm, varlen attention),
-  its GEMMs reading oneDNN-packed weights on the CPU in fp32 (model.prepack_weights(), turned on
-  here: a copy is remade after the weights change through the parameters; after an in-place write
-  through `param.data`, which no version counter sees, call model.prepack_weights() again).
-- on the CPU a batch of at most `Encoder.one_thread_tokens` tokens (one short text) runs on one
-  intra-op thread: at a dozen tokens per GEMM, waking and joining the other OpenMP threads for each
-  of a forward's ~100 ops costs more than they save, and on cores shared with other processes a
-  spinning OpenMP team is what made batch 1 slow.
+  its GEMMs reading packed weights on the CPU in fp32 (model.prepack_weights(), turned on here: MKL's
+  packed GEMM for a few dozen tokens, oneDNN's for more, and the layers' lean path, which gathers
+  each layer's lookups and checks once; a copy is remade after the weights change through the
+  parameters; after an in-place write through `param.data`, which no version counter sees, call
+  model.prepack_weights() again).
+- on the CPU a batch of at most `Encoder.one_thread_tokens` tokens (one short text) runs on all of
+  torch's intra-op threads only while other processes leave that many cores idle (measured over the
+  last 0.1 s from /proc/stat, less this process's own CPU time: _IdleCores), else on one. The
+  trade-off: on idle cores a second thread shares the GEMMs (each streams its whole weight matrix
+  at batch 1) and cuts the latency; on cores another process keeps busy, an OpenMP team waits at
+  every one of a forward's ~30 parallel regions for a thread the scheduler has parked, and a short
+  text got 5-20x slower (2 threads, 2-core machine, other processes busy: p50 78-96 ms against 12-14
+  on one thread). Where /proc/stat cannot be read, small batches always run on one thread.
 Results come back in input order. `Encoder.overlap = False` runs all of it serially on the caller's
 thread (same batches, same results).
 
@@ -34,6 +40,8 @@ math of sentence_transformers.quantization.quantize_embeddings, in fastbert.quan
 import contextlib
 import itertools
 import json
+import os
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -265,6 +273,49 @@ class _Prefetch:
             yield result
 
 
+class _IdleCores:
+    """The cores other processes leave idle: the machine's busy CPU time (/proc/stat's first line,
+    all but idle and iowait) less this process's own (time.process_time, every thread of it), over
+    the last INTERVAL seconds or more, re-read at most that often (a read costs microseconds).
+    get() is None before the first interval has passed, and where /proc/stat cannot be read."""
+    INTERVAL = 0.1
+
+    def __init__(self):
+        self.cores = os.cpu_count() or 1
+        self.idle = None
+        try:
+            self.fd, self.tick = os.open("/proc/stat", os.O_RDONLY), 1.0 / os.sysconf("SC_CLK_TCK")
+            self.sample = self._read()
+        except (OSError, ValueError, IndexError):
+            self.fd = None
+
+    def _read(self) -> tuple:
+        ticks = [int(v) for v in os.pread(self.fd, 512, 0).split(b"\n", 1)[0].split()[1:9]]
+        busy = sum(ticks) - ticks[3] - ticks[4]     # user nice system irq softirq steal (guest is in user)
+        return time.monotonic(), busy * self.tick, time.process_time()
+
+    def get(self) -> Optional[float]:
+        if self.fd is not None and time.monotonic() - self.sample[0] >= self.INTERVAL:
+            now = self._read()
+            others = (now[1] - self.sample[1]) - (now[2] - self.sample[2])    # CPU seconds not ours
+            self.idle = self.cores - max(others, 0.0) / (now[0] - self.sample[0])
+            self.sample = now
+        return self.idle
+
+
+_idle_cores = None
+
+
+def _small_batch_threads(before: int) -> int:
+    """Intra-op threads for a small CPU batch: all `before` while other processes leave that many
+    cores idle (ours included), else one."""
+    global _idle_cores
+    if _idle_cores is None:
+        _idle_cores = _IdleCores()
+    idle = _idle_cores.get()
+    return before if idle is not None and idle + 0.5 >= before else 1
+
+
 @contextlib.contextmanager
 def _intra_op_threads(n: int, before: int):
     torch.set_num_threads(n)
@@ -300,7 +351,7 @@ class Encoder:
     # tokenize window i + 1 on a worker thread while the model runs window i, and prepare batch
     # k + 1's host tensors on another while it runs batch k; False: everything on the caller's thread
     overlap = True
-    # CPU batches of at most this many tokens run on one intra-op thread (see the module docstring)
+    # CPU batches of at most this many tokens run on one intra-op thread unless the cores are idle (module docstring)
     one_thread_tokens = 64
 
     def __init__(self, model, tokenizer, pooling=("mean",), normalize: bool = False,
@@ -491,13 +542,15 @@ class Encoder:
         return ids, mask.long()
 
     def _threads_for(self, tokens: int, device: Optional[torch.device] = None):
-        """One intra-op thread for a small CPU batch (one_thread_tokens), else the current setting.
-        torch's thread count is per OS thread once set (OpenMP's), so another Python thread's
-        forward keeps its own. device: self.device, if read."""
+        """The intra-op threads of a small CPU batch (at most one_thread_tokens tokens): the current
+        setting while the machine has that many cores idle, else one (see the module docstring); a
+        larger batch keeps the current setting. torch's thread count is per OS thread once set
+        (OpenMP's), so another Python thread's forward keeps its own. device: self.device, if read."""
         before = torch.get_num_threads()
         if (device or self.device).type != "cpu" or tokens > self.one_thread_tokens or before == 1:
             return contextlib.nullcontext()
-        return _intra_op_threads(1, before)
+        threads = _small_batch_threads(before)
+        return contextlib.nullcontext() if threads == before else _intra_op_threads(threads, before)
 
     def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int,
                         device: Optional[torch.device] = None) -> torch.Tensor:

