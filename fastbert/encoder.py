@@ -306,12 +306,18 @@ class _IdleCores:
 _idle_cores = None
 
 
-def _small_batch_threads(before: int) -> int:
-    """Intra-op threads for a small CPU batch: all `before` while other processes leave that many
-    cores idle (ours included), else one."""
+def _watch_cores() -> None:
+    """Start the process's _IdleCores (an Encoder does when it is made, so that its first interval
+    has passed by its first small batch)."""
     global _idle_cores
     if _idle_cores is None:
         _idle_cores = _IdleCores()
+
+
+def _small_batch_threads(before: int) -> int:
+    """Intra-op threads for a small CPU batch: all `before` while other processes leave that many
+    cores idle (ours included), else one."""
+    _watch_cores()
     idle = _idle_cores.get()
     return before if idle is not None and idle + 0.5 >= before else 1
 
@@ -377,6 +383,7 @@ class Encoder:
         self.truncate_dim = self._check_truncate_dim(truncate_dim)
         self.include_prompt = include_prompt
         self._prompt_lengths = {}
+        _watch_cores()
 
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None, quantize: Optional[str] = None,
