@@ -19,7 +19,7 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   each layer's lookups and checks once; a copy is remade after the weights change through the
   parameters; after an in-place write through `param.data`, which no version counter sees, call
   model.prepack_weights() again).
-- on the CPU a batch of at most `Encoder.one_thread_tokens` tokens (one short text) runs on all of
+- on the CPU one text, or a batch of at most `Encoder.one_thread_tokens` tokens, runs on all of
   torch's intra-op threads only while other processes leave that many cores idle (measured over the
   last 0.1 s from /proc/stat, less this process's own CPU time: _IdleCores), else on one. The
   trade-off: on idle cores a second thread shares the GEMMs (each streams its whole weight matrix
@@ -548,13 +548,15 @@ class Encoder:
         ids[mask] = flat
         return ids, mask.long()
 
-    def _threads_for(self, tokens: int, device: Optional[torch.device] = None):
-        """The intra-op threads of a small CPU batch (at most one_thread_tokens tokens): the current
-        setting while the machine has that many cores idle, else one (see the module docstring); a
-        larger batch keeps the current setting. torch's thread count is per OS thread once set
-        (OpenMP's), so another Python thread's forward keeps its own. device: self.device, if read."""
+    def _threads_for(self, tokens: int, device: Optional[torch.device] = None, texts: int = 0):
+        """The intra-op threads of a small CPU batch (at most one_thread_tokens tokens, or `texts` ==
+        1: one text of any length): the current setting while the machine has that many cores idle,
+        else one (see the module docstring); a larger batch keeps the current setting. torch's thread
+        count is per OS thread once set (OpenMP's), so another Python thread's forward keeps its own.
+        device: self.device, if read."""
         before = torch.get_num_threads()
-        if (device or self.device).type != "cpu" or tokens > self.one_thread_tokens or before == 1:
+        if ((device or self.device).type != "cpu" or (tokens > self.one_thread_tokens and texts != 1)
+                or before == 1):
             return contextlib.nullcontext()
         threads = _small_batch_threads(before)
         return contextlib.nullcontext() if threads == before else _intra_op_threads(threads, before)
@@ -697,7 +699,7 @@ class Encoder:
         with tokenized, prepared, bar or contextlib.nullcontext():
             for idx, rows, host in prepared:
                 # a small batch on one intra-op thread, its pooling too (index_add_ would wake the team)
-                with self._threads_for(host[1] if packed else host[0].numel(), device):
+                with self._threads_for(host[1] if packed else host[0].numel(), device, len(rows)):
                     if packed:      # real tokens only, pooled per sequence on the packed states
                         vectors = pool_packed(self._forward_packed(*host, device), [len(r) for r in rows], modes,
                                               skip)
