@@ -136,14 +136,28 @@ def _configs():
             for m in (64, 16, 4, 1) for w in (4, 8, 16)]  # few configs: each one compiles on the first call
 
 
-def _prune(max_elems):
+def _bwd_words(config, block_n):
+    """The backward's register words per thread: five fp32 (BLOCK_M, BLOCK_N) row tiles live at once (s,
+    dy, xhat, g, ds) and three (BLOCK_N,) column vectors (w, dw, db)."""
+    return (5 * config.kwargs["BLOCK_M"] * block_n + 3 * block_n) / (32 * config.num_warps)
+
+
+# Over 192 words per thread the backward spilled (N = 8192 on 4 and 8 warps: 256 and 512 words, 8-1024 B of
+# stack on sm_89 / sm_90) where 184 (4 x 1024 on 4 warps) did not. Under 16 elements per thread its
+# row sums are most of the work, and 16 warps on 4 x 1024 (8 each) put 8 B on the stack on sm_89.
+_BWD_BUDGET = 192
+
+
+def _prune(max_elems, min_per_warp=256, words=None, budget=None):
     def prune(configs, nargs, **kwargs):
-        # a tile of BLOCK_M rows x BLOCK_N cols in registers: cap its size, scale warps with it
+        # a tile of BLOCK_M rows x BLOCK_N cols in registers: cap its size (and its words per thread
+        # with `words`), scale warps with it
         block_n = kwargs["BLOCK_N"] if "BLOCK_N" in kwargs else nargs["BLOCK_N"]
-        keep = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems
-                and 256 <= c.kwargs["BLOCK_M"] * block_n // c.num_warps <= 2048]
+        fits = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems
+                and (words is None or words(c, block_n) <= budget)]
+        keep = [c for c in fits if min_per_warp <= c.kwargs["BLOCK_M"] * block_n // c.num_warps <= 2048]
         if not keep:  # tiny rows: fall back to the biggest allowed tile
-            keep = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems]
+            keep = fits
         # the default (first) config: 512 elements per warp (16 per thread) or the nearest, fewer warps
         # first; the largest tile per warp first spilled at N = 8192. A GPU times the rest.
         return sorted(keep, key=lambda c: (abs(c.kwargs["BLOCK_M"] * block_n // c.num_warps - 512), c.num_warps))
@@ -152,7 +166,7 @@ def _prune(max_elems):
 
 _fwd = TunedKernel(_add_layer_norm_fwd_kernel, _configs(), prune=_prune(16384),
                    key=["N", "HAS_RESIDUAL", "STORE_SUM", "DROPOUT", "STORE_STATS"])
-_bwd = TunedKernel(_add_layer_norm_bwd_kernel, _configs(), prune=_prune(8192),
+_bwd = TunedKernel(_add_layer_norm_bwd_kernel, _configs(), prune=_prune(8192, 512, _bwd_words, _BWD_BUDGET),
                    key=["N", "HAS_DSUM", "DROPOUT", "STORE_DR"])
 
 

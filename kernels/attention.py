@@ -66,12 +66,14 @@ def _configs(pairs):
 
 _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3),
                          (128, 128, 8, 2), (64, 64, 4, 4)])
+# (64, 64, 8 warps) is not a candidate: it spilled in both passes on sm_80 / sm_89 at every head dim,
+# where 32 x 64 on 4 warps, the same words per thread (see fwd_words), did not
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2),
-                         (64, 128, 8, 2), (32, 32, 4, 3), (64, 64, 8, 2), (32, 32, 8, 3)])
+                         (64, 128, 8, 2), (32, 32, 4, 3), (32, 32, 8, 3)])
 # fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at
 # head_dim 128 to fit 99 KB of shared memory)
-_FWD_CONFIGS_FP32 = _configs([(32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1),
-                              (16, 32, 4, 2), (32, 32, 8, 1), (16, 32, 4, 1), (32, 32, 4, 2)])
+_FWD_CONFIGS_FP32 = _configs([(64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1), (16, 32, 4, 2),
+                              (16, 32, 4, 1), (32, 32, 4, 2)])  # 32 x 64, and 32 x 32 on 8 warps, spilled
 _BWD_CONFIGS_FP32 = _configs([(16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (32, 32, 4, 1),
                               (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)])
 # The config that runs untuned (interpreter, torch.compile graphs, FASTBERT_AUTOTUNE=0) per BLOCK_D where
@@ -80,8 +82,6 @@ _FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 16): (32, 32, 4, 2), (4, 32): (32,
                 (4, 128): (16, 32, 4, 2)}
 _DKDV_DEFAULT = {(2, 16): (32, 32, 4, 3), (2, 32): (32, 32, 4, 3), (2, 64): (32, 32, 4, 3), (2, 128): (32, 32, 8, 3),
                  (4, 16): (16, 16, 4, 1), (4, 32): (16, 16, 4, 1), (4, 64): (16, 32, 8, 2), (4, 128): (16, 16, 8, 1)}
-# fp32 dk/dv: the configs that do not spill on sm_80/89/90 where others do (every choosable config compiled)
-_DKDV_ONLY_FP32 = {(4, 64): [(16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)], (4, 128): [(16, 16, 8, 1)]}
 _DQ_DEFAULT = {(2, 16): (32, 32, 4, 3), (2, 32): (32, 32, 4, 3), (2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2),
                (4, 128): (16, 16, 8, 1)}
 _KEY = ["SEQ_BUCKET", "HEAD_DIM", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"]  # + argument dtypes
@@ -123,18 +123,18 @@ def _shape(config):
     return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
 
-def by_dtype(configs16, configs32, defaults=None, only=None):
-    """(configs, prune) of a kernel whose 16-bit and fp32 inputs tune over config lists of their own;
-    defaults {(element size, BLOCK_D): (BLOCK_M, BLOCK_N, warps, stages)} goes first there, and where
-    only {(element size, BLOCK_D): shapes} names shapes, the others are dropped (they spill there)."""
-    def prune(configs, nargs, **meta):
-        size = nargs["q_ptr"].element_size()
-        kept = configs[len(configs16):] if size == 4 else configs[:len(configs16)]
-        allowed = (only or {}).get((size, meta["BLOCK_D"]))
-        kept = kept if allowed is None else [c for c in kept if _shape(c) in allowed]
-        first = (defaults or {}).get((size, meta["BLOCK_D"]))
-        return sorted(kept, key=lambda c: _shape(c) != first)     # stable: the rest keep their order
-    return configs16 + configs32, prune
+# Register budgets, in estimated 32-bit words per thread (fwd_words, dq_words, dkdv_words) by element
+# size: by_dtype's prune drops a config over its kernel's budget before it can be timed or run, as it
+# would spill registers to local memory. Each budget sits between the largest estimate of a config
+# that never spilled and the smallest of one that did, over every choosable config compiled for
+# sm_80, sm_89 and sm_90, fp16 / bf16 / fp32 (3xTF32 and TF32), head dims 32-128, every flag (AOT
+# compile test, tests/gpu_compile.py). The estimate counts the tiles; what else a thread holds
+# (addresses, masks, loop state, temporaries) differs by kernel, hence a budget each; an fp32 operand
+# is a full word, and 3xTF32 splits it in two where it is used, hence the smaller fp32 budgets.
+FWD_BUDGET = {2: 140, 4: 44}
+DQ_BUDGET = {2: 144, 4: 30}
+DKDV_BUDGET = {2: 132, 4: 56}
+# (the estimates and prunes are defined below the kernels: an edit above a kernel recompiles it)
 
 
 @triton.jit
@@ -520,12 +520,69 @@ def _attention_bwd_dq_kernel(
                 stride_gs, stride_gd, HEAD_DIM)
 
 
-_fwd = TunedKernel(_attention_fwd_kernel, *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT),
+# Register estimates for the prunes (budgets above the kernels): a config's 32-bit words per thread for
+# the tiles a program keeps in registers across its loop, each (rows x columns) / (32 * num_warps) words:
+# fp32 accumulators and score-sized tiles (scores, probabilities, dropout draws, relative position
+# terms) a word per element, tl.dot's first operands in the input dtype (q, dO, P, dS) half a word per
+# 16-bit element. A config over budget would spill registers to local memory.
+
+def fwd_words(config, meta, size):
+    """Forward: the (BLOCK_M, BLOCK_D) output accumulator and q operand, the (BLOCK_M, BLOCK_N) scores,
+    P operand, dropout draws and each relative position term (HAS_C2P / HAS_P2C / HAS_BIAS)."""
+    m, n, d, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], meta["BLOCK_D"], size / 4
+    score_tiles = 1 + e + meta["HAS_DROPOUT"] + sum(meta.get(f, False) for f in ("HAS_C2P", "HAS_P2C", "HAS_BIAS"))
+    return (m * d * (1 + e) + m * n * score_tiles) / (32 * config.num_warps)
+
+
+def dq_words(config, meta, size):
+    """dq pass: the dq accumulator and the q and dO operands (BLOCK_M, BLOCK_D); S and dP, the dS operand
+    and the dropout mask (BLOCK_M, BLOCK_N)."""
+    m, n, d, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], meta["BLOCK_D"], size / 4
+    return (m * d * (1 + 2 * e) + m * n * (2 + e + meta["HAS_DROPOUT"])) / (32 * config.num_warps)
+
+
+def dkdv_words(config, meta, size):
+    """dk/dv pass: the dk and dv accumulators and the k and v operands (BLOCK_N, head columns), S and dP,
+    the P^T and dS^T operands and the dropout draws (BLOCK_M, BLOCK_N), the q and dO operands."""
+    m, n, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], size / 4
+    d = 64 + meta["BLOCK_D2"] if meta["BLOCK_D2"] else meta["BLOCK_D"]
+    if size == 4 and d <= 32 and n > 16:    # spilled 8-64 B at fp32 BLOCK_D 32, where the estimate is small
+        return float("inf")
+    return (n * d * (2 + 2 * e) + m * n * (2 + 2 * e + meta["HAS_DROPOUT"]) + m * d * 2 * e) / (32 * config.num_warps)
+
+
+def narrow_keys(words):
+    """words, with key blocks wider than the head-dim block (or 32) over any budget: at BLOCK_D 32 every
+    64-wide one spilled in the dq pass (8-120 B) and the relative forward (24-72 B) on sm_80 / sm_89 /
+    sm_90, where the same tiles fit at 64 (the estimate, smaller at 32, does not see it)."""
+    def narrow(config, meta, size):
+        return float("inf") if config.kwargs["BLOCK_N"] > max(meta["BLOCK_D"], 32) else words(config, meta, size)
+    return narrow
+
+
+def by_dtype(configs16, configs32, defaults=None, words=None, budget=None):
+    """(configs, prune) of a kernel whose 16-bit and fp32 inputs tune over config lists of their own;
+    defaults {(element size, BLOCK_D): (BLOCK_M, BLOCK_N, warps, stages)} goes first there. With words
+    (an estimate of a config's register words per thread, see above) and budget {element size: words},
+    the configs over budget are dropped: they would spill."""
+    def prune(configs, nargs, **meta):
+        size = nargs["q_ptr"].element_size()
+        kept = configs[len(configs16):] if size == 4 else configs[:len(configs16)]
+        if words is not None:
+            kept = [c for c in kept if words(c, meta, size) <= budget[size]]
+        first = (defaults or {}).get((size, meta["BLOCK_D"]))
+        return sorted(kept, key=lambda c: _shape(c) != first)     # stable: the rest keep their order
+    return configs16 + configs32, prune
+
+
+_fwd = TunedKernel(_attention_fwd_kernel,
+                   *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT, fwd_words, FWD_BUDGET),
                    key=_KEY + ["STORE_LSE"], shared=shared_bytes(1.0, 1.4))
-_dkdv = TunedKernel(_attention_bwd_dkdv_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT,
-                                                              _DKDV_ONLY_FP32),
+_dkdv = TunedKernel(_attention_bwd_dkdv_kernel,
+                    *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT, dkdv_words, DKDV_BUDGET),
                     key=_KEY, shared=shared_bytes(1.25, 1.75))
-_dq = TunedKernel(_attention_bwd_dq_kernel, *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DQ_DEFAULT),
+_dq = TunedKernel(_attention_bwd_dq_kernel,
+                  *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DQ_DEFAULT, narrow_keys(dq_words), DQ_BUDGET),
                   key=_KEY, shared=shared_bytes(1.25, 1.75))
 
 

@@ -51,18 +51,18 @@ from fastbert.kernels.attention import (
     _unpack_bits,
     by_dtype,
     dot_precision,
+    fwd_words,
+    narrow_keys,
     preprocess_block,
     seq_bucket,
     shared_bytes,
 )
 
-_FWD_CONFIGS, _fwd_prune = by_dtype(
-    _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 32, 4, 2)]),
-    _configs([(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (16, 32, 8, 1)]),
-    {(2, 16): (64, 32, 4, 2), (2, 32): (64, 32, 4, 2), (2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2),
-     (4, 16): (32, 32, 4, 1), (4, 32): (32, 32, 4, 1), (4, 64): (32, 32, 4, 2), (4, 128): (16, 32, 8, 1)})
-# ^ the config that runs untuned per (element size, BLOCK_D): the first of the list spills there (AOT
-# compile test, sm_80 / sm_89 / sm_90)
+# The forward's register budget by element size, in attention.fwd_words' estimate (the forward's
+# tiles and a score-sized tile per relative position term), set as attention.FWD_BUDGET is: between
+# the largest estimate that never spilled and the smallest that did. The configs and the prune are
+# defined below the kernels.
+FWD_BUDGET = {2: 164, 4: 48}
 # The backward is not timed (see _bwd): it runs the one config _bwd_prune keeps.
 _BWD_CONFIGS = _configs([(64, 32, 4, 2), (32, 32, 4, 2), (64, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 1),
                          (16, 16, 2, 1), (16, 32, 8, 1), (16, 16, 8, 1)])
@@ -115,9 +115,8 @@ def _dot_nt(a, a2, b, b2, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr):
 
 
 def _bwd_prune(configs, nargs, BLOCK_D, ROWS, **meta):
-    """The backward's one config by dtype, head-dim block and pass (query rows or key columns): a large
-    tile that neither spills nor overflows 99 KB of shared memory on sm_80, sm_89 and sm_90 with every
-    flag set (measured with the AOT compile test)."""
+    """The backward's one config by dtype, head-dim block and pass (query rows or key columns): a large tile that
+    neither spills nor overflows 99 KB of shared memory on sm_80/89/90 (AOT test); TF32 has its own past 64."""
     fp32 = nargs["q_ptr"].element_size() == 4
     rows = {(False, 16): (64, 32, 4, 2), (False, 32): (64, 32, 4, 2), (False, 64): (64, 32, 8, 2),
             (False, 128): (32, 32, 8, 2), (True, 16): (16, 32, 4, 1), (True, 32): (16, 32, 4, 1),
@@ -125,7 +124,8 @@ def _bwd_prune(configs, nargs, BLOCK_D, ROWS, **meta):
     cols = {(False, 16): (64, 32, 4, 2), (False, 32): (64, 32, 4, 2), (False, 64): (32, 32, 4, 2),
             (False, 128): (32, 32, 8, 2), (True, 16): (16, 16, 2, 1), (True, 32): (16, 16, 2, 1),
             (True, 64): (16, 32, 8, 1), (True, 128): (16, 16, 8, 1)}
-    shape = (rows if ROWS else cols)[fp32, BLOCK_D]
+    tf32 = {(True, 64): (16, 16, 8, 1), (True, 128): (16, 32, 8, 1)} if meta["DOT_PRECISION"] == "tf32" else {}
+    shape = tf32.get((fp32, BLOCK_D)) or (rows if ROWS else cols)[fp32, BLOCK_D]
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == shape]
 
 
@@ -307,6 +307,13 @@ def _relative_attention_bwd_kernel(
             _store_tile(dv_base, dv2, cols, n, offs_d + D1, stride_gs, stride_gd, HEAD_DIM)
 
 
+_FWD_CONFIGS, _fwd_prune = by_dtype(
+    _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 32, 4, 2)]),
+    _configs([(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (16, 32, 8, 1)]),
+    {(2, 16): (64, 32, 4, 2), (2, 32): (64, 32, 4, 2), (2, 64): (32, 64, 4, 2), (2, 128): (32, 64, 4, 2),
+     (4, 16): (32, 32, 4, 1), (4, 32): (32, 32, 4, 1), (4, 64): (32, 32, 4, 2), (4, 128): (16, 32, 8, 1)},
+    narrow_keys(fwd_words), FWD_BUDGET)
+# ^ the config that runs untuned per (element size, BLOCK_D), where not the list's first
 _fwd = TunedKernel(_relative_attention_fwd_kernel, _FWD_CONFIGS, _fwd_prune, key=_KEY, shared=shared_bytes(1.4, 1.75))
 # dq and dk/dv programs write disjoint outputs; the scatter-adds make a re-run wrong, so no autotune
 # timing runs on the backward: it launches its first config (reset_to_zero would also work).
