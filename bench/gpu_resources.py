@@ -1,13 +1,14 @@
 """Registers, spills and shared memory of every kernel launch the ops make, compiled for NVIDIA targets
 without a GPU (the sweep of tests/gpu_compile.py, cached on disk by kernel source hash).
 
-    python bench/gpu_resources.py                          # the tests' default sweep (fast)
-    python bench/gpu_resources.py --scope all --targets 80 89 90   # every choosable config
-    python bench/gpu_resources.py --problems-only          # only what the AOT test would flag
+    python bench/gpu_resources.py                          # the configs that run untuned
+    python bench/gpu_resources.py --scope all              # every choosable config (~25 min cold on 2 cores)
+    python bench/gpu_resources.py --scope all --problems-only   # only what the AOT test would flag
 
 Prints one row per compile: kernel, variant (the launch's constexpr flags), config, target,
 registers, spills (stack frame bytes), shared memory (bytes / the target's per-block limit), and
-whether the config is the one that runs untuned (default). Run it with TRITON_INTERPRET unset."""
+whether the config is the one that runs untuned (default). fp32 attention is compiled with 3xTF32 and
+with TF32 (DOT_PRECISION in the variant). Run it with TRITON_INTERPRET unset."""
 import argparse
 import os
 import sys

@@ -92,9 +92,12 @@ class Launch:
 @contextlib.contextmanager
 def recording():
     """Within it, fastbert.kernels' launches are appended to the yielded list instead of run; the ops
-    take the kernel path on CPU tensors (as under the interpreter) without running anything."""
+    take the kernel path on CPU tensors (as under the interpreter) without running anything. Restores
+    torch's TF32 flag on the way out (record_ops sets it)."""
     import importlib
     import pkgutil
+
+    import torch
 
     import fastbert.kernels as pkg
     from fastbert.kernels import _autotune
@@ -107,7 +110,7 @@ def recording():
     def plain_launch(kernel, grid, *args, **kwargs):
         launches.append(Launch(None, kernel, args, kwargs))
 
-    saved_env = os.environ.get("TRITON_INTERPRET")
+    saved_env, saved_tf32 = os.environ.get("TRITON_INTERPRET"), torch.backends.cuda.matmul.allow_tf32
     patched = [(_autotune.TunedKernel, "launch", _autotune.TunedKernel.launch)]
     patched += [(m, "launch", m.launch) for m in modules if getattr(m, "launch", None) is _autotune.launch]
     os.environ["TRITON_INTERPRET"] = "1"   # the ops' CPU check for backend="triton"; kernels stay compiled
@@ -119,6 +122,7 @@ def recording():
     finally:
         for obj, name, fn in patched:
             setattr(obj, name, fn)
+        torch.backends.cuda.matmul.allow_tf32 = saved_tf32
         if saved_env is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
@@ -275,7 +279,9 @@ def record_ops(dtypes=DTYPES, head_dims=HEAD_DIMS, hiddens=HIDDENS, quick=False)
     cu = torch.tensor([0, 40, 64], dtype=torch.int32)
     tokens, seq, heads = 64, 40, 2
     with recording() as launches:
-        for name in dtypes:
+        for name, tf32 in [(n, t) for n in dtypes for t in ((False, True) if n == "float32" else (False,))]:
+            # fp32 products go through 3xTF32, or TF32 where torch allows it (dot_precision): both
+            torch.backends.cuda.matmul.allow_tf32 = tf32                 # recording() restores it
             dt = getattr(torch, name)
 
             def leaf(*shape):
@@ -325,7 +331,7 @@ def record_ops(dtypes=DTYPES, head_dims=HEAD_DIMS, hiddens=HIDDENS, quick=False)
                             qr, kr = rotary(qkv, cos, sin, backend="triton")
                         if train:
                             (qr.sum() + kr.sum()).backward()
-            for n in hiddens:
+            for n in hiddens if not tf32 else ():       # no matmuls in these
                 for train in (True,) if quick else (False, True):
                     x, r = leaf(4, n), leaf(4, n)
                     w, b = torch.ones(n, dtype=dt).requires_grad_(), torch.zeros(n, dtype=dt).requires_grad_()
@@ -342,9 +348,9 @@ def record_ops(dtypes=DTYPES, head_dims=HEAD_DIMS, hiddens=HIDDENS, quick=False)
 # ------------------------------------------------------------------------------------------------
 # Checks and the driver
 
-def problems(rows, dtypes_without_spills=("fp16", "bf16", "fp32")):
-    """What a sweep found wrong: compile failures, shared memory over the target's limit in a choosable
-    config, spills in a default (or only) config of the given dtypes."""
+def problems(rows):
+    """What a sweep found wrong in the configs it compiled (each one a launch may run with): compile
+    failures, shared memory over the target's limit, spills (a stack frame)."""
     found = []
     for r in rows:
         where = f"{r['kernel']} [{r['variant']}] {r['config']} {r['target']}"
@@ -352,7 +358,7 @@ def problems(rows, dtypes_without_spills=("fp16", "bf16", "fp32")):
             found.append(f"compile failed: {where}: {r['error'][-300:]}")
         elif r["shared"] > r["limit"]:
             found.append(f"shared memory {r['shared']} B > {r['limit']} B: {where}")
-        elif r["spills"] and r["default"] and r["dtype"] in dtypes_without_spills:
+        elif r["spills"]:
             found.append(f"spills ({r['spills']} B stack, {r['registers']} registers): {where}")
     return found
 
@@ -383,6 +389,19 @@ def run_sweep(scope="default", dtypes=DTYPES, head_dims=HEAD_DIMS, hiddens=HIDDE
 def run_in_compiler(function, timeout=600, **kwargs):
     """function(**kwargs) of this file, run in a compiling process; returns its (JSON) result."""
     return _run_script(["--call", function, "--kwargs", json.dumps(kwargs)], timeout)
+
+
+def choosable_counts(targets=TARGETS):
+    """{kernel: (fewest, most) configs one launch may choose from}, over the launches record_ops() makes
+    (every dtype, head dim and hidden size; with and without dropout) on each target, without compiling
+    anything: a prune that left a launch nothing raises (TunedKernel.choosable)."""
+    counts = {}
+    for launch in record_ops(quick=True):
+        for cc in targets:
+            n = len(launch.configs(cc))
+            lo, hi = counts.get(f"{launch.module}.{launch.name}", (n, n))
+            counts[f"{launch.module}.{launch.name}"] = (min(lo, n), max(hi, n))
+    return counts
 
 
 # ------------------------------------------------------------------------------------------------
