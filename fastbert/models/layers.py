@@ -517,10 +517,10 @@ def _build_plan(layer: "FastLayer", modules) -> Optional[LeanPlan]:
 
 def lean_plans(layers, x: torch.Tensor, backend: str) -> Optional[list]:
     """The layers' LeanPlans when this forward can run them (run_lean), else None: CPU fp32 inference
-    (autograd off, not under torch.compile, backend "auto"), no global module hooks, and every layer a
-    FastLayer that can (FastLayer.lean_plan)."""
-    if (backend != "auto" or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled()
-            or torch.compiler.is_compiling() or _global_hooks()):
+    on at least one token (autograd off, not under torch.compile, backend "auto"), no global module
+    hooks, and every layer a FastLayer that can (FastLayer.lean_plan)."""
+    if (backend != "auto" or x.device.type != "cpu" or x.dtype != torch.float32 or not x.shape[0]
+            or torch.is_grad_enabled() or torch.compiler.is_compiling() or _global_hooks()):
         return None
     plans = []
     for layer in layers:

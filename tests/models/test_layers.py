@@ -149,3 +149,11 @@ def test_families_that_change_the_layer_keep_their_own_path(family):
     model = fastbert.AutoModel.from_config(CONFIGS[family]()).eval()
     model.prepack_weights()
     assert all(not isinstance(layer, Ly.FastLayer) or layer.lean_plan() is None for layer in model.encoder_layers())
+
+
+def test_no_tokens_take_the_layer_path(lean_calls):
+    model = build("bert", backend="auto")
+    model.prepack_weights()
+    _, packed = padded_and_packed(model.config, (0, 0), seq=3)
+    assert run(model, packed).shape == (0, model.config.hidden_size)
+    assert not lean_calls
