@@ -329,6 +329,9 @@ class EncoderModel(FastPreTrainedModel):
         """(tokens,) position ids of packed sequences: 0..len-1 each (plus the family's offset)."""
         if position_ids is not None:
             return position_ids
+        if cu_seqlens.shape[0] == 2:     # one sequence, cu_seqlens [0, tokens]: one arange (batch 1)
+            offset = self.position_offset()
+            return torch.arange(offset, offset + tokens, device=cu_seqlens.device)
         return packed_positions(cu_seqlens, tokens, self.position_offset())
 
     # ---- entry points --------------------------------------------------------------------------------
