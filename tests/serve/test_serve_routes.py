@@ -245,3 +245,45 @@ def test_concurrent_requests_share_batches(runner):
     assert len(slow.batches) == 2 and len(slow.batches[1]) == len(TEXTS) - 1      # the queued four, together
     assert [len(r) for r in slow.batches[1]] == sorted((len(r) for r in slow.batches[1]), reverse=True)
     close([a[0] for a in answers], runner.encoder.encode(TEXTS))
+
+
+def test_a_lone_short_request_runs_on_the_event_loop(runner):
+    """The only request in flight, one short text, after a request that was alone too, runs where the
+    request is handled (no hand-off to the model thread and back); a long one, the first one, or one
+    that finds the model thread busy, goes to the model thread."""
+    import threading
+
+    from serve_helpers import gated
+
+    slow = gated(runner)
+    threads = []
+
+    def run(seqs):
+        threads.append(threading.current_thread().name)
+        return slow_run(seqs)
+    slow_run, slow.run = slow.run, run
+    slow.inline_tokens = runner.inline_tokens
+    app = create_app(slow)
+    slow.gate.set()
+    longer = TEXTS[4]                              # 122 tokens
+    assert 0 < runner.inline_tokens < len(runner.tokenize([longer])[0].ids) <= runner.limit
+    answers = [post(app, "/embed", {"inputs": text}) for text in (TEXTS[0], TEXTS[1], longer)]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    close(answers[1].json()[0], runner.encoder.encode(TEXTS[1]))
+    assert threads[0] == threads[2] == "fastbert-serve-model" and threads[1] != "fastbert-serve-model"
+
+    async def main():          # the model thread holds a long batch: a short request queues behind it
+        import httpx
+        slow.gate.clear()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s") as client:
+            first = asyncio.ensure_future(client.post("/embed", json={"inputs": longer}))
+            while len(threads) < 4:
+                await asyncio.sleep(0.01)
+            second = asyncio.ensure_future(client.post("/embed", json={"inputs": TEXTS[0]}))
+            while app.state.server.batcher.queued < 1:
+                await asyncio.sleep(0.01)
+            slow.gate.set()
+            return await asyncio.gather(first, second)
+
+    assert [r.status_code for r in asyncio.run(main())] == [200, 200]
+    assert threads[3:] == ["fastbert-serve-model"] * 2
