@@ -70,12 +70,12 @@ _FWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 
 # where 32 x 64 on 4 warps, the same words per thread (see fwd_words), did not
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2),
                          (64, 128, 8, 2), (32, 32, 4, 3), (32, 32, 8, 3)])
-# fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at
-# head_dim 128 to fit 99 KB of shared memory)
+# fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at head_dim 128 to fit
+# 99 KB of shared memory; 16 warps are for the dk/dv pass under TF32 only, see dkdv_words)
 _FWD_CONFIGS_FP32 = _configs([(64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1), (16, 32, 4, 2),
                               (16, 32, 4, 1), (32, 32, 4, 2)])  # 32 x 64, and 32 x 32 on 8 warps, spilled
 _BWD_CONFIGS_FP32 = _configs([(16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (32, 32, 4, 1),
-                              (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)])
+                              (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1), (16, 16, 16, 1)])
 # The config that runs untuned (interpreter, torch.compile graphs, FASTBERT_AUTOTUNE=0) per BLOCK_D where
 # the list's first one spills there (registers and spills measured with the AOT compile test, sm_80/89/90)
 _FWD_DEFAULT = {(2, 128): (64, 32, 4, 3), (4, 16): (32, 32, 4, 2), (4, 32): (32, 32, 4, 2), (4, 64): (32, 32, 4, 1),
@@ -538,6 +538,8 @@ def dq_words(config, meta, size):
     """dq pass: the dq accumulator and the q and dO operands (BLOCK_M, BLOCK_D); S and dP, the dS operand
     and the dropout mask (BLOCK_M, BLOCK_N)."""
     m, n, d, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], meta["BLOCK_D"], size / 4
+    if config.num_warps == 16:      # the dk/dv pass's (see dkdv_words)
+        return float("inf")
     return (m * d * (1 + 2 * e) + m * n * (2 + e + meta["HAS_DROPOUT"])) / (32 * config.num_warps)
 
 
@@ -547,6 +549,12 @@ def dkdv_words(config, meta, size):
     m, n, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], size / 4
     d = 64 + meta["BLOCK_D2"] if meta["BLOCK_D2"] else meta["BLOCK_D"]
     if size == 4 and d <= 32 and n > 16:    # spilled 8-64 B at fp32 BLOCK_D 32, where the estimate is small
+        return float("inf")
+    # fp32 in two column chunks under TF32 takes 16 x 16 on 16 warps (on 8 it spilled 8 B on sm_80); 16 warps
+    # nowhere else (a thread has at most 128 registers there: 3xTF32 spilled 8-64 B)
+    tf32_chunks = size == 4 and meta["BLOCK_D2"] > 0 and meta["DOT_PRECISION"] == "tf32"
+    if (config.num_warps == 16 and not (tf32_chunks and m == n == 16)
+            or tf32_chunks and (m, n, config.num_warps) == (16, 16, 8)):
         return float("inf")
     return (n * d * (2 + 2 * e) + m * n * (2 + 2 * e + meta["HAS_DROPOUT"]) + m * d * 2 * e) / (32 * config.num_warps)
 
