@@ -29,7 +29,7 @@ import numpy as np
 from fastbert.serve import schemas
 from fastbert.serve.batcher import Batcher
 from fastbert.serve.metrics import Metrics
-from fastbert.serve.runner import TooLong, cost
+from fastbert.serve.runner import TooLong
 
 try:
     import orjson
@@ -157,8 +157,6 @@ class Server:
         self.tokenization_workers = tokenization_workers or min(4, os.cpu_count() or 1)
         self.tokenizers = ThreadPoolExecutor(self.tokenization_workers, thread_name_prefix="fastbert-serve-tokenize")
         self.in_flight = 0
-        self.arrived = 0         # requests accepted so far
-        self.alone = False       # the last request answered overlapped no other
 
     def close(self):
         self.batcher.close()
@@ -180,17 +178,6 @@ class Server:
             self.metrics.tokenize_time.observe(time.perf_counter() - start)
 
     async def infer(self, request, seqs) -> list:
-        # the only request in flight, after one that was alone too, small (one short text): run it here
-        # if the model thread is idle. It takes as long as there, and the loop has nothing else to do
-        # meanwhile; the two thread hand-offs it saves are about a third of the server's own cost and,
-        # on a busy machine, most of its tail (a woken thread waits for a core, then for the GIL). Under
-        # concurrent load (requests overlap) every batch stays on the model thread, so that the loop
-        # reads and tokenizes the next requests while the model runs
-        if (self.in_flight == 1 and self.alone
-                and cost([len(s.ids) for s in seqs], self.runner.padded) <= self.runner.inline_tokens):
-            out = self.batcher.run_here(seqs)
-            if out is not None:
-                return list(out)
         job = self.batcher.submit(seqs)
         watcher = asyncio.ensure_future(_disconnected(request))
         try:
@@ -359,9 +346,8 @@ def create_app(runner, **options):
                     raise ApiError(429, f"{server.in_flight} requests are in flight, the most this server takes "
                                         f"(--max-concurrent {server.max_concurrent}); retry later", kind="Overloaded")
                 server.in_flight += 1
-                server.arrived += 1
                 server.metrics.in_flight.inc()
-                counted, first, seen = True, server.in_flight == 1, server.arrived
+                counted = True
                 req = await _read_body(request, schema, server.max_body_bytes)
                 return _json_response(await getattr(server, method_name)(request, req))
             except ApiError as exc:
@@ -375,7 +361,6 @@ def create_app(runner, **options):
                 raise
             finally:
                 if counted:
-                    server.alone = first and server.arrived == seen
                     server.in_flight -= 1
                     server.metrics.in_flight.dec()
                 server.metrics.requests.labels(path, str(status)).inc()

@@ -6,12 +6,9 @@ batch stays within `max_batch_tokens` (packed rows count their tokens, padded ro
 and `max_batch_requests` inputs, sorts it longest first, runs it, and hands each request its rows'
 results when its last row is done. A request larger than the budget spans several batches; a
 batch holds rows of many requests. While the model thread runs one batch, the next requests are
-tokenized and queued, so tokenization overlaps the model's work. One exception: run_here() runs a
-lone request on the calling thread (the event loop) when the model thread is idle and nothing is
-queued, which saves the two thread hand-offs (wake the model thread, wake the loop again) that are
-most of a short request's cost besides the model (see app.py for when the server uses it). A
-cancelled request (its client went away) drops its rows that are still queued. close() lets the
-queue drain, then stops the thread.
+tokenized and queued, so tokenization overlaps the model's work, and the event loop never runs the
+model. A cancelled request (its client went away) drops its rows that are still queued. close()
+lets the queue drain, then stops the thread.
 """
 from __future__ import annotations
 
@@ -58,7 +55,6 @@ class Batcher:
         self._queue = collections.deque()          # (job, row index), oldest first
         self._cond = threading.Condition()
         self._closing = False
-        self._busy = False                         # a batch is running (on the model thread or in run_here)
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -76,23 +72,6 @@ class Batcher:
         if self.metrics is not None:
             self.metrics.queue_size.inc(len(job.seqs))
         return job
-
-    def run_here(self, seqs: Sequence) -> Optional[Sequence]:
-        """The rows' results, computed on the calling thread, when the model thread is idle and nothing
-        is queued; else None (then submit them). The model thread waits while this runs."""
-        with self._cond:
-            if self._busy or self._queue or self._closing:
-                return None
-            self._busy = True
-        try:
-            start = time.perf_counter()
-            outputs = self.run(list(seqs))
-            self._observe(seqs, start, [start] * len(seqs))
-            return outputs
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify()
 
     def cancel(self, job: Job) -> None:
         """Drop the job's rows that are still queued (the thread skips them)."""
@@ -112,7 +91,7 @@ class Batcher:
     def _take(self) -> Optional[list]:
         """The next batch: queued rows in arrival order within the budgets; None once closed and empty."""
         with self._cond:
-            while self._busy or (not self._queue and not self._closing):
+            while not self._queue and not self._closing:
                 self._cond.wait()
             batch, lengths, dropped = [], [], 0
             while self._queue:
@@ -128,19 +107,9 @@ class Batcher:
                 self._queue.popleft()
                 batch.append((job, i))
                 lengths.append(n)
-            self._busy = bool(batch)
         if self.metrics is not None:
             self.metrics.queue_size.dec(len(batch) + dropped)
         return batch or (None if self._closing and not self._queue else [])
-
-    def _observe(self, seqs: Sequence, start: float, enqueued: Sequence[float]) -> None:
-        if self.metrics is not None:
-            m = self.metrics
-            m.inference_time.observe(time.perf_counter() - start)
-            m.batch_tokens.observe(cost([len(s.ids) for s in seqs], self.padded))
-            m.batch_inputs.observe(len(seqs))
-            for t in enqueued:
-                m.queue_time.observe(start - t)
 
     def _work(self):
         while (batch := self._take()) is not None:
@@ -156,10 +125,13 @@ class Batcher:
                     job.cancelled = True
                     job._finish(exc, error=True)
                 continue
-            finally:
-                with self._cond:
-                    self._busy = False
-            self._observe(seqs, start, [job.enqueued for job, _ in batch])
+            if self.metrics is not None:
+                m = self.metrics
+                m.inference_time.observe(time.perf_counter() - start)
+                m.batch_tokens.observe(cost([len(s.ids) for s in seqs], self.padded))
+                m.batch_inputs.observe(len(seqs))
+                for job, _ in batch:
+                    m.queue_time.observe(start - job.enqueued)
             for (job, i), out in zip(batch, outputs):
                 job.results[i] = out
                 job.left -= 1

@@ -116,7 +116,6 @@ class Runner:
     """Shared by every kind: the tokenizer, the length limit, tokenization with the limit checked."""
     kind = "embedding"
     padded = True          # True: a batch costs rows x longest row (padded forward); False: sum of rows
-    inline_tokens = 0      # a lone request of at most this many tokens may run on the event loop
 
     def __init__(self, model, tokenizer, limit: int, path: Path, do_lower_case: bool = False):
         from fastbert.tokenizer.bert import BertTokenizer
@@ -239,8 +238,6 @@ class EmbeddingRunner(Runner):
         self.encoder = encoder
         self.dim = encoder.model.config.hidden_size * len(encoder.pooling)
         self.packed = hasattr(encoder.model, "forward_packed")
-        # one short text on the CPU: a forward of a few ms on one thread (Encoder's own batch-1 case)
-        self.inline_tokens = encoder.one_thread_tokens if encoder.device.type == "cpu" else 0
 
     def prompt(self, prompt_name: Optional[str]) -> tuple:
         """(prompt text, tokens pooling skips) by sentence-transformers' rule (Encoder's own)."""

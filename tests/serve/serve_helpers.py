@@ -60,7 +60,6 @@ def gated(runner):
     in `copy.batches` (lists of token id rows)."""
     out = copy.copy(runner)
     out.gate, out.batches = threading.Event(), []
-    out.inline_tokens = 0         # every batch on the model thread: the gate must never hold the event loop
 
     def run(seqs):
         out.batches.append([list(s.ids) for s in seqs])
