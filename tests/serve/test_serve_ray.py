@@ -1,5 +1,4 @@
-"""`fastbert serve MODEL --ray ray://HOST:PORT --replicas 2` end to end on a local Ray cluster, reached
-through Ray Client (a client server started on it, as `ray start --head` starts one): the command
+"""`fastbert serve MODEL --ray ADDRESS --replicas 2` end to end on a local Ray cluster: the command
 in a child process deploys fastbert.integrations.ray_serve's app as two replicas behind Ray Serve's
 proxy; they answer OpenAI and TEI requests with Encoder.encode's vectors and the single server's
 errors, both take requests, a second command on the cluster (found by --ray auto through
@@ -9,7 +8,6 @@ command exits 0 (slow: a Ray cluster starts, two processes load the model)."""
 import concurrent.futures
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,28 +46,6 @@ def cluster():
         env.undo()
 
 
-@pytest.fixture(scope="module")
-def client_address(cluster):
-    """ray://127.0.0.1:PORT: a Ray Client server on the cluster, in a process of its own."""
-    pytest.importorskip("grpc", reason="Ray Client needs grpcio (pip install 'ray[client]')")
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "ray.util.client.server", f"--address={cluster}",
-                               "--host=127.0.0.1", f"--port={port}", "--mode=proxy"])
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "the Ray Client server did not start"
-                time.sleep(0.2)
-        yield f"ray://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(30)
-
-
 def serve_processes() -> list:
     """Ray Serve's processes among this process's descendants (other Ray clusters on the machine do not count)."""
     rows = [line.split(None, 2) for line in subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
@@ -86,12 +62,12 @@ def serve_processes() -> list:
     return found
 
 
-def test_cli_two_replicas(cluster, client_address, model_dir):
+def test_cli_two_replicas(cluster, model_dir):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # MODEL relative to the command's directory: the replicas, in Ray's working directory, still find it
-    proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", os.path.basename(model_dir), "--ray",
-                             client_address, "--replicas", "2", "--port", str(port), "--device", "cpu", "--max-concurrent", "64"],
+    proc = subprocess.Popen([sys.executable, "-m", "fastbert", "serve", os.path.basename(model_dir), "--ray", cluster,
+                             "--replicas", "2", "--port", str(port), "--device", "cpu", "--max-concurrent", "64"],
                             cwd=os.path.dirname(model_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(600, proc.kill)      # a command that hangs ends its output, and the test
     watchdog.start()
