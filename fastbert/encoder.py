@@ -559,7 +559,11 @@ class Encoder:
                 or before == 1):
             return contextlib.nullcontext()
         threads = _small_batch_threads(before)
-        return contextlib.nullcontext() if threads == before else _intra_op_threads(threads, before)
+        if threads == before:
+            return contextlib.nullcontext()
+        if callable(getattr(self.model, "pack_for_threads", None)):   # MKL's copies packed for all threads
+            self.model.pack_for_threads(tokens)
+        return _intra_op_threads(threads, before)
 
     def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int,
                         device: Optional[torch.device] = None) -> torch.Tensor:

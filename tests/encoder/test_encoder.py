@@ -790,3 +790,31 @@ def test_idle_cores_reads_the_machine():
     assert idle.get() is None                             # no interval has passed yet
     time.sleep(idle.INTERVAL * 1.5)
     assert -0.5 <= idle.get() <= idle.cores
+
+
+def test_a_small_batch_on_fewer_threads_packs_mkl_weights_for_all(encoder, monkeypatch):
+    """MKL packs a weight for the threads in effect when it packs (a copy packed on one thread
+    computes on one), so a small batch narrowed to one thread has its copies packed first, under the
+    caller's thread count."""
+    from fastbert.ops import linear as linear_module
+
+    if linear_module._MKL is None:
+        pytest.skip("torch here has no MKL packed GEMM: small batches use oneDNN's copies")
+    packed_on = []
+    original = linear_module.PackedWeight.mkl
+
+    def mkl(self):
+        if self._mkl is None:
+            packed_on.append(torch.get_num_threads())
+        return original(self)
+
+    monkeypatch.setattr(linear_module.PackedWeight, "mkl", mkl)
+    monkeypatch.setattr(encoder_module, "_idle_cores", _Idle(0.4))     # busy cores: the batch runs on one
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        encoder.model.prepack_weights()                                   # drops every copy
+        encoder.encode(["a short sentence to embed"])
+    finally:
+        torch.set_num_threads(before)
+    assert len(packed_on) == 4 * encoder.model.config.num_hidden_layers and set(packed_on) == {2}, packed_on
