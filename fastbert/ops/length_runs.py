@@ -84,8 +84,8 @@ def varlen_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
     out = packed_attention(q, k, v, cu_seqlens, scale)
     if out is not None:
         return out
-    runs = runs_apply(q, k, v, cu_seqlens, dropout_p)
-    return None if runs is None else varlen_attention_runs(q, k, v, runs, scale)
+    runs = length_runs(cu_seqlens)          # the call's checks are done: runs_apply's without them
+    return varlen_attention_runs(q, k, v, runs, scale) if len(runs) <= MAX_RUNS else None
 
 
 def varlen_attention_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs, scale: float) -> torch.Tensor:
