@@ -12,8 +12,10 @@ client writing a prepared request and reading the answer's status and body: a ge
 httpx spends about 1 ms of Python a request, as much as a server's own work, and these figures are
 the servers'), one English line per request (pydoc lines of mixed length) to POST /v1/embeddings
 (infinity: /embeddings), each level for a fixed time after a warm-up. Direct:
-fastbert.Encoder.encode([line]) in this process, one at a time, on the same lines: the latency a
-server adds to. Servers and levels are measured in turns, `rounds` times;
+fastbert.Encoder.encode([line]) in this process on the same lines: the latency a server adds to,
+timed in turn with fastbert's one-client level (a direct call, then the same line to the server, and
+so on), so that the two p99s compared by the bar see the same moments of the machine. Servers and
+levels are measured in turns, `rounds` times;
 each figure is the median over rounds. Every server's vectors are checked against Encoder.encode.
 
 Bars (issue: serve it): fastbert >= 2x the handwritten server's requests/s at 16 clients; fastbert's
@@ -221,18 +223,38 @@ def _summary(latencies: list, wall: float, errors: dict | None = None) -> dict:
             "requests": len(latencies), "errors": sum((errors or {}).values()), "error kinds": errors or {}}
 
 
-def _direct(encoder, texts: list, seconds: float) -> dict:
-    """Encoder.encode of one text at a time, in this process: what a server adds latency to."""
-    for text in texts[:4]:
-        encoder.encode([text])
-    latencies, stop, i = [], time.perf_counter() + seconds, 0
-    began = time.perf_counter()
-    while time.perf_counter() < stop:
-        start = time.perf_counter()
-        encoder.encode([texts[i % len(texts)]])
-        latencies.append(time.perf_counter() - start)
-        i += 1
-    return _summary(latencies, time.perf_counter() - began)
+async def _paired(server, prepared: list, call, seconds: float) -> tuple:
+    """One client, each request in turn with the direct call on the same line (call(i) runs line i in
+    this process): (the server's summary, the direct call's). Both see the machine as it is at that
+    moment, so a busy spell on this shared machine lands on both and not on one side's whole run."""
+    server_latencies, direct_latencies, errors = [], [], {}
+    connection = Connection(server.url)
+    try:
+        await connection.post(prepared[0])                      # warm-up: the connection, first calls
+        for i in range(4):
+            call(i)
+        stop, i = time.perf_counter() + seconds, 0
+        while time.perf_counter() < stop:
+            start = time.perf_counter()
+            call(i % len(prepared))
+            direct_latencies.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            try:
+                status = await connection.post(prepared[i % len(prepared)])
+                kind = None if status == 200 else f"HTTP {status}"
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                kind = type(exc).__name__
+                connection.close()
+            if kind is None:
+                server_latencies.append(time.perf_counter() - start)
+            else:
+                errors[kind] = errors.get(kind, 0) + 1
+            i += 1
+    finally:
+        connection.close()
+    # a closed loop of one: requests/s is each side's own time, not the pair's
+    return (_summary(server_latencies, sum(server_latencies), errors),
+            _summary(direct_latencies, sum(direct_latencies)))
 
 
 def _check(server, encoder, texts: list) -> float:
@@ -266,13 +288,17 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
         prepared = {s.name: requests(s, texts) for s in servers}
         for r in range(rounds):
             progress(f"round {r + 1}/{rounds}")
-            measured.setdefault(("direct", 1), []).append(_direct(encoder, texts, seconds))
             for server in servers:
                 if server.proc.poll() is not None:
                     continue
                 for clients in LEVELS:
-                    measured.setdefault((server.name, clients), []).append(
-                        asyncio.run(_level(server, prepared[server.name], clients, seconds)))
+                    if server.name == "fastbert" and clients == 1:      # in turn with the direct call
+                        row, direct = asyncio.run(_paired(server, prepared[server.name],
+                                                          lambda i: encoder.encode([texts[i]]), seconds))
+                        measured.setdefault(("direct", 1), []).append(direct)
+                    else:
+                        row = asyncio.run(_level(server, prepared[server.name], clients, seconds))
+                    measured.setdefault((server.name, clients), []).append(row)
         for server in servers:
             if server.proc.poll() is not None:
                 rows.append({"server": server.name, "note": f"exited with {server.proc.returncode} during the "
@@ -301,9 +327,9 @@ def run(model_dir, rounds: int = 3, seconds: float = 8.0, quick: bool = False, i
         hand = medians.get(("handwritten", clients))
         if name != "direct" and hand and hand["req/s"] and row["req/s"]:
             row["vs handwritten req/s"] = row["req/s"] / hand["req/s"]
-    direct = medians[("direct", 1)]
+    direct = medians.get(("direct", 1))
     fb1 = medians.get(("fastbert", 1))
-    if fb1 and fb1["p99 ms"] and direct["p99 ms"]:
+    if fb1 and direct and fb1["p99 ms"] and direct["p99 ms"]:
         fb1["p99 vs direct"] = fb1["p99 ms"] / direct["p99 ms"]
     config = {"model": model_name(model_dir), "rounds": rounds, "seconds per level": seconds,
               "levels": list(LEVELS), "texts": len(texts), "torch threads": __import__("torch").get_num_threads(),

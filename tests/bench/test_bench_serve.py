@@ -77,3 +77,23 @@ def test_level_counts_latencies_and_errors(server):
     row = asyncio.run(serve_bench._level(target, prepared, 2, 0.5))
     assert row["requests"] > 0 and row["errors"] > 0 and set(row["error kinds"]) == {"HTTP 429"}
     assert row["p50 ms"] > 0 and row["req/s"] > 0
+
+
+def test_paired_level_takes_turns_with_the_direct_call(server):
+    target, seen = server
+    texts = ["a", "b", "refused", "c"]
+    prepared = serve_bench.requests(target, texts)
+    order = []
+
+    def call(i):
+        order.append(("direct", texts[i]))
+        time.sleep(0.002)
+    row, direct = asyncio.run(serve_bench._paired(target, prepared, call, 0.5))
+    # after the warm-up (one request, four direct calls) each direct call on line i is followed by
+    # the server's request for the same line
+    served = seen[1:]
+    timed = order[4:]
+    assert len(timed) == len(served) and [t for _, t in timed] == served
+    assert row["requests"] + row["errors"] == direct["requests"] > 4
+    assert set(row["error kinds"]) == {"HTTP 429"} and direct["errors"] == 0
+    assert direct["p50 ms"] >= 2.0 and row["p50 ms"] > 0
