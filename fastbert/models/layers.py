@@ -42,7 +42,7 @@ from fastbert._quantize import QuantizedLinear
 from fastbert.models.activations import Activation
 from fastbert.ops.attention import attention_probs_ref
 from fastbert.ops import quantized_linear as ql
-from fastbert.ops.length_runs import varlen_attention_cpu
+from fastbert.ops.length_runs import packed_attention_calls, varlen_attention_cpu
 from fastbert.ops.linear import linear, pack_weight, packed_linear, uses_cpu_gemm
 from fastbert.ops.varlen import Packing, check_cu_seqlens, pack, repad
 
@@ -536,10 +536,15 @@ def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) 
     sequence bounds are checked once for all layers (cu_seqlens on the CPU, as varlen_attention checks
     them per call); attention is fastbert.ops.length_runs' CPU path, else varlen_attention."""
     check_cu_seqlens(cu_seqlens, x.shape[0], max_seqlen)
-    scale = 1.0 / math.sqrt(plans[0].head_dim) if plans else 1.0
+    if not plans:
+        return x
+    scale = 1.0 / math.sqrt(plans[0].head_dim)
+    kernel = packed_attention_calls(cu_seqlens, plans[0].head_dim, scale)   # bounds converted once, not per layer
 
     def attend(q, k, v):
-        out = varlen_attention_cpu(q, k, v, cu_seqlens, 0.0, scale)
+        out = kernel(q, k, v) if kernel is not None else None
+        if out is None:
+            out = varlen_attention_cpu(q, k, v, cu_seqlens, 0.0, scale)
         return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen) if out is None else out
 
     for plan in plans:

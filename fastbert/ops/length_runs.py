@@ -75,6 +75,23 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return out if done else None
 
 
+def packed_attention_calls(cu_seqlens: torch.Tensor, head_dim: int, scale: float):
+    """For many calls over the same sequences (a forward's layers): (q, k, v) -> packed_attention's
+    result, with what each call would check and convert done once (the bounds as int64, the thread
+    count). q, k, v float32 CPU, each token's heads and head_dim contiguous (_C checks it). None where
+    the kernel cannot run this head_dim; the callable answers None on a CPU without AVX-512."""
+    if head_dim % 16 or head_dim > 128:
+        return None
+    bounds = cu_seqlens.to(torch.int64).numpy()
+    threads = torch.get_num_threads()
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
+        out = torch.empty(q.shape, dtype=q.dtype)
+        return out if _C.attention_packed(q.numpy(), k.numpy(), v.numpy(), bounds, out.numpy(), scale,
+                                          threads) else None
+    return call
+
+
 def varlen_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                          dropout_p: float, scale: float) -> Optional[torch.Tensor]:
     """The packed attention of a CPU inference call: fastbert._C's kernel, else one SDPA per run; None

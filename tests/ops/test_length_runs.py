@@ -6,7 +6,8 @@ import torch
 from fastbert import _C
 from fastbert.ops import varlen_attention
 from fastbert.ops.attention import varlen_attention_ref
-from fastbert.ops.length_runs import MAX_RUNS, length_runs, packed_attention, runs_apply, varlen_attention_runs
+from fastbert.ops.length_runs import (MAX_RUNS, length_runs, packed_attention, packed_attention_calls, runs_apply,
+                                      varlen_attention_runs)
 
 
 def _packed(lengths, heads=3, dim=8, seed=0):
@@ -69,6 +70,18 @@ def test_kernel_refuses_what_it_cannot_take():
     out = torch.empty(q.shape)
     with pytest.raises(ValueError, match="cu_seqlens must start at 0 and end at the token count"):
         _C.attention_packed(q.numpy(), k.numpy(), v.numpy(), torch.tensor([0, 4]).numpy(), out.numpy(), 0.2)
+
+
+def test_calls_over_one_batch_equal_the_kernel_per_call():
+    # a forward's layers: q, k, v as unbound views of one (tokens, 3, heads, head_dim) QKV output
+    q, k, v, cu = _packed([9, 30, 1], heads=3, dim=32)
+    want = _kernel_or_skip(q, k, v, cu)
+    attend = packed_attention_calls(cu, 32, 32 ** -0.5)
+    for _ in range(2):
+        assert torch.equal(attend(q, k, v), want)
+    qkv = torch.stack([q, k, v], 1)
+    assert torch.equal(attend(*qkv.unbind(1)), want)
+    assert packed_attention_calls(cu, 24, 0.2) is None and packed_attention_calls(cu, 144, 0.2) is None
 
 
 @pytest.mark.parametrize("dim", [8, 32])   # SDPA runs, the kernel
