@@ -28,6 +28,7 @@ using namespace fastbert;
 namespace fastbert {
 void bind_int8_rows(py::module_& m);  // py_quantized_linear.cpp
 void bind_attention(py::module_& m);  // py_attention.cpp
+void bind_linear(py::module_& m);     // py_linear.cpp
 }
 
 namespace {
@@ -548,9 +549,10 @@ std::string options_repr(const EncodeOptions& o) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-    m.doc() = "fastbert C++ core: WordPiece tokenizer, the row-wise passes of the int8 linear, CPU attention";
+    m.doc() = "fastbert C++ core: WordPiece tokenizer, the row-wise passes of the int8 linear, CPU attention, a small-M fp32 GEMM";
     bind_int8_rows(m);
     bind_attention(m);
+    bind_linear(m);
     py::enum_<Truncation>(m, "Truncation")
         .value("none", Truncation::kNone)
         .value("longest_first", Truncation::kLongestFirst)

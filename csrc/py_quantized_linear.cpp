@@ -124,28 +124,6 @@ AVX512 void quantize_rows_avx512(const float* x, int8_t* q, float* scale, float*
     }
 }
 
-// GELU(v) = v/2 (1 + erf(v / sqrt 2)); erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7).
-AVX512 __m512 gelu_avx512(__m512 v) {
-    const __m512 z = _mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f));
-    const __m512 a = _mm512_abs_ps(z);
-    // t = 1 / d: the 14-bit reciprocal and one Newton step (~1 ulp; a division costs several times more)
-    const __m512 d = _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f));
-    const __m512 r = _mm512_rcp14_ps(d);
-    const __m512 t = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
-    __m512 p = _mm512_set1_ps(1.061405429f);
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
-    p = _mm512_mul_ps(p, t);
-    const __m512 e = exp_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), a));
-    __m512 erf_abs = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.0f));
-    // erf is odd: the sign of z (a sign bit copied with integer ops, which AVX-512F has)
-    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN));
-    const __m512 erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf_abs), sign));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), erf));
-}
-
 AVX512 void rescale_rows_avx512(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
                                 const float* bias, int64_t rows, int64_t n, bool act) {
     for (int64_t r = 0; r < rows; ++r) {

@@ -3,6 +3,7 @@ reference) against an fp64 torch reference, forward and backward, and its argume
 import pytest
 import torch
 
+from fastbert import _C
 from fastbert.ops import linear as L
 
 ACTIVATIONS = [None, "gelu", "gelu_tanh", "relu"]
@@ -126,3 +127,74 @@ def test_packed_weight_serves_every_token_count(epilogue):
                                            msg=lambda m: f"{tokens} tokens, {n_in}->{n_out}: {m}")
     finally:
         torch.set_num_threads(before)
+
+
+# ---- fastbert's own small-M GEMM (fastbert._C.linear_f32, csrc/py_linear.cpp) ----------------------------
+
+def own_linear(x, w, b=None, gelu=False, residual=None, threads=1):
+    """pack w, then out = x w^T + b (+ the epilogue) through fastbert._C directly."""
+    if not _C.linear_f32_available():
+        pytest.skip("fastbert._C.linear_f32 needs a CPU with AVX-512")
+    packed = torch.empty((w.shape[0] + 31) // 32, w.shape[1], 32)
+    _C.linear_f32_pack(w.numpy(), packed.numpy())
+    out = torch.empty(x.shape[0], w.shape[0])
+    _C.linear_f32(x.numpy(), packed.numpy(), None if b is None else b.numpy(), out.numpy(),
+                  None if residual is None else residual.numpy(), gelu, threads)
+    return out
+
+
+@pytest.mark.parametrize("epilogue", [None, "gelu", "residual", "no bias"])
+@pytest.mark.parametrize("n_in,n_out", [(40, 100), (100, 40), (384, 1152), (1536, 384)])
+def test_own_gemm_matches_the_reference(epilogue, n_in, n_out):
+    """Every row-block size the kernel has (1..14 rows, ragged splits of more), N and K that are not
+    multiples of 16 or 32 (a masked last panel), each epilogue, on one thread and two."""
+    x, w, b, r = operands(tokens=64, n_in=n_in, n_out=n_out, seed=6)
+    residual = r if epilogue == "residual" else None
+    bias = None if epilogue == "no bias" else b
+    counts = range(1, 65) if n_in == 40 else (1, 5, 13, 14, 15, 26, 29, 43, 64)
+    for tokens in counts:
+        res = None if residual is None else residual[:tokens]
+        want = L.linear_ref(x[:tokens].double(), w.double(), None if bias is None else bias.double(),
+                            "gelu" if epilogue == "gelu" else None, None if res is None else res.double()).float()
+        for threads in (1, 2):
+            got = own_linear(x[:tokens], w, bias, epilogue == "gelu", res, threads)
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5,
+                                       msg=lambda m: f"{tokens} tokens, {threads} threads: {m}")
+
+
+def test_own_gemm_rows_do_not_depend_on_the_batch():
+    """A row's result is the same bits alone, inside a larger x (another row block split, other
+    neighbours), and on any thread count: the k order is fixed."""
+    x, w, b, _ = operands(tokens=64, n_in=384, n_out=1152, seed=7)
+    alone = torch.cat([own_linear(x[i:i + 1], w, b, gelu=True) for i in range(64)])
+    for tokens, threads in ((64, 1), (64, 2), (27, 2), (13, 1)):
+        assert torch.equal(own_linear(x[:tokens], w, b, gelu=True, threads=threads), alone[:tokens]), (tokens, threads)
+
+
+def test_own_gemm_errors():
+    x, w, b, r = operands(tokens=8, n_in=40, n_out=100)
+    own_linear(x, w, b)                                             # skips where the kernel is not available
+    packed = torch.empty(4, 40, 32)
+    _C.linear_f32_pack(w.numpy(), packed.numpy())
+    out = torch.empty(8, 100)
+    with pytest.raises(ValueError, match="packed must have shape"):
+        _C.linear_f32_pack(w.numpy(), torch.empty(3, 40, 32).numpy())
+    with pytest.raises(ValueError, match="same k"):
+        _C.linear_f32(x[:, :39].contiguous().numpy(), packed.numpy(), b.numpy(), out.numpy(), None, False)
+    with pytest.raises(ValueError, match="out must be"):
+        _C.linear_f32(x.numpy(), packed.numpy(), b.numpy(), torch.empty(8, 96).numpy(), None, False)
+    with pytest.raises(ValueError, match="bias must have n entries"):
+        _C.linear_f32(x.numpy(), packed.numpy(), b[:99].numpy(), out.numpy(), None, False)
+    with pytest.raises(ValueError, match="residual must have"):
+        _C.linear_f32(x.numpy(), packed.numpy(), b.numpy(), out.numpy(), r[:7].numpy(), False)
+    with pytest.raises(ValueError, match="not both"):
+        _C.linear_f32(x.numpy(), packed.numpy(), b.numpy(), out.numpy(), r.numpy(), True)
+    with pytest.raises(ValueError, match="must not share memory"):                    # out holds partial sums
+        _C.linear_f32(x.numpy(), packed.numpy(), b.numpy(), r.numpy(), r.numpy(), False)
+    with pytest.raises(ValueError, match="64-byte aligned"):
+        _C.linear_f32(x.numpy(), torch.empty(4 * 40 * 32 + 1)[1:].view(4, 40, 32).numpy(), b.numpy(), out.numpy(),
+                      None, False)
+    with pytest.raises(TypeError):                                  # another dtype is never converted
+        _C.linear_f32(x.double().numpy(), packed.numpy(), b.numpy(), out.numpy(), None, False)
+    with pytest.raises(TypeError):                                  # nor a strided x copied
+        _C.linear_f32(x.t().contiguous().t().numpy(), packed.numpy(), b.numpy(), out.numpy(), None, False)
