@@ -12,9 +12,11 @@
 #   lse, delta: (batch, heads, max_seqlen) fp32, natural-log logsumexp of each query row's scaled
 #           scores; a row with no real key (fully padded sequence) stores +inf, so that the backward's
 #           P = exp(S - lse) is 0 there and the row's output and gradients are exactly 0.
-# Limits: head_dim 1..128 (padded to the next power of two >= 16 with masked loads; the fp32 dk/dv pass
-# takes head dims past 64 as 64 columns and a power of two >= 16, so 80 and 96 are not padded there), any sequence
-# length, fp16 / bf16 / fp32 in, fp32 accumulation and statistics, output in the input dtype.
+# Limits: head_dim 1..128, padded to the next power of two >= 16 with masked loads, except where a pass
+# takes the columns in two chunks, 64 and a power of two >= 16 (two dots where one would run on 128
+# columns): head dims in (64, 96], 80 and 96 among them, in the forward and the 16-bit dq pass, and every
+# head dim past 64 in the fp32 dk/dv pass (see second_chunk and the two below it for where not, and why).
+# Any sequence length, fp16 / bf16 / fp32 in, fp32 accumulation and statistics, output in the input dtype.
 # fp32 products: TF32 tensor cores when torch.backends.cuda.matmul.allow_tf32 is set (as torch's own
 # matmuls), else 3xTF32 (split operands, fp32 accuracy, still tensor cores): never "ieee", which
 # lowers tl.dot to unrolled FMAs that spill. fp32 has config lists of its own that fit in shared memory.
@@ -106,10 +108,24 @@ def shared_bytes(factor16, factor32):
     return shared
 
 
+def second_chunk(head_dim: int) -> int:
+    """The forward's BLOCK_D2: for head dims in (64, 96] the width of the columns past 64 (16 or 32),
+    which then run as two chunks, 64 + BLOCK_D2 columns instead of 128 (80: 37% of the MMA work saved,
+    96: 25%); else 0, one chunk of BLOCK_D columns (a power of two: nothing to save)."""
+    return max(16, triton.next_power_of_2(head_dim - 64)) if 64 < head_dim <= 96 else 0
+
+
+def dq_second_chunk(head_dim: int, dtype) -> int:
+    """The dq pass's BLOCK_D2: second_chunk() for 16-bit inputs; 0 for fp32, whose only config that fits
+    the register budget at BLOCK_D 128 (16 x 16, 8 warps) spilled 8 B in two chunks at head_dim 80 under
+    TF32 on sm_80 / sm_89 (AOT compile test)."""
+    return 0 if dtype == torch.float32 else second_chunk(head_dim)
+
+
 def dkdv_second_chunk(head_dim: int, dtype) -> int:
     """The dk/dv kernel's BLOCK_D2: for fp32 past head_dim 64 the width of the columns past 64 (a power
     of two >= 16), else 0 (one chunk: 16-bit tiles fit in registers whole, and in two chunks the
-    smallest 16-bit tile, 32 x 32, spilled 8-16 B on sm_90)."""
+    smallest 16-bit tile, 32 x 32, spilled 8-24 B on sm_90, at head_dim 80 and 96 as at 128)."""
     return max(16, triton.next_power_of_2(head_dim - 64)) if head_dim > 64 and dtype == torch.float32 else 0
 
 
@@ -292,31 +308,42 @@ def _attention_fwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_LSE: tl.constexpr,
     WINDOW: tl.constexpr,  # 0 global; 1 window over offsets in the sequence; 2 over pos_ptr
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D2: tl.constexpr,  # second_chunk(): 0, or the width of the columns past 64
 ):
+    # With BLOCK_D2 the columns are two chunks, [0, 64) and [64, 64 + BLOCK_D2): Q K^T is a sum of two
+    # products, P V two accumulators, stored apart.
+    D1: tl.constexpr = 64 if BLOCK_D2 else BLOCK_D
     pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_m * BLOCK_M >= n:
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, D1)
     k_base = _head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh)
     v_base = _head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh)
-    q = _tile(_head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh), rows, n, offs_d,
-              stride_qs, stride_qd, HEAD_DIM)
+    q_base = _head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh)
+    q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     # A finite start for the running max: rows whose keys are all masked keep m finite, p = 0, l = 0.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, D1], tl.float32)
+    if BLOCK_D2:
+        offs_d2 = D1 + tl.arange(0, BLOCK_D2)
+        q2 = _tile(q_base, rows, n, offs_d2, stride_qs, stride_qd, HEAD_DIM)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], tl.float32)
     lo, hi = _window_span(pid_m * BLOCK_M, BLOCK_M, n, window, BLOCK_N, WINDOW)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = _key_valid(mask_ptr, stride_mb, stride_ms, b, cols, n, HAS_MASK)
         ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
-        kt = tl.trans(_tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM))  # (BLOCK_D, BLOCK_N)
-        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)              # (BLOCK_N, BLOCK_D)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(ok, s, float("-inf"))
+        kt = tl.trans(_tile(k_base, cols, n, offs_d, stride_ks, stride_kd, HEAD_DIM))  # (D1, BLOCK_N)
+        v = _tile(v_base, cols, n, offs_d, stride_vs, stride_vd, HEAD_DIM)              # (BLOCK_N, D1)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION)
+        if BLOCK_D2:
+            kt2 = tl.trans(_tile(k_base, cols, n, offs_d2, stride_ks, stride_kd, HEAD_DIM))
+            s = tl.dot(q2, kt2, s, input_precision=DOT_PRECISION)
+        s = tl.where(ok, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -324,13 +351,18 @@ def _attention_fwd_kernel(
         if HAS_DROPOUT:
             keep = _keep(seed_ptr, pid_bh, rows, start_n, max_seqlen, dropout_p, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        p = p.to(v.dtype)
+        if BLOCK_D2:    # before the 64-wide product: see the dk/dv kernel
+            v2 = _tile(v_base, cols, n, offs_d2, stride_vs, stride_vd, HEAD_DIM)
+            acc2 = acc2 * alpha[:, None] + tl.dot(p, v2, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
     has_key = l_i > 0.0
     l_safe = tl.where(has_key, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    _store_tile(_head(out_ptr, b, start64, h, stride_ob, stride_os, stride_oh), out, rows, n, offs_d,
-                stride_os, stride_od, HEAD_DIM)
+    out_base = _head(out_ptr, b, start64, h, stride_ob, stride_os, stride_oh)
+    _store_tile(out_base, acc / l_safe[:, None], rows, n, offs_d, stride_os, stride_od, HEAD_DIM)
+    if BLOCK_D2:
+        _store_tile(out_base, acc2 / l_safe[:, None], rows, n, offs_d2, stride_os, stride_od, HEAD_DIM)
     if STORE_LSE:
         lse = tl.where(has_key, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("inf"))
         tl.store(lse_ptr + pid_bh.to(tl.int64) * max_seqlen + rows, lse, mask=rows < n)
@@ -482,25 +514,32 @@ def _attention_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D2: tl.constexpr,  # dq_second_chunk(): 0, or the width of the columns past 64, as in the forward
 ):
+    D1: tl.constexpr = 64 if BLOCK_D2 else BLOCK_D
     pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_m * BLOCK_M >= n:
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, D1)
     row_ok = rows < n
-    q = _tile(_head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh), rows, n, offs_d,
-              stride_qs, stride_qd, HEAD_DIM)
-    do = _tile(_head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh), rows, n, offs_d,
-               stride_ds, stride_dd, HEAD_DIM)
+    q_base = _head(q_ptr, b, start64, h, stride_qb, stride_qs, stride_qh)
+    do_base = _head(do_ptr, b, start64, h, stride_db, stride_ds, stride_dh)
+    q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
+    do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
     stat_base = pid_bh.to(tl.int64) * max_seqlen
     lse = tl.load(lse_ptr + stat_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(delta_ptr + stat_base + rows, mask=row_ok, other=0.0)
     k_base = _head(k_ptr, b, start64, h, stride_kb, stride_ks, stride_kh)
     v_base = _head(v_ptr, b, start64, h, stride_vb, stride_vs, stride_vh)
     qk_scale = sm_scale * 1.4426950408889634
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_M, D1], tl.float32)
+    if BLOCK_D2:
+        offs_d2 = D1 + tl.arange(0, BLOCK_D2)
+        q2 = _tile(q_base, rows, n, offs_d2, stride_qs, stride_qd, HEAD_DIM)
+        do2 = _tile(do_base, rows, n, offs_d2, stride_ds, stride_dd, HEAD_DIM)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], tl.float32)
     lo, hi = _window_span(pid_m * BLOCK_M, BLOCK_M, n, window, BLOCK_N, WINDOW)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -514,10 +553,20 @@ def _attention_bwd_dq_kernel(
             keep = _unpack_bits(tl.load(bits, mask=bits_ok, other=0), BLOCK_M, BLOCK_N)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if BLOCK_D2:
+            k2 = _tile(k_base, cols, n, offs_d2, stride_ks, stride_kd, HEAD_DIM)
+            v2 = _tile(v_base, cols, n, offs_d2, stride_vs, stride_vd, HEAD_DIM)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
+            dp = tl.dot(do2, tl.trans(v2), dp, input_precision=DOT_PRECISION)
         _, ds = _bwd_tile(s, dp, lse, delta, ok, keep, qk_scale, dropout_p, HAS_DROPOUT)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
-    _store_tile(_head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh), dq * sm_scale, rows, n, offs_d,
-                stride_gs, stride_gd, HEAD_DIM)
+        ds = ds.to(k.dtype)
+        if BLOCK_D2:    # before the 64-wide product: see the dk/dv kernel
+            dq2 += tl.dot(ds, k2, input_precision=DOT_PRECISION)
+        dq += tl.dot(ds, k, input_precision=DOT_PRECISION)
+    dq_base = _head(dq_ptr, b, start64, h, stride_gb, stride_gs, stride_gh)
+    _store_tile(dq_base, dq * sm_scale, rows, n, offs_d, stride_gs, stride_gd, HEAD_DIM)
+    if BLOCK_D2:
+        _store_tile(dq_base, dq2 * sm_scale, rows, n, offs_d2, stride_gs, stride_gd, HEAD_DIM)
 
 
 # Register estimates for the prunes (budgets above the kernels): a config's 32-bit words per thread for
@@ -530,6 +579,8 @@ def fwd_words(config, meta, size):
     """Forward: the (BLOCK_M, BLOCK_D) output accumulator and q operand, the (BLOCK_M, BLOCK_N) scores,
     P operand, dropout draws and each relative position term (HAS_C2P / HAS_P2C / HAS_BIAS)."""
     m, n, d, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], meta["BLOCK_D"], size / 4
+    if size == 4 and meta.get("BLOCK_D2") and config.num_stages == 1:    # 16 x 32 spilled 8-48 B at head_dim 96
+        return float("inf")                                             # (3xTF32, dropout, sm_90)
     score_tiles = 1 + e + meta["HAS_DROPOUT"] + sum(meta.get(f, False) for f in ("HAS_C2P", "HAS_P2C", "HAS_BIAS"))
     return (m * d * (1 + e) + m * n * score_tiles) / (32 * config.num_warps)
 
@@ -662,7 +713,7 @@ def attention_fwd(q, k, v, *, scale, key_mask=None, cu_seqlens=None, max_seqlen=
         return out, (lse.fill_(float("inf")) if store_lse else None)
     _fwd.launch(c.key + (store_lse,), c.grid("BLOCK_M"), out, lse if store_lse else out, q, k, v, c.mask,
                 c.cu, c.seed, c.pos, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *c.mstride,
-                *c.scalars, **c.meta, STORE_LSE=store_lse)
+                *c.scalars, **c.meta, STORE_LSE=store_lse, BLOCK_D2=second_chunk(c.meta["HEAD_DIM"]))
     return out, lse
 
 
@@ -689,5 +740,6 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
                  *strides, *_strides4(dk), *c.mstride, *c.scalars, **c.meta,
                  BLOCK_D2=dkdv_second_chunk(c.meta["HEAD_DIM"], q.dtype))
     _dq.launch(c.key, c.grid("BLOCK_M"), dq, q, k, v, do, lse, delta, c.mask, c.cu, c.pos, bits,
-               *strides, *_strides4(dq), *c.mstride, *c.scalars, **c.meta)
+               *strides, *_strides4(dq), *c.mstride, *c.scalars, **c.meta,
+               BLOCK_D2=dq_second_chunk(c.meta["HEAD_DIM"], q.dtype))
     return dq, dk, dv
