@@ -4,6 +4,7 @@ without a GPU (the sweep of tests/gpu_compile.py, cached on disk by kernel sourc
     python bench/gpu_resources.py                          # the configs that run untuned
     python bench/gpu_resources.py --scope all              # every choosable config (~25 min cold on 2 cores)
     python bench/gpu_resources.py --scope all --problems-only   # only what the AOT test would flag
+    python bench/gpu_resources.py --scope all --kernels attention.   # one kernel file's kernels
 
 Prints one row per compile: kernel, variant (the launch's constexpr flags), config, target,
 registers, spills (stack frame bytes), shared memory (bytes / the target's per-block limit), and
@@ -42,10 +43,15 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--cache", default=gpu_compile.DEFAULT_CACHE)
     p.add_argument("--problems-only", action="store_true")
+    p.add_argument("--kernels", nargs="+", default=None, metavar="PREFIX",
+                   help="only kernels whose module.name starts with one of these (attention. for "
+                        "fastbert.kernels.attention's)")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: the kernels must be JIT functions to compile them")
     launches = gpu_compile.record_ops(a.dtypes, a.head_dims, a.hiddens, quick=not a.all_variants)
+    if a.kernels:
+        launches = [x for x in launches if f"{x.module}.{x.name}".startswith(tuple(a.kernels))]
     jobs = gpu_compile.jobs_for(launches, a.targets, a.scope)
     print(f"{len(launches)} launches, {len(jobs)} compiles", file=sys.stderr)
     rows = gpu_compile.compile_all(jobs, a.cache, a.workers)
