@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_attention.h"
 #include "cpu_passes.h"
 
 namespace py = pybind11;
@@ -190,13 +191,19 @@ bool attention_packed(const F32& q, const F32& k, const F32& v, const py::array_
         throw std::invalid_argument("cu_seqlens must start at 0 and end at the token count");
     for (int64_t b = 0; b < batch; ++b)
         if (bounds[b + 1] < bounds[b]) throw std::invalid_argument("cu_seqlens must not decrease");
+    py::gil_scoped_release nogil;
+    return attention_rows(static_cast<const float*>(bq.ptr), static_cast<const float*>(bk.ptr),
+                          static_cast<const float*>(bv.ptr), bq.strides[0] / f, bk.strides[0] / f, bv.strides[0] / f,
+                          bounds, batch, heads, dim, static_cast<float*>(bo.ptr), scale, threads);
+}
+
+}  // namespace
+
+bool attention_rows(const float* q, const float* k, const float* v, int64_t qs, int64_t ks, int64_t vs,
+                    const int64_t* bounds, int64_t batch, int64_t heads, int64_t dim, float* out, float scale,
+                    int threads) {
 #ifdef FASTBERT_AVX512
     if (!has_avx512()) return false;
-    const auto *qp = static_cast<const float*>(bq.ptr), *kp = static_cast<const float*>(bk.ptr),
-               *vp = static_cast<const float*>(bv.ptr);
-    auto* op = static_cast<float*>(bo.ptr);
-    const int64_t qs = bq.strides[0] / f, ks = bk.strides[0] / f, vs = bv.strides[0] / f;
-    py::gil_scoped_release nogil;
     // one task per (sequence, head); a small batch (one short text) stays on the calling thread
     int64_t work = 0;
     for (int64_t b = 0; b < batch; ++b) work += (bounds[b + 1] - bounds[b]) * (bounds[b + 1] - bounds[b]);
@@ -204,18 +211,17 @@ bool attention_packed(const F32& q, const F32& k, const F32& v, const py::array_
     run_tasks(batch * heads, work < kMinWork ? 1 : threads, [&](int64_t t) {
         thread_local std::vector<float> kt, sc;
         const int64_t b = t / heads, h = t % heads, first = bounds[b];
-        const Head head{qp + first * qs + h * dim, kp + first * ks + h * dim, vp + first * vs + h * dim, qs, ks, vs,
-                        op + (first * heads + h) * dim, heads * dim, bounds[b + 1] - first};
+        const Head head{q + first * qs + h * dim, k + first * ks + h * dim, v + first * vs + h * dim, qs, ks, vs,
+                        out + (first * heads + h) * dim, heads * dim, bounds[b + 1] - first};
         if (head.len > 0) attend(head, static_cast<int>(dim / 16), scale, kt, sc);
     });
     return true;
 #else
-    (void)scale, (void)threads;
+    (void)q, (void)k, (void)v, (void)qs, (void)ks, (void)vs, (void)bounds, (void)batch, (void)heads, (void)dim;
+    (void)out, (void)scale, (void)threads;
     return false;
 #endif
 }
-
-}  // namespace
 
 void bind_attention(py::module_& m) {
     m.def("attention_packed", &attention_packed, py::arg("q").noconvert(), py::arg("k").noconvert(),
