@@ -15,8 +15,8 @@ import fastbert.kernels as kernels_pkg
 
 # The fast run: every choosable config of the launches with the most flags, for fp16 and fp32 (3xTF32
 # and TF32), head dim 64 (BERT-base and most models), the largest hidden size, on sm_90 (Hopper's own
-# code path). The slow test adds head dims 32, 80 (a padded BLOCK_D) and 128 (fp32 in two column
-# chunks) and sm_80 (MMA v2); bf16, head dim 96 and sm_89 compile the same code paths and are in the
+# code path). The slow test adds head dims 32, 80 (64 + 16 columns in two chunks) and 128 (fp32 dk/dv
+# in two chunks) and sm_80 (MMA v2); bf16, head dim 96 and sm_89 compile the same code paths and are in the
 # full sweep (bench/gpu_resources.py --scope all, about 25 minutes on 2 cores with a cold cache).
 FAST = dict(dtypes=("float16", "float32"), head_dims=(64,), hiddens=(8192,), targets=(90,), quick=True)
 
