@@ -7,23 +7,30 @@
   residual add after an output projection costs no extra pass. On a 2-core x86 box this is
   1.2-1.7x faster than F.linear for BERT's shapes.
 - `pack_weight`: packed copies of a weight (a PackedWeight) that `linear(..., packed=)` reads instead
-  of the plain weight. Up to MKL_MAX_TOKENS tokens the call runs MKL's packed GEMM
-  (`torch.ops.mkl._mkl_linear` on a `cblas_sgemm_pack`ed copy), then its epilogue as one in-place op:
-  at a few dozen tokens a GEMM only streams its weight, and MKL's packed kernel does that fastest,
-  with about 1 us of fixed cost per call against oneDNN's 13 (all 36 GEMMs of MiniLM-L6, 1 thread:
-  2.1-2.2 ms against oneDNN's 2.8-2.9 at 9 tokens, 3.2 against 3.8 at 18, 4.6 against 5.4 at 30; at
-  512 tokens oneDNN is ahead). Past MKL_MAX_TOKENS, oneDNN on its blocked copy (no weight reorder per
-  call: at batch 1 that reorder is most of a GEMM). Each copy is made when a call first needs it and
-  does not follow later writes to the weight: its owner remakes it (fastbert.models.layers.PackedWeights).
+  of the plain weight. Up to OWN_MAX_TOKENS tokens, where the CPU has AVX-512, the call runs
+  fastbert's own fp32 GEMM (fastbert._C.linear_f32, csrc/py_linear.cpp) on its copy in 32-column
+  panels, with the epilogue in the kernel's store: at a few dozen tokens a GEMM mostly streams its
+  weight, and this kernel reads each panel once for every row, with the next panel prefetched (the
+  24 GEMMs of MiniLM-L6 at 26 tokens, 2-core AVX-512 guest: 0.81-0.85x the time of MKL's packed
+  GEMM on 2 threads, 0.89-0.99x on 1; at 64 tokens on 1 thread 1.06x, hence the limit). Elsewhere
+  up to MKL_MAX_TOKENS tokens the call runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear` on a
+  `cblas_sgemm_pack`ed copy), then its epilogue as one in-place op: about 1 us of fixed cost per
+  call against oneDNN's 13 (all 36 GEMMs of MiniLM-L6, 1 thread: 2.1-2.2 ms against oneDNN's
+  2.8-2.9 at 9 tokens, 3.2 against 3.8 at 18, 4.6 against 5.4 at 30; at 512 tokens oneDNN is
+  ahead). Past MKL_MAX_TOKENS, oneDNN on its blocked copy (no weight reorder per call: at batch 1
+  that reorder is most of a GEMM). Each copy is made when a call first needs it and does not follow
+  later writes to the weight: its owner remakes it (fastbert.models.layers.PackedWeights).
 - Elsewhere (CUDA, autograd, other dtypes, backend="torch" or "triton"): F.linear, with the GELU
   epilogue as fastbert.ops.bias_gelu on the same backend (its Triton kernel on CUDA).
-GEMMs themselves always stay with torch (cuBLAS / oneDNN); there is no Triton GEMM.
+Past a few dozen CPU tokens, and on CUDA, GEMMs stay with torch (oneDNN / MKL / cuBLAS): there a
+GEMM is compute-bound and their kernels are as fast as a hand-written one; there is no Triton GEMM.
 """
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from fastbert import _C
 from fastbert.ops._dispatch import BACKENDS
 from fastbert.ops.bias_gelu import bias_gelu
 
@@ -34,6 +41,10 @@ _MKL = (torch.ops.mkl._mkl_linear.default
 # token counts up to which a packed weight runs MKL's packed GEMM (oneDNN past it); the copy is packed
 # for this many rows and serves any row count up to it (tested: tests/ops/test_linear.py)
 MKL_MAX_TOKENS = 128
+# token counts up to which a packed weight runs fastbert's own GEMM (AVX-512 CPUs only): past about
+# 40 rows MKL's packed GEMM is as fast on one thread (its copy packs for more rows)
+OWN_MAX_TOKENS = 40
+_OWN = _C.linear_f32_available()
 # activation -> (oneDNN post-op, its algorithm)
 _EPILOGUE = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 
@@ -81,19 +92,33 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 
 class PackedWeight:
-    """pack_weight(weight): the packed copies of one weight that `linear(..., packed=)` reads, MKL's
-    (up to MKL_MAX_TOKENS tokens, where MKL is available) and oneDNN's (more tokens), each made from
-    the weight when a call first needs it. A copy, once made, does not follow writes to the weight."""
-    __slots__ = ("weight", "shape", "_mkl", "_onednn")
+    """pack_weight(weight): the packed copies of one weight that `linear(..., packed=)` reads:
+    fastbert's own (up to OWN_MAX_TOKENS tokens, on AVX-512 CPUs), MKL's (up to MKL_MAX_TOKENS
+    tokens, where MKL is available) and oneDNN's (more tokens), each made from the weight when a call
+    first needs it. A copy, once made, does not follow writes to the weight."""
+    __slots__ = ("weight", "shape", "_own", "_mkl", "_onednn")
 
     def __init__(self, weight: torch.Tensor):
         with torch.no_grad():
             self.weight = weight.detach().contiguous()
         self.shape = self.weight.shape
-        self._mkl = self._onednn = None
+        self._own = self._mkl = self._onednn = None
+
+    def uses_own(self, tokens: int) -> bool:
+        return _OWN and tokens <= OWN_MAX_TOKENS
 
     def uses_mkl(self, tokens: int) -> bool:
-        return _MKL is not None and tokens <= MKL_MAX_TOKENS
+        return _MKL is not None and tokens <= MKL_MAX_TOKENS and not self.uses_own(tokens)
+
+    def own(self) -> torch.Tensor:
+        """(ceil(out / 32), in, 32): 32-column panels, the columns past `out` zero (csrc/py_linear.cpp)."""
+        if self._own is None:
+            n, k = self.shape
+            with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode
+                own = torch.empty((n + 31) // 32, k, 32)         # torch's CPU allocator aligns to 64 bytes
+                _C.linear_f32_pack(self.weight.numpy(), own.numpy())
+            self._own = own
+        return self._own
 
     def mkl(self) -> torch.Tensor:
         if self._mkl is None:
@@ -120,16 +145,24 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Te
                   activation: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`linear` on its CPU inference path with a packed weight, without its checks: for a caller that
     made them once for many calls (fastbert.models.layers' lean plans). x (tokens, in) fp32 CPU."""
+    if packed.uses_own(x.shape[0]):         # bias, erf GELU or residual in the kernel's store
+        y = torch.empty(x.shape[0], packed.shape[0])
+        _C.linear_f32(x.contiguous().numpy(), packed.own().numpy(), None if bias is None else bias.detach().numpy(),
+                      y.numpy(), None if residual is None else residual.contiguous().numpy(), activation == "gelu",
+                      torch.get_num_threads())
+        return y if activation in (None, "gelu") else _activate_(y, activation)
     if packed.uses_mkl(x.shape[0]):         # the bias rides in the GEMM, the epilogue in place after it
         y = _MKL(x, packed.mkl(), packed.weight, bias, x.shape[0])
         if residual is not None:
             return y.add_(residual)
-        if activation == "relu":
-            return y.relu_()
-        if activation is not None:
-            return torch._C._nn.gelu_(y, approximate="tanh" if activation == "gelu_tanh" else "none")
-        return y
+        return y if activation is None else _activate_(y, activation)
     return _onednn_linear(x, packed.onednn(), bias, activation, residual)
+
+
+def _activate_(y: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "relu":
+        return y.relu_()
+    return torch._C._nn.gelu_(y, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
 def _onednn_linear(x, w, bias, activation, residual) -> torch.Tensor:

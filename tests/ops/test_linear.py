@@ -1,5 +1,6 @@
-"""fastbert.ops.linear: every path (oneDNN epilogues for CPU inference, F.linear + bias_gelu, the
-reference) against an fp64 torch reference, forward and backward, and its argument errors."""
+"""fastbert.ops.linear: every path (oneDNN epilogues for CPU inference, packed weights on fastbert's
+own GEMM, MKL's and oneDNN's, F.linear + bias_gelu, the reference) against an fp64 torch reference,
+forward and backward, and its argument errors; fastbert._C.linear_f32 on its own."""
 import pytest
 import torch
 
@@ -104,22 +105,29 @@ def test_errors_name_the_argument():
         L.linear(x, w, b, backend="cuda")
 
 
+@pytest.mark.parametrize("own", [True, False], ids=["own", "no own"])
 @pytest.mark.parametrize("epilogue", [*ACTIVATIONS, "residual"])
-def test_packed_weight_serves_every_token_count(epilogue):
-    """One packed weight for all token counts: MKL's packed GEMM (its copy packed once, for
-    MKL_MAX_TOKENS rows) at every count up to MKL_MAX_TOKENS, oneDNN past it; made under one
-    intra-op thread count and used under another, as an Encoder does."""
+def test_packed_weight_serves_every_token_count(epilogue, own, monkeypatch):
+    """One packed weight for all token counts: fastbert's own GEMM up to OWN_MAX_TOKENS (where the
+    CPU has AVX-512; "no own" is the path of a CPU without), MKL's packed GEMM (its copy packed
+    once, for MKL_MAX_TOKENS rows) up to MKL_MAX_TOKENS, oneDNN past it; made under one intra-op
+    thread count and used under another, as an Encoder does."""
     if L._ONEDNN is None:
         pytest.skip("this torch build has no oneDNN (mkldnn) linear")
+    if own and not L._OWN:
+        pytest.skip("fastbert's own GEMM needs a CPU with AVX-512")
+    monkeypatch.setattr(L, "_OWN", own)
     before = torch.get_num_threads()
-    limit = L.MKL_MAX_TOKENS
+    limit, own_limit = L.MKL_MAX_TOKENS, L.OWN_MAX_TOKENS
+    counts = (1, 2, 7, 16, 31, own_limit, own_limit + 1, limit, limit + 1, 300)
     try:
         for n_in, n_out in ((384, 1536), (48, 67)):
             x, w, b, r = operands(tokens=limit + 172, n_in=n_in, n_out=n_out, seed=5)
             packed = L.pack_weight(w)
-            for threads, tokens in ((1, 1), (2, 2), (1, 7), (2, 16), (1, 31), (2, limit), (1, limit + 1), (2, 300)):
+            for threads, tokens in zip((1, 2) * 5, counts):
                 torch.set_num_threads(threads)
-                assert packed.uses_mkl(tokens) == (L._MKL is not None and tokens <= limit)
+                assert packed.uses_own(tokens) == (own and tokens <= own_limit)
+                assert packed.uses_mkl(tokens) == (L._MKL is not None and (own_limit if own else 0) < tokens <= limit)
                 residual, activation = (r[:tokens], None) if epilogue == "residual" else (None, epilogue)
                 with torch.no_grad():
                     got = L.linear(x[:tokens], w, b, activation=activation, residual=residual, packed=packed)
@@ -127,6 +135,19 @@ def test_packed_weight_serves_every_token_count(epilogue):
                                            msg=lambda m: f"{tokens} tokens, {n_in}->{n_out}: {m}")
     finally:
         torch.set_num_threads(before)
+
+
+def test_own_path_in_inference_mode_with_parameters():
+    """As a model's lean forward calls it: inference mode, a bias that is a Parameter (it needs a
+    gradient outside); the copy made there is a normal tensor, usable outside inference mode."""
+    if not L._OWN:
+        pytest.skip("fastbert's own GEMM needs a CPU with AVX-512")
+    x, w, b, r = operands(tokens=9, n_in=100, n_out=40, seed=8)
+    packed, bias = L.pack_weight(w), torch.nn.Parameter(b)
+    with torch.inference_mode():
+        got = L.packed_linear(x, packed, bias, residual=r)
+    assert not packed.own().is_inference()
+    torch.testing.assert_close(got, ref64(x, w, b, residual=r), atol=2e-5, rtol=1e-5)
 
 
 # ---- fastbert's own small-M GEMM (fastbert._C.linear_f32, csrc/py_linear.cpp) ----------------------------
