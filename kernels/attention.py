@@ -573,7 +573,9 @@ def _attention_bwd_dq_kernel(
 # the tiles a program keeps in registers across its loop, each (rows x columns) / (32 * num_warps) words:
 # fp32 accumulators and score-sized tiles (scores, probabilities, dropout draws, relative position
 # terms) a word per element, tl.dot's first operands in the input dtype (q, dO, P, dS) half a word per
-# 16-bit element. A config over budget would spill registers to local memory.
+# 16-bit element. A config over budget would spill registers to local memory. In two column chunks
+# (BLOCK_D2) the forward's and dq pass's estimates still count BLOCK_D columns, a bound: a launch at head
+# dim 80 or 96 chooses among the configs of 128 (the chunks' 16 / 32-wide tiles cost registers of their own).
 
 def fwd_words(config, meta, size):
     """Forward: the (BLOCK_M, BLOCK_D) output accumulator and q operand, the (BLOCK_M, BLOCK_N) scores,
