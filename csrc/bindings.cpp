@@ -29,6 +29,7 @@ namespace fastbert {
 void bind_int8_rows(py::module_& m);  // py_quantized_linear.cpp
 void bind_attention(py::module_& m);  // py_attention.cpp
 void bind_linear(py::module_& m);     // py_linear.cpp
+void bind_layers(py::module_& m);     // py_layers.cpp
 }
 
 namespace {
@@ -549,10 +550,11 @@ std::string options_repr(const EncodeOptions& o) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-    m.doc() = "fastbert C++ core: WordPiece tokenizer, the row-wise passes of the int8 linear, CPU attention, a small-M fp32 GEMM";
+    m.doc() = "fastbert C++ core: WordPiece tokenizer, the row-wise passes of the int8 linear, CPU attention, a small-M fp32 GEMM and the layer stack over it";
     bind_int8_rows(m);
     bind_attention(m);
     bind_linear(m);
+    bind_layers(m);
     py::enum_<Truncation>(m, "Truncation")
         .value("none", Truncation::kNone)
         .value("longest_first", Truncation::kLongestFirst)

@@ -22,6 +22,7 @@
 #include <string>
 #include <utility>
 
+#include "cpu_linear.h"
 #include "cpu_passes.h"
 
 namespace py = pybind11;
@@ -44,8 +45,6 @@ bool available() {
 }
 
 #ifdef FASTBERT_AVX512
-
-enum class Epilogue { kNone, kGelu, kResidual };
 
 // What one call computes, shared by every row block and panel.
 struct Gemm {
@@ -180,18 +179,26 @@ void linear(const F32& x, const F32& packed, const std::optional<F32>& bias, F32
     if (overlap(out_p, m * n, x_p, m * k) || (res_p && overlap(out_p, m * n, res_p, m * n)))
         throw std::invalid_argument("out must not share memory with x or the residual");
     if (m == 0 || n == 0) return;
-#ifdef FASTBERT_AVX512
-    const Gemm g{x_p, static_cast<const float*>(bp.ptr), bias_p, res_p,
-                 static_cast<float*>(bo.ptr), m, n, k,
-                 gelu ? Epilogue::kGelu : res_p ? Epilogue::kResidual : Epilogue::kNone};
-    const int64_t panels = panels_of(n);
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(threads, panels));
     py::gil_scoped_release nogil;
-    run_tasks(tasks, threads, [&](int64_t i) { run_panels(g, panels * i / tasks, panels * (i + 1) / tasks); });
-#endif
+    linear_rows(x_p, m, k, static_cast<const float*>(bp.ptr), n, bias_p,
+                gelu ? Epilogue::kGelu : res_p ? Epilogue::kResidual : Epilogue::kNone, res_p,
+                static_cast<float*>(bo.ptr), threads);
 }
 
 }  // namespace
+
+void linear_rows(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+                 Epilogue epilogue, const float* residual, float* out, int threads) {
+#ifdef FASTBERT_AVX512
+    const Gemm g{x, packed, bias, residual, out, m, n, k, epilogue};
+    const int64_t panels = panels_of(n);
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(threads, panels));
+    run_tasks(tasks, threads, [&](int64_t i) { run_panels(g, panels * i / tasks, panels * (i + 1) / tasks); });
+#else
+    (void)x, (void)m, (void)k, (void)packed, (void)n, (void)bias, (void)epilogue, (void)residual, (void)out;
+    (void)threads;
+#endif
+}
 
 void bind_linear(py::module_& m) {
     m.def("linear_f32_available", &available);

@@ -13,12 +13,15 @@ exactly nn.Linear / nn.LayerNorm with no hooks. Anything else swapped in (a peft
 quantized Linear, a hooked module) is called as a module, so what it adds is honoured.
 
 CPU fp32 inference can read packed copies of the weights instead (PackedWeights, for a model that
-opted in through EncoderModel.prepack_weights: fastbert.Encoder's does): MKL's packed GEMM for a few
-dozen tokens, oneDNN's blocked weights for more (fastbert.ops.linear), no weight reorder per GEMM.
-Such a model's eval forward with autograd off then takes the lean path (LeanPlan, run_lean): the
-same ops on the same tensors, with each layer's module lookups, checks and packed weights gathered
-once and re-checked per call by identity and version only (a few microseconds a layer, against
-about 150 for the module path's per-op checks and dispatch at batch 1).
+opted in through EncoderModel.prepack_weights: fastbert.Encoder's does): fastbert's own GEMM or MKL's
+packed one for a few dozen tokens, oneDNN's blocked weights for more (fastbert.ops.linear), no weight
+reorder per GEMM. Such a model's eval forward with autograd off then takes the lean path (LeanPlan,
+run_lean): the same ops on the same tensors, with each layer's module lookups, checks and packed
+weights gathered once and re-checked per call by identity and version only (a few microseconds a
+layer, against about 150 for the module path's per-op checks and dispatch at batch 1). Up to
+OWN_MAX_TOKENS tokens (one short text) the whole stack then runs in one C++ call
+(fastbert._C.layers_forward, csrc/py_layers.cpp) on the plans' native layers, where the per-op
+calls, their conversions and torch's LayerNorm cost a sixth of the forward.
 
 Every op gets the model's `backend` ("auto" | "triton" | "torch"): fastbert.ops.linear (oneDNN
 epilogues for CPU inference, see there), varlen_attention, bias_gelu, add_layer_norm.
@@ -37,13 +40,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from fastbert import ops
+from fastbert import _C, ops
 from fastbert._quantize import QuantizedLinear
 from fastbert.models.activations import Activation
 from fastbert.ops.attention import attention_probs_ref
 from fastbert.ops import quantized_linear as ql
 from fastbert.ops.length_runs import packed_attention_calls, varlen_attention_cpu
-from fastbert.ops.linear import linear, pack_weight, packed_linear, uses_cpu_gemm
+from fastbert.ops.linear import OWN_MAX_TOKENS, linear, pack_weight, packed_linear, uses_cpu_gemm
 from fastbert.ops.varlen import Packing, check_cu_seqlens, pack, repad
 
 
@@ -458,7 +461,7 @@ class LeanPlan:
     (the layer's PackedWeights) and what says they are current. forward() runs the same ops as the
     layer's own forward, in the same order, without their per-op checks and dispatch."""
     __slots__ = ("links", "modules", "params", "stamp", "qkv_bias", "packed", "epilogue", "act_fn", "heads",
-                 "head_dim", "norms")
+                 "head_dim", "norms", "_native")
 
     def __init__(self, layer: "FastLayer", links, modules, qkv_bias, packed):
         q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
@@ -471,6 +474,32 @@ class LeanPlan:
         self.epilogue = layer.activation.epilogue
         self.act_fn = None if self.epilogue is not None else layer.activation.fn
         self.heads, self.head_dim = layer.num_heads, layer.head_dim
+        self._native = None
+
+    def native(self):
+        """This layer as a fastbert._C.Layer for layers_forward (csrc/py_layers.cpp: the whole stack in
+        one call on a few tokens), made on first use; None where that path cannot run it (an activation
+        other than the erf GELU, a head_dim it does not take, a CPU without AVX-512). It reads the
+        packed copies and, in place, the biases and LayerNorm parameters of this plan."""
+        if self._native is None:
+            self._native = self._make_native() or False
+        return self._native or None
+
+    def _make_native(self):
+        (shape1, eps1), (shape2, eps2) = self.norms
+        hidden = self.heads * self.head_dim
+        if (self.epilogue != "gelu" or self.act_fn is not None or self.head_dim % 16 or self.head_dim > 128
+                or tuple(shape1) != (hidden,) or tuple(shape2) != (hidden,) or not _C.linear_f32_available()):
+            return None
+        qkv, out, ffn_in, ffn_out = self.packed
+        _, _, _, (_, out_bias), (_, ffn_in_bias), (_, ffn_out_bias), (w1, b1), (w2, b2) = self.params
+
+        def bias(b, n):
+            return (torch.zeros(n) if b is None else b.detach()).numpy()
+        return _C.Layer(qkv.own().numpy(), bias(self.qkv_bias, 3 * hidden), out.own().numpy(), bias(out_bias, hidden),
+                        w1.detach().numpy(), b1.detach().numpy(), eps1, ffn_in.own().numpy(),
+                        bias(ffn_in_bias, ffn_in.shape[0]), ffn_out.own().numpy(), bias(ffn_out_bias, hidden),
+                        w2.detach().numpy(), b2.detach().numpy(), eps2, self.heads, self.head_dim)
 
     def current(self) -> bool:
         """Still this layer's: the same modules in the same places, no hooks, the same parameters
@@ -534,11 +563,16 @@ def lean_plans(layers, x: torch.Tensor, backend: str) -> Optional[list]:
 def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
     """The layers' forward by their plans: packed x (tokens, hidden) -> the last layer's output. The
     sequence bounds are checked once for all layers (cu_seqlens on the CPU, as varlen_attention checks
-    them per call); attention is fastbert.ops.length_runs' CPU path, else varlen_attention."""
+    them per call). Up to OWN_MAX_TOKENS tokens, when every plan has a native layer, the stack is one
+    C++ call; else plan by plan, attention by fastbert.ops.length_runs' CPU path, else varlen_attention."""
     check_cu_seqlens(cu_seqlens, x.shape[0], max_seqlen)
     if not plans:
         return x
     scale = 1.0 / math.sqrt(plans[0].head_dim)
+    if x.shape[0] <= OWN_MAX_TOKENS and None not in (layers := [plan.native() for plan in plans]):
+        out = x.clone(memory_format=torch.contiguous_format)       # the stack runs in place on its own copy
+        if _C.layers_forward(out.numpy(), cu_seqlens.to(torch.int64).numpy(), layers, scale, torch.get_num_threads()):
+            return out
     kernel = packed_attention_calls(cu_seqlens, plans[0].head_dim, scale)   # bounds converted once, not per layer
 
     def attend(q, k, v):

@@ -35,9 +35,18 @@ def layer_path(model, packed):
 
 @pytest.fixture
 def lean_calls(monkeypatch):
+    """The plans the lean path ran, on either of its two paths: the whole stack in one C++ call on a
+    few tokens (a plan's native layer handed over), or one plan's forward at a time."""
     calls = []
-    forward = Ly.LeanPlan.forward
+    forward, native = Ly.LeanPlan.forward, Ly.LeanPlan.native
     monkeypatch.setattr(Ly.LeanPlan, "forward", lambda self, *a: calls.append(self) or forward(self, *a))
+
+    def counted_native(self):
+        layer = native(self)
+        if layer is not None:
+            calls.append(self)
+        return layer
+    monkeypatch.setattr(Ly.LeanPlan, "native", counted_native)
     return calls
 
 
@@ -157,3 +166,86 @@ def test_no_tokens_take_the_layer_path(lean_calls):
     _, packed = padded_and_packed(model.config, (0, 0), seq=3)
     assert run(model, packed).shape == (0, model.config.hidden_size)
     assert not lean_calls
+
+
+def native_bert():
+    """A BERT whose layers have a native form: head_dim 32 (the tests' SMALL has 8), an FFN width of 100
+    (not a whole number of the GEMM's 32-column panels)."""
+    import fastbert
+    torch.manual_seed(0)
+    hf = T.BertModel(T.BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=100, max_position_embeddings=64)).eval()
+    model = fastbert.BertModel.from_hf_config(hf.config, backend="auto")
+    model.load_state_dict(hf.state_dict(), strict=True)
+    return model.eval(), hf
+
+
+@pytest.mark.parametrize("lengths", [(9, 0, 4, 4, 1, 17), (1,), (40,), (30, 11)])
+def test_native_stack_equals_the_plans_one_op_at_a_time(lengths, monkeypatch):
+    """Up to OWN_MAX_TOKENS tokens the stack runs in one C++ call (csrc/py_layers.cpp); past it, and
+    where a layer has no native form, each plan's forward runs: the same values either way, and
+    transformers' per sequence."""
+    model, hf = native_bert()
+    model.prepack_weights()
+    _, packed = padded_and_packed(model.config, lengths, seq=max(lengths))
+    if model.encoder_layers()[0].lean_plan().native() is None:
+        pytest.skip("the native layer stack needs a CPU with AVX-512")
+    stacked = []
+    layers_forward = Ly._C.layers_forward
+    monkeypatch.setattr(Ly._C, "layers_forward", lambda *a: stacked.append(1) or layers_forward(*a))
+    got = run(model, packed)
+    assert bool(stacked) == (sum(lengths) <= Ly.OWN_MAX_TOKENS)
+    monkeypatch.setattr(Ly.LeanPlan, "native", lambda self: None)
+    torch.testing.assert_close(got, run(model, packed), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, layer_path(model, packed), atol=1e-5, rtol=1e-5)
+    starts = packed["cu_seqlens"].tolist()
+    with torch.no_grad():
+        for n, a, b in zip(lengths, starts, starts[1:]):
+            if n:
+                want = hf(input_ids=packed["input_ids"][a:b][None],
+                          token_type_ids=packed["token_type_ids"][a:b][None]).last_hidden_state[0]
+                torch.testing.assert_close(got[a:b], want, atol=1e-5, rtol=1e-5)
+
+
+def test_native_stack_follows_parameter_changes():
+    """A LayerNorm or bias edited in place is read in place; a weight edited in place remakes the plan."""
+    model, _ = native_bert()
+    model.prepack_weights()
+    _, packed = padded_and_packed(model.config, (7, 3), seq=7)
+    if model.encoder_layers()[0].lean_plan().native() is None:
+        pytest.skip("the native layer stack needs a CPU with AVX-512")
+    layer = model.encoder.layer[-1]
+    g = torch.Generator().manual_seed(5)
+    before = run(model, packed)
+    for param in (layer.output.LayerNorm.weight, layer.output.dense.bias, layer.intermediate.dense.weight):
+        with torch.no_grad():
+            param.add_(torch.randn(param.shape, generator=g) * 0.3)   # not a uniform shift: LayerNorm removes that
+        got = run(model, packed)
+        torch.testing.assert_close(got, layer_path(model, packed), atol=1e-5, rtol=1e-5)
+        assert (got - before).abs().max() > 1e-3
+        before = got
+
+
+def test_native_stack_refuses_bad_arguments():
+    model, _ = native_bert()
+    model.prepack_weights()
+    layer = model.encoder_layers()[0].lean_plan().native()
+    if layer is None:
+        pytest.skip("the native layer stack needs a CPU with AVX-512")
+    x = torch.zeros(5, 64)
+    with pytest.raises(ValueError, match="cu_seqlens must be 1-D, start at 0 and end at the token count"):
+        Ly._C.layers_forward(x.numpy(), torch.tensor([0, 4]).numpy(), [layer], 0.2, 1)
+    with pytest.raises(ValueError, match=r"x must be \(tokens, 64\)"):
+        Ly._C.layers_forward(torch.zeros(5, 32).numpy(), torch.tensor([0, 5]).numpy(), [layer], 0.2, 1)
+    plan = model.encoder_layers()[0].lean_plan()
+    qkv, out, ffn_in, ffn_out = (p.own().numpy() for p in plan.packed)
+    ones, zeros = torch.ones(64).numpy(), torch.zeros(64).numpy()
+
+    def layer_with(heads, head_dim, ffn_in_bias=torch.zeros(100).numpy()):
+        return Ly._C.Layer(qkv, torch.zeros(192).numpy(), out, zeros, ones, zeros, 1e-12, ffn_in, ffn_in_bias,
+                           ffn_out, zeros, ones, zeros, 1e-12, heads, head_dim)
+    layer_with(2, 32)
+    with pytest.raises(ValueError, match=r"head_dim 16, 32, ... 128, got 8"):
+        layer_with(8, 8)
+    with pytest.raises(ValueError, match=r"ffn_in: packed must be \(ceil\(n / 32\), 64, 32\)"):
+        layer_with(2, 32, torch.zeros(200).numpy())

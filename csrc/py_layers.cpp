@@ -1,0 +1,179 @@
+// A stack of post-LayerNorm BERT layers on a few dozen packed tokens, fp32, in one call
+// (fastbert/models/layers.py: run_lean for a small batch, e.g. one short text):
+//   qkv = x Wqkv^T + b;  ctx = attention(qkv) per sequence;  h = LN(ctx Wo^T + b + x);
+//   x = LN(GELU(h Wi^T + b) Wf^T + b + h)
+// with fastbert's own GEMM (py_linear.cpp, its GELU and residual in the store) and attention
+// (py_attention.cpp), and the LayerNorms here. At a few dozen tokens a layer's work is ~0.4 ms, and
+// the 8 Python-level calls it took (with their checks, conversions and torch's dispatch) added a
+// quarter to that; here a forward is one call, the GIL released throughout. AVX-512 only:
+// layers_forward returns False elsewhere (nothing written) and Python runs the layers one op at a time.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_attention.h"
+#include "cpu_linear.h"
+#include "cpu_passes.h"
+
+namespace py = pybind11;
+
+namespace fastbert {
+namespace {
+
+using F32 = py::array_t<float, py::array::c_style>;
+
+constexpr int64_t kPanel = 32;
+
+// One packed weight (linear_f32_pack's layout) and its bias: n outputs from k inputs.
+struct Linear {
+    F32 packed, bias;
+    int64_t n, k;
+    Linear(F32 p, F32 b, int64_t in, const char* name) : packed(std::move(p)), bias(std::move(b)), n(bias.size()), k(in) {
+        if (bias.ndim() != 1 || packed.ndim() != 3 || packed.shape(0) != (n + kPanel - 1) / kPanel ||
+            packed.shape(1) != k || packed.shape(2) != kPanel)
+            throw std::invalid_argument(std::string(name) + ": packed must be (ceil(n / 32), " + std::to_string(k) +
+                                        ", 32) for its bias of n entries");
+        if (reinterpret_cast<uintptr_t>(packed.data()) % 64 != 0)
+            throw std::invalid_argument(std::string(name) + ": packed must be 64-byte aligned");
+    }
+};
+
+struct Norm {
+    F32 weight, bias;
+    float eps;
+    Norm(F32 w, F32 b, float e, int64_t hidden, const char* name) : weight(std::move(w)), bias(std::move(b)), eps(e) {
+        if (weight.ndim() != 1 || bias.ndim() != 1 || weight.size() != hidden || bias.size() != hidden)
+            throw std::invalid_argument(std::string(name) + ": weight and bias must have hidden = " +
+                                        std::to_string(hidden) + " entries");
+    }
+};
+
+// One layer's parameters, checked once when built (python keeps it with the layer's lean plan).
+class Layer {
+ public:
+    Layer(F32 qkv, F32 qkv_bias, F32 out, F32 out_bias, F32 norm1_weight, F32 norm1_bias, float eps1, F32 ffn_in,
+          F32 ffn_in_bias, F32 ffn_out, F32 ffn_out_bias, F32 norm2_weight, F32 norm2_bias, float eps2, int64_t heads,
+          int64_t head_dim)
+        : hidden(heads * head_dim), heads(heads), head_dim(head_dim),
+          qkv(std::move(qkv), std::move(qkv_bias), hidden, "qkv"),
+          out(std::move(out), std::move(out_bias), hidden, "out"),
+          ffn_in(std::move(ffn_in), std::move(ffn_in_bias), hidden, "ffn_in"),
+          ffn_out(std::move(ffn_out), std::move(ffn_out_bias), this->ffn_in.n, "ffn_out"),
+          norm1(std::move(norm1_weight), std::move(norm1_bias), eps1, hidden, "norm1"),
+          norm2(std::move(norm2_weight), std::move(norm2_bias), eps2, hidden, "norm2") {
+        if (head_dim % 16 != 0 || head_dim > 128 || heads < 1)
+            throw std::invalid_argument("layers_forward takes head_dim 16, 32, ... 128, got " + std::to_string(head_dim));
+        if (this->qkv.n != 3 * hidden || this->out.n != hidden || this->ffn_out.n != hidden)
+            throw std::invalid_argument("qkv must give 3 x hidden outputs, out and ffn_out hidden (" +
+                                        std::to_string(hidden) + ")");
+    }
+    const int64_t hidden, heads, head_dim;
+    const Linear qkv, out, ffn_in, ffn_out;
+    const Norm norm1, norm2;
+};
+
+#ifdef FASTBERT_AVX512
+// LayerNorm of each row of x (rows, n) in place: two passes over a row that stays in L1.
+AVX512 void layer_norm_rows(float* x, int64_t rows, int64_t n, const Norm& norm) {
+    const float *w = norm.weight.data(), *b = norm.bias.data();
+    const int64_t full = n / 16 * 16;
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - full)) - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = x + r * n;
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < full; c += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + c));
+        if (tail) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(tail, row + full));
+        const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / static_cast<float>(n));
+        __m512 sq = _mm512_setzero_ps();
+        for (int64_t c = 0; c < full; c += 16) {
+            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(row + c), mean);
+            sq = _mm512_fmadd_ps(d, d, sq);
+        }
+        if (tail) {
+            const __m512 d = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, row + full), mean);
+            sq = _mm512_fmadd_ps(d, d, sq);
+        }
+        const __m512 rstd =
+            _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(n) + norm.eps));
+        for (int64_t c = 0; c < full; c += 16) {
+            const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + c), mean), rstd);
+            _mm512_storeu_ps(row + c, _mm512_fmadd_ps(d, _mm512_loadu_ps(w + c), _mm512_loadu_ps(b + c)));
+        }
+        if (tail) {
+            const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), mean), rstd);
+            _mm512_mask_storeu_ps(row + full, tail,
+                                  _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(tail, w + full), _mm512_maskz_loadu_ps(tail, b + full)));
+        }
+    }
+}
+#endif
+
+// x (tokens, hidden) in place through every layer; cu_seqlens (batch + 1,) int64 bounds. False
+// (x untouched) where this CPU or build has no AVX-512.
+bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_seqlens,
+                    const std::vector<const Layer*>& layers, float scale, int threads) {
+    if (layers.empty()) return true;
+    const int64_t hidden = layers[0]->hidden, heads = layers[0]->heads, head_dim = layers[0]->head_dim;
+    for (const Layer* layer : layers)
+        if (layer->hidden != hidden || layer->heads != heads || layer->head_dim != head_dim)
+            throw std::invalid_argument("layers_forward takes layers of one shape (heads, head_dim)");
+    auto bx = x.request(true);
+    if (bx.ndim != 2 || bx.shape[1] != hidden)
+        throw std::invalid_argument("x must be (tokens, " + std::to_string(hidden) + ")");
+    const int64_t tokens = bx.shape[0], batch = cu_seqlens.size() - 1;
+    const int64_t* bounds = cu_seqlens.data();
+    if (cu_seqlens.ndim() != 1 || batch < 0 || bounds[0] != 0 || bounds[batch] != tokens)
+        throw std::invalid_argument("cu_seqlens must be 1-D, start at 0 and end at the token count");
+    for (int64_t b = 0; b < batch; ++b)
+        if (bounds[b + 1] < bounds[b]) throw std::invalid_argument("cu_seqlens must not decrease");
+#ifdef FASTBERT_AVX512
+    if (!has_avx512()) return false;
+    int64_t widest = 0;
+    for (const Layer* layer : layers) widest = std::max(widest, layer->ffn_in.n);
+    auto* h = static_cast<float*>(bx.ptr);
+    std::vector<float> qkv(tokens * 3 * hidden), ctx(tokens * hidden), mid(tokens * hidden), ffn(tokens * widest);
+    py::gil_scoped_release nogil;
+    for (const Layer* L : layers) {
+        linear_rows(h, tokens, hidden, L->qkv.packed.data(), 3 * hidden, L->qkv.bias.data(), Epilogue::kNone,
+                    nullptr, qkv.data(), threads);
+        const float* q = qkv.data();
+        attention_rows(q, q + hidden, q + 2 * hidden, 3 * hidden, 3 * hidden, 3 * hidden, bounds, batch, heads,
+                       head_dim, ctx.data(), scale, threads);
+        linear_rows(ctx.data(), tokens, hidden, L->out.packed.data(), hidden, L->out.bias.data(), Epilogue::kResidual,
+                    h, mid.data(), threads);
+        layer_norm_rows(mid.data(), tokens, hidden, L->norm1);
+        linear_rows(mid.data(), tokens, hidden, L->ffn_in.packed.data(), L->ffn_in.n, L->ffn_in.bias.data(),
+                    Epilogue::kGelu, nullptr, ffn.data(), threads);
+        linear_rows(ffn.data(), tokens, L->ffn_in.n, L->ffn_out.packed.data(), hidden, L->ffn_out.bias.data(),
+                    Epilogue::kResidual, mid.data(), h, threads);
+        layer_norm_rows(h, tokens, hidden, L->norm2);
+    }
+    return true;
+#else
+    (void)scale, (void)threads;
+    return false;
+#endif
+}
+
+}  // namespace
+
+void bind_layers(py::module_& m) {
+    py::class_<Layer>(m, "Layer")
+        .def(py::init<F32, F32, F32, F32, F32, F32, float, F32, F32, F32, F32, F32, F32, float, int64_t, int64_t>(),
+             py::arg("qkv").noconvert(), py::arg("qkv_bias").noconvert(), py::arg("out").noconvert(),
+             py::arg("out_bias").noconvert(), py::arg("norm1_weight").noconvert(), py::arg("norm1_bias").noconvert(),
+             py::arg("eps1"), py::arg("ffn_in").noconvert(), py::arg("ffn_in_bias").noconvert(),
+             py::arg("ffn_out").noconvert(), py::arg("ffn_out_bias").noconvert(), py::arg("norm2_weight").noconvert(),
+             py::arg("norm2_bias").noconvert(), py::arg("eps2"), py::arg("heads"), py::arg("head_dim"));
+    m.def("layers_forward", &layers_forward, py::arg("x").noconvert(), py::arg("cu_seqlens").noconvert(),
+          py::arg("layers"), py::arg("scale"), py::arg("threads") = 1);
+}
+
+}  // namespace fastbert
