@@ -58,11 +58,11 @@ from fastbert.kernels.attention import (
     shared_bytes,
 )
 
-# The forward's register budget by element size, in attention.fwd_words' estimate (the forward's
-# tiles and a score-sized tile per relative position term), set as attention.FWD_BUDGET is: between
-# the largest estimate that never spilled and the smallest that did. The configs and the prune are
-# defined below the kernels.
-FWD_BUDGET = {2: 164, 4: 48}
+# The forward's register budget by element size, in _fwd_words' estimate (attention.fwd_words' tiles, a
+# score-sized tile per relative position term, and c2p / p2c's index tile), set as attention.FWD_BUDGET
+# is: between the largest estimate that never spilled (168, 48) and the smallest that did (192, 52).
+# The configs and the prune are defined below the kernels.
+FWD_BUDGET = {2: 168, 4: 48}
 # The backward is not timed (see _bwd): it runs the one config _bwd_prune keeps.
 _BWD_CONFIGS = _configs([(64, 32, 4, 2), (32, 32, 4, 2), (64, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 1),
                          (16, 16, 2, 1), (16, 32, 8, 1), (16, 16, 8, 1)])
@@ -308,11 +308,15 @@ def _relative_attention_bwd_kernel(
 
 
 def _fwd_words(config, meta, size):
-    """attention.fwd_words, with fp32 on 8 warps at BLOCK_D 32 over any budget: 16 x 32 put 8 B on the stack
-    there (sm_89, TF32), where the estimate is small."""
+    """attention.fwd_words plus, with c2p or p2c, the (BLOCK_M, BLOCK_N) relative index tile lut[d] they
+    gather with (uncounted, c2p + p2c without dropout spilled 8-64 B within budget: 16-bit 64 x 64 at
+    BLOCK_D 64 on sm_80 / sm_89, fp32 32 x 32 at BLOCK_D 32 and 16 x 32 on 4 warps at BLOCK_D 128 on
+    sm_90); fp32 on 8 warps at BLOCK_D 32 over any budget: 16 x 32 put 8 B on the stack there (sm_89, TF32),
+    where the estimate is small."""
     if size == 4 and meta["BLOCK_D"] <= 32 and config.num_warps == 8:
         return float("inf")
-    return fwd_words(config, meta, size)
+    index = config.kwargs["BLOCK_M"] * config.kwargs["BLOCK_N"] / (32 * config.num_warps)
+    return fwd_words(config, meta, size) + (index if meta["HAS_C2P"] or meta["HAS_P2C"] else 0)
 
 
 _FWD_CONFIGS, _fwd_prune = by_dtype(
