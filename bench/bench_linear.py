@@ -26,8 +26,7 @@ SHAPES = [(1152, 384, None), (384, 384, "residual"), (1536, 384, "gelu"), (384, 
 def child(path: str, threads: int, tokens: int, iters: int) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    L._OWN = L._OWN and path == "own"
-    L.OWN_MAX_TOKENS = L.MKL_MAX_TOKENS                 # the path asked for at every token count measured
+    L.PackedWeight.uses_own = lambda self, tokens: path == "own"   # at every token and thread count measured
     calls = []
     for _ in range(6):
         for n_out, n_in, epilogue in SHAPES:

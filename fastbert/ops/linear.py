@@ -7,12 +7,14 @@
   residual add after an output projection costs no extra pass. On a 2-core x86 box this is
   1.2-1.7x faster than F.linear for BERT's shapes.
 - `pack_weight`: packed copies of a weight (a PackedWeight) that `linear(..., packed=)` reads instead
-  of the plain weight. Up to OWN_MAX_TOKENS tokens, where the CPU has AVX-512, the call runs
-  fastbert's own fp32 GEMM (fastbert._C.linear_f32, csrc/py_linear.cpp) on its copy in 32-column
-  panels, with the epilogue in the kernel's store: at a few dozen tokens a GEMM mostly streams its
+  of the plain weight. Up to OWN_MAX_TOKENS tokens on one intra-op thread (an Encoder's small batch
+  on a busy machine), where the CPU has AVX-512, the call runs fastbert's own fp32 GEMM
+  (fastbert._C.linear_f32, csrc/py_linear.cpp) on its copy in 32-column panels, with the epilogue
+  in the kernel's store: at a few dozen tokens a GEMM mostly streams its
   weight, and this kernel reads each panel once for every row, with the next panel prefetched (the
   24 GEMMs of MiniLM-L6 at 26 tokens, 2-core AVX-512 guest: 0.81-0.85x the time of MKL's packed
-  GEMM on 2 threads, 0.89-0.99x on 1; at 64 tokens on 1 thread 1.06x, hence the limit). Elsewhere
+  GEMM on 2 threads, 0.89-0.99x on 1; at 64 tokens on 1 thread 1.06x, hence the limit; on 2 threads
+  it waits for the ops between GEMMs to leave torch's OpenMP threads, see OWN_MAX_TOKENS). Elsewhere
   up to MKL_MAX_TOKENS tokens the call runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear` on a
   `cblas_sgemm_pack`ed copy), then its epilogue as one in-place op: about 1 us of fixed cost per
   call against oneDNN's 13 (all 36 GEMMs of MiniLM-L6, 1 thread: 2.1-2.2 ms against oneDNN's
@@ -42,7 +44,11 @@ _MKL = (torch.ops.mkl._mkl_linear.default
 # for this many rows and serves any row count up to it (tested: tests/ops/test_linear.py)
 MKL_MAX_TOKENS = 128
 # token counts up to which a packed weight runs fastbert's own GEMM (AVX-512 CPUs only): past about
-# 40 rows MKL's packed GEMM is as fast on one thread (its copy packs for more rows)
+# 40 rows MKL's packed GEMM is as fast on one thread (its copy packs for more rows). On one intra-op
+# thread only: on two, a layer's torch ops between its GEMMs (LayerNorm) wake torch's OpenMP
+# threads, which then spin on the core the GEMM's own pool needs, and a batch-1 MiniLM forward took
+# 7.9-8.1 ms against 4.5-4.8 with MKL's GEMM on those OpenMP threads (5.2-5.6 against 11 with
+# OMP_WAIT_POLICY=PASSIVE), though the GEMMs alone run 0.81-0.85x MKL's time there.
 OWN_MAX_TOKENS = 40
 _OWN = _C.linear_f32_available()
 # activation -> (oneDNN post-op, its algorithm)
@@ -105,7 +111,8 @@ class PackedWeight:
         self._own = self._mkl = self._onednn = None
 
     def uses_own(self, tokens: int) -> bool:
-        return _OWN and tokens <= OWN_MAX_TOKENS
+        """fastbert's own GEMM for this call: few tokens, on one intra-op thread (see OWN_MAX_TOKENS)."""
+        return _OWN and tokens <= OWN_MAX_TOKENS and torch.get_num_threads() == 1
 
     def uses_mkl(self, tokens: int) -> bool:
         return _MKL is not None and tokens <= MKL_MAX_TOKENS and not self.uses_own(tokens)

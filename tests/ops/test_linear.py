@@ -108,10 +108,10 @@ def test_errors_name_the_argument():
 @pytest.mark.parametrize("own", [True, False], ids=["own", "no own"])
 @pytest.mark.parametrize("epilogue", [*ACTIVATIONS, "residual"])
 def test_packed_weight_serves_every_token_count(epilogue, own, monkeypatch):
-    """One packed weight for all token counts: fastbert's own GEMM up to OWN_MAX_TOKENS (where the
-    CPU has AVX-512; "no own" is the path of a CPU without), MKL's packed GEMM (its copy packed
-    once, for MKL_MAX_TOKENS rows) up to MKL_MAX_TOKENS, oneDNN past it; made under one intra-op
-    thread count and used under another, as an Encoder does."""
+    """One packed weight for all token counts: fastbert's own GEMM up to OWN_MAX_TOKENS on one
+    thread (where the CPU has AVX-512; "no own" is the path of a CPU without), MKL's packed GEMM
+    (its copy packed once, for MKL_MAX_TOKENS rows) up to MKL_MAX_TOKENS, oneDNN past it; made under
+    one intra-op thread count and used under another, as an Encoder does."""
     if L._ONEDNN is None:
         pytest.skip("this torch build has no oneDNN (mkldnn) linear")
     if own and not L._OWN:
@@ -119,15 +119,16 @@ def test_packed_weight_serves_every_token_count(epilogue, own, monkeypatch):
     monkeypatch.setattr(L, "_OWN", own)
     before = torch.get_num_threads()
     limit, own_limit = L.MKL_MAX_TOKENS, L.OWN_MAX_TOKENS
-    counts = (1, 2, 7, 16, 31, own_limit, own_limit + 1, limit, limit + 1, 300)
+    counts = (1, 2, 7, 16, own_limit, 31, own_limit + 1, limit, limit + 1, 300)   # on 1, 2, 1, 2, ... threads
     try:
         for n_in, n_out in ((384, 1536), (48, 67)):
             x, w, b, r = operands(tokens=limit + 172, n_in=n_in, n_out=n_out, seed=5)
             packed = L.pack_weight(w)
             for threads, tokens in zip((1, 2) * 5, counts):
                 torch.set_num_threads(threads)
-                assert packed.uses_own(tokens) == (own and tokens <= own_limit)
-                assert packed.uses_mkl(tokens) == (L._MKL is not None and (own_limit if own else 0) < tokens <= limit)
+                own_path = own and tokens <= own_limit and threads == 1
+                assert packed.uses_own(tokens) == own_path
+                assert packed.uses_mkl(tokens) == (L._MKL is not None and tokens <= limit and not own_path)
                 residual, activation = (r[:tokens], None) if epilogue == "residual" else (None, epilogue)
                 with torch.no_grad():
                     got = L.linear(x[:tokens], w, b, activation=activation, residual=residual, packed=packed)
@@ -144,9 +145,15 @@ def test_own_path_in_inference_mode_with_parameters():
         pytest.skip("fastbert's own GEMM needs a CPU with AVX-512")
     x, w, b, r = operands(tokens=9, n_in=100, n_out=40, seed=8)
     packed, bias = L.pack_weight(w), torch.nn.Parameter(b)
-    with torch.inference_mode():
-        got = L.packed_linear(x, packed, bias, residual=r)
-    assert not packed.own().is_inference()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            assert packed.uses_own(9)
+            got = L.packed_linear(x, packed, bias, residual=r)
+    finally:
+        torch.set_num_threads(before)
+    assert packed._own is not None and not packed._own.is_inference()
     torch.testing.assert_close(got, ref64(x, w, b, residual=r), atol=2e-5, rtol=1e-5)
 
 
