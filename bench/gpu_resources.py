@@ -3,6 +3,8 @@ without a GPU (the sweep of tests/gpu_compile.py, cached on disk by kernel sourc
 
     python bench/gpu_resources.py                          # the configs that run untuned
     python bench/gpu_resources.py --scope all              # every choosable config (~25 min cold on 2 cores)
+    python bench/gpu_resources.py --scope all --all-variants   # ... of every flag combination, not only the
+                                                               # quick ones (the AOT test's)
     python bench/gpu_resources.py --scope all --problems-only   # only what the AOT test would flag
     python bench/gpu_resources.py --scope all --kernels attention.   # one kernel file's kernels
 

@@ -13,11 +13,13 @@ from gpu_compile import problems, run_in_compiler, run_sweep
 
 import fastbert.kernels as kernels_pkg
 
-# The fast run: every choosable config of the launches with the most flags, for fp16 and fp32 (3xTF32
+# The fast run: every choosable config of the launches with the most flags (and of relative attention's
+# serving forward, whose prune keeps larger tiles without dropout: see record_ops), for fp16 and fp32 (3xTF32
 # and TF32), head dim 64 (BERT-base and most models), the largest hidden size, on sm_90 (Hopper's own
 # code path). The slow test adds head dims 32, 80 (64 + 16 columns in two chunks) and 128 (fp32 dk/dv
 # in two chunks) and sm_80 (MMA v2); bf16, head dim 96 and sm_89 compile the same code paths and are in the
-# full sweep (bench/gpu_resources.py --scope all, about 25 minutes on 2 cores with a cold cache).
+# full sweep (bench/gpu_resources.py --scope all, about 25 minutes on 2 cores with a cold cache; with
+# --all-variants every flag combination, not only record_ops' quick ones).
 FAST = dict(dtypes=("float16", "float32"), head_dims=(64,), hiddens=(8192,), targets=(90,), quick=True)
 
 def _kernels():
