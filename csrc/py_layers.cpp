@@ -7,6 +7,8 @@
 // the 8 Python-level calls it took (with their checks, conversions and torch's dispatch) added a
 // quarter to that; here a forward is one call, the GIL released throughout. AVX-512 only:
 // layers_forward returns False elsewhere (nothing written) and Python runs the layers one op at a time.
+// layer_norm_f32 is the same LayerNorm (with an optional residual added first) for a few rows on
+// their own (fastbert/ops/add_layer_norm.py: the embeddings' LayerNorm of a short text).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -162,6 +165,30 @@ bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_s
 #endif
 }
 
+// out = LayerNorm(x + residual) over each row (residual may be None); all (rows, n) contiguous. False
+// (nothing written) where this CPU or build has no AVX-512.
+bool layer_norm_f32(const F32& x, const std::optional<F32>& residual, const F32& weight, const F32& bias, float eps,
+                    F32& out) {
+    if (x.ndim() != 2 || out.ndim() != 2 || out.shape(0) != x.shape(0) || out.shape(1) != x.shape(1))
+        throw std::invalid_argument("layer_norm_f32 takes x and out of one shape (rows, n)");
+    if (residual && (residual->ndim() != 2 || residual->shape(0) != x.shape(0) || residual->shape(1) != x.shape(1)))
+        throw std::invalid_argument("residual must have x's shape");
+    const int64_t rows = x.shape(0), n = x.shape(1);
+    const Norm norm(weight, bias, eps, n, "layer_norm_f32");
+#ifdef FASTBERT_AVX512
+    if (!has_avx512()) return false;
+    const float *xp = x.data(), *rp = residual ? residual->data() : nullptr;
+    float* op = out.mutable_data();
+    py::gil_scoped_release nogil;
+    for (int64_t i = 0; i < rows * n; ++i) op[i] = rp ? xp[i] + rp[i] : xp[i];
+    layer_norm_rows(op, rows, n, norm);
+    return true;
+#else
+    (void)rows;
+    return false;
+#endif
+}
+
 }  // namespace
 
 void bind_layers(py::module_& m) {
@@ -172,6 +199,8 @@ void bind_layers(py::module_& m) {
              py::arg("eps1"), py::arg("ffn_in").noconvert(), py::arg("ffn_in_bias").noconvert(),
              py::arg("ffn_out").noconvert(), py::arg("ffn_out_bias").noconvert(), py::arg("norm2_weight").noconvert(),
              py::arg("norm2_bias").noconvert(), py::arg("eps2"), py::arg("heads"), py::arg("head_dim"));
+    m.def("layer_norm_f32", &layer_norm_f32, py::arg("x").noconvert(), py::arg("residual").noconvert().none(true),
+          py::arg("weight").noconvert(), py::arg("bias").noconvert(), py::arg("eps"), py::arg("out").noconvert());
     m.def("layers_forward", &layers_forward, py::arg("x").noconvert(), py::arg("cu_seqlens").noconvert(),
           py::arg("layers"), py::arg("scale"), py::arg("threads") = 1);
 }

@@ -3,13 +3,19 @@
 Registered as the custom ops torch.ops.fastbert.add_layer_norm and add_layer_norm_backward: the
 Triton kernel on CUDA (on CPU with interpret=True, in Triton's interpreter), the torch reference on
 CPU (without dropout: the kernel's Philox mask has no torch equivalent; add_layer_norm(backend="torch")
-draws its own)."""
+draws its own). CPU float32 inference on a few rows (at most STACK_MAX_TOKENS: a short text's
+embeddings) takes fastbert._C's LayerNorm on the calling thread instead: torch's splits even 26 rows
+over its OpenMP threads, which then spin for a while after it, on the cores that the C++ layer stack
+(fastbert.models.layers.run_lean) starts on next (one 26-token text on 2 threads: 2.7-2.8 ms with the
+embeddings' LayerNorm on one thread, 4.2-4.7 with torch's on two)."""
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
+from fastbert import _C
 from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, triton_op, use_triton
+from fastbert.ops.linear import STACK_MAX_TOKENS
 
 MAX_HIDDEN = 8192
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -204,8 +210,29 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
                                                        float(dropout_p), seed_t, records_grad(*tensors),
                                                        not x.is_cuda)
         return (y, s) if return_sum else y
+    if (backend == "auto" and dropout_p == 0 and not return_sum and _few_cpu_rows(x, residual, weight, bias)
+            and (out := _layer_norm_f32(x, residual, weight, bias, eps)) is not None):
+        return out
     if dropout_p > 0:
         gen = None if seed is None else torch.Generator(device=x.device).manual_seed(seed)
         keep = torch.empty_like(x).bernoulli_(1.0 - dropout_p, generator=gen)
         x = x * keep / (1.0 - dropout_p)
     return add_layer_norm_ref(x, residual, weight, bias, eps, return_sum)
+
+
+def _few_cpu_rows(x, residual, weight, bias) -> bool:
+    """CPU float32 inference (nothing needs a gradient, not traced) on at most STACK_MAX_TOKENS rows."""
+    operands = (x, residual, weight, bias)
+    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= STACK_MAX_TOKENS
+            and weight is not None and bias is not None
+            and all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu") for t in operands)
+            and (residual is None or residual.shape == x.shape) and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands)))
+
+
+def _layer_norm_f32(x, residual, weight, bias, eps) -> Optional[torch.Tensor]:
+    out = torch.empty(x.shape, dtype=torch.float32)
+    done = _C.layer_norm_f32(x.contiguous().numpy(), None if residual is None else residual.contiguous().numpy(),
+                             weight.detach().contiguous().numpy(), bias.detach().contiguous().numpy(), float(eps),
+                             out.numpy())
+    return out if done else None

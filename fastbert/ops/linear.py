@@ -50,6 +50,12 @@ MKL_MAX_TOKENS = 128
 # 7.9-8.1 ms against 4.5-4.8 with MKL's GEMM on those OpenMP threads (5.2-5.6 against 11 with
 # OMP_WAIT_POLICY=PASSIVE), though the GEMMs alone run 0.81-0.85x MKL's time there.
 OWN_MAX_TOKENS = 40
+# token counts up to which a CPU fp32 inference forward runs on fastbert's own kernels end to end, with
+# no torch op that wakes OpenMP's threads before or between its GEMMs: the embeddings' LayerNorm
+# (fastbert.ops.add_layer_norm) and the whole layer stack in one C++ call (fastbert.models.layers'
+# run_lean). There the own GEMM runs on any thread count. One text on 2 threads, MiniLM-L6: 40-64
+# tokens 5.4-5.5 ms p50 against 6.3-6.4 one op at a time; 64-128 tokens 10.8-11.0 against 10.0, hence 64.
+STACK_MAX_TOKENS = 64
 _OWN = _C.linear_f32_available()
 # activation -> (oneDNN post-op, its algorithm)
 _EPILOGUE = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}

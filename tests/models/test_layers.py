@@ -180,9 +180,9 @@ def native_bert():
     return model.eval(), hf
 
 
-@pytest.mark.parametrize("lengths", [(9, 0, 4, 4, 1, 17), (1,), (40,), (30, 11)])
+@pytest.mark.parametrize("lengths", [(9, 0, 4, 4, 1, 17), (1,), (64,), (40, 25)])
 def test_native_stack_equals_the_plans_one_op_at_a_time(lengths, monkeypatch):
-    """Up to OWN_MAX_TOKENS tokens the stack runs in one C++ call (csrc/py_layers.cpp); past it, and
+    """Up to STACK_MAX_TOKENS tokens the stack runs in one C++ call (csrc/py_layers.cpp); past it, and
     where a layer has no native form, each plan's forward runs: the same values either way, and
     transformers' per sequence."""
     model, hf = native_bert()
@@ -194,7 +194,7 @@ def test_native_stack_equals_the_plans_one_op_at_a_time(lengths, monkeypatch):
     layers_forward = Ly._C.layers_forward
     monkeypatch.setattr(Ly._C, "layers_forward", lambda *a: stacked.append(1) or layers_forward(*a))
     got = run(model, packed)
-    assert bool(stacked) == (sum(lengths) <= Ly.OWN_MAX_TOKENS)
+    assert bool(stacked) == (sum(lengths) <= Ly.STACK_MAX_TOKENS)
     monkeypatch.setattr(Ly.LeanPlan, "native", lambda self: None)
     torch.testing.assert_close(got, run(model, packed), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got, layer_path(model, packed), atol=1e-5, rtol=1e-5)
