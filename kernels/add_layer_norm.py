@@ -148,12 +148,15 @@ def _bwd_words(config, block_n):
 _BWD_BUDGET = 192
 
 
-def _prune(max_elems, min_per_warp=256, words=None, budget=None):
+def _prune(max_elems, min_per_warp=256, words=None, budget=None, fp32_warps=16):
+    """fp32_warps: the most warps for an fp32 x (the forward's x_ptr)."""
     def prune(configs, nargs, **kwargs):
         # a tile of BLOCK_M rows x BLOCK_N cols in registers: cap its size (and its words per thread
         # with `words`), scale warps with it
         block_n = kwargs["BLOCK_N"] if "BLOCK_N" in kwargs else nargs["BLOCK_N"]
-        fits = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems
+        x = nargs.get("x_ptr")
+        warps = fp32_warps if x is not None and x.element_size() == 4 else 16
+        fits = [c for c in configs if c.kwargs["BLOCK_M"] * block_n <= max_elems and c.num_warps <= warps
                 and (words is None or words(c, block_n) <= budget)]
         keep = [c for c in fits if min_per_warp <= c.kwargs["BLOCK_M"] * block_n // c.num_warps <= 2048]
         if not keep:  # tiny rows: fall back to the biggest allowed tile
@@ -164,7 +167,9 @@ def _prune(max_elems, min_per_warp=256, words=None, budget=None):
     return prune
 
 
-_fwd = TunedKernel(_add_layer_norm_fwd_kernel, _configs(), prune=_prune(16384),
+# The forward at fp32 takes at most 8 warps: one row of 8192 on 16 warps (its default then, 16 elements a
+# thread) put 8 B on the stack at 40 registers on sm_89, as 16 warps did in the backward (see above).
+_fwd = TunedKernel(_add_layer_norm_fwd_kernel, _configs(), prune=_prune(16384, fp32_warps=8),
                    key=["N", "HAS_RESIDUAL", "STORE_SUM", "DROPOUT", "STORE_STATS"])
 _bwd = TunedKernel(_add_layer_norm_bwd_kernel, _configs(), prune=_prune(8192, 512, _bwd_words, _BWD_BUDGET),
                    key=["N", "HAS_DSUM", "DROPOUT", "STORE_DR"])
