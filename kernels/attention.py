@@ -75,7 +75,7 @@ _BWD_CONFIGS = _configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 6
 # fp32 tiles are twice the bytes and 3xTF32 splits each operand: smaller tiles (one stage at head_dim 128 to fit
 # 99 KB of shared memory; 16 warps are for the dk/dv pass under TF32 only, see dkdv_words)
 _FWD_CONFIGS_FP32 = _configs([(64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1), (64, 32, 4, 1), (16, 32, 4, 2),
-                              (16, 32, 4, 1), (32, 32, 4, 2)])  # 32 x 64, and 32 x 32 on 8 warps, spilled
+                              (16, 32, 4, 1), (32, 32, 4, 2), (16, 16, 4, 1)])  # see _fwd_words
 _BWD_CONFIGS_FP32 = _configs([(16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (32, 32, 4, 1),
                               (16, 16, 4, 1), (16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1), (16, 16, 16, 1)])
 # The config that runs untuned (interpreter, torch.compile graphs, FASTBERT_AUTOTUNE=0) per BLOCK_D where
@@ -609,6 +609,11 @@ def dkdv_words(config, meta, size):
     if (config.num_warps == 16 and not (tf32_chunks and m == n == 16)
             or tf32_chunks and (m, n, config.num_warps) == (16, 16, 8)):
         return float("inf")
+    # fp32 TF32 with dropout at BLOCK_D 64: 16 x 32 on 8 warps and 2 stages, its default, spilled 8 B at 128
+    # registers on sm_90 (within budget); 1 stage runs instead
+    if (size == 4 and d == 64 and meta["HAS_DROPOUT"] and meta["DOT_PRECISION"] == "tf32"
+            and _shape(config) == (16, 32, 8, 2)):
+        return float("inf")
     return (n * d * (2 + 2 * e) + m * n * (2 + 2 * e + meta["HAS_DROPOUT"]) + m * d * 2 * e) / (32 * config.num_warps)
 
 
@@ -619,6 +624,35 @@ def narrow_keys(words):
     def narrow(config, meta, size):
         return float("inf") if config.kwargs["BLOCK_N"] > max(meta["BLOCK_D"], 32) else words(config, meta, size)
     return narrow
+
+
+# fp32 at BLOCK_D 128 in one chunk: a thread holds q whole (16 rows on 4 warps), 3xTF32 twice; ptxas
+# capped some flag combinations at 168 registers (TF32 with a window and dropout at 128) and spilled 8-16 B,
+# which no tile count tells apart: the configs that spilled there, by (DOT_PRECISION, IS_VARLEN,
+# HAS_MASK, HAS_DROPOUT, WINDOW), over sm_80/89/90 (AOT compile test, every flag). Each combination keeps one.
+_FWD_SPILLED_128 = {
+    (16, 32, 4, 2): {("tf32x3", True, False, True, 0), ("tf32", True, False, True, 1)},
+    (16, 32, 4, 1): {("tf32x3", False, False, False, 0), ("tf32x3", True, False, True, 1),
+                     ("tf32", True, False, True, 1)},
+    (16, 16, 4, 1): {("tf32x3", True, False, True, 0), ("tf32", True, False, False, 0)},
+}
+
+
+def _fwd_words(config, meta, size):
+    """fwd_words, over any budget for the configs that spilled within it (AOT compile test, every flag,
+    sm_80/89/90): 16-bit 64 x 32 on 3 stages at BLOCK_D 32 (8 B at 80 registers: the padded serving
+    forward, sm_80); fp32 32 x 32 on 2 stages at BLOCK_D 32 with positions (WINDOW 2: 8 B at 96 registers,
+    TF32, sm_80); at fp32 BLOCK_D 128 in one chunk those of _FWD_SPILLED_128; 16 x 16 (fp32) only there.
+    (32 x 64, and 32 x 32 on 8 warps, are no fp32 candidates: they spilled.)"""
+    shape, d, fp32 = _shape(config), meta["BLOCK_D"], size == 4
+    one_chunk_128 = fp32 and d == 128 and not meta["BLOCK_D2"]
+    flags = tuple(meta[f] for f in ("DOT_PRECISION", "IS_VARLEN", "HAS_MASK", "HAS_DROPOUT", "WINDOW"))
+    if (not fp32 and d == 32 and shape == (64, 32, 4, 3)
+            or fp32 and d == 32 and meta["WINDOW"] == 2 and shape == (32, 32, 4, 2)
+            or one_chunk_128 and flags in _FWD_SPILLED_128.get(shape, ())
+            or fp32 and shape[1] == 16 and not one_chunk_128):
+        return float("inf")
+    return fwd_words(config, meta, size)
 
 
 def by_dtype(configs16, configs32, defaults=None, words=None, budget=None):
@@ -637,7 +671,7 @@ def by_dtype(configs16, configs32, defaults=None, words=None, budget=None):
 
 
 _fwd = TunedKernel(_attention_fwd_kernel,
-                   *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT, fwd_words, FWD_BUDGET),
+                   *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT, _fwd_words, FWD_BUDGET),
                    key=_KEY + ["STORE_LSE"], shared=shared_bytes(1.0, 1.4))
 _dkdv = TunedKernel(_attention_bwd_dkdv_kernel,
                     *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT, dkdv_words, DKDV_BUDGET),
