@@ -146,6 +146,13 @@ def test_gpu_config_prune_keeps_a_fitting_tile(n):
         assert kept and all(c.kwargs["BLOCK_M"] * block_n <= cap for c in kept)
 
 
+def test_fp32_forward_prune_keeps_at_most_8_warps():
+    # one fp32 row of 8192 on 16 warps spilled on sm_89 (AOT compile sweep); 16-bit rows keep 16 warps
+    for dtype, most in ((torch.float32, 8), (torch.float16, 16)):
+        kept = kernel._fwd.prune(kernel._configs(), {"x_ptr": torch.empty(2, 8192, dtype=dtype)}, BLOCK_N=8192)
+        assert kept and max(c.num_warps for c in kept) == most, (dtype, kept)
+
+
 def test_weight_grads_are_deterministic(device):
     x, r, w, b = _inputs((300, 384), torch.float32, seed=8, device=device)
     dy = torch.randn(300, 384, device=device)
