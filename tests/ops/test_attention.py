@@ -415,6 +415,19 @@ def test_dropout_padded_and_varlen_draw_the_same_mask():
 # ------------------------------------------------------------------------------------------------
 # autotuning keys, dispatch and validation
 
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+def test_fp32_forward_at_128_keeps_a_config_that_did_not_spill(precision):
+    # one chunk of 128 fp32 columns: every flag combination keeps a config outside the spilled table
+    q = torch.empty(1, dtype=torch.float32)
+    for varlen, mask, dropout, window in ((v, m, dr, w) for v in (False, True) for m in (False, True)
+                                          for dr in (False, True) for w in (0, 1, 2)):
+        meta = dict(BLOCK_D=128, BLOCK_D2=0, DOT_PRECISION=precision, IS_VARLEN=varlen, HAS_MASK=mask,
+                    HAS_DROPOUT=dropout, WINDOW=window)
+        kept = kernel._fwd.prune(kernel._fwd.configs, {"q_ptr": q}, **meta)
+        flags = (precision, varlen, mask, dropout, window)
+        assert kept and all(flags not in kernel._FWD_SPILLED_128.get(kernel._shape(c), ()) for c in kept), meta
+
+
 def test_autotune_key_uses_bucketed_length():
     assert [kernel.seq_bucket(n) for n in (1, 16, 17, 100, 128, 129, 513)] == [16, 16, 32, 128, 128, 256, 1024]
     assert kernel.seq_bucket(100_000) == kernel.SEQ_BUCKET_CAP
