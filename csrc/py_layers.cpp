@@ -8,8 +8,8 @@
 // on the cores the next GEMM needed; here a forward is one call, the GIL released throughout, on the
 // module's own pool only (one 26-token MiniLM text on 2 threads: 2.8 ms p50 against 3.7). AVX-512 only:
 // layers_forward returns False elsewhere (nothing written) and Python runs the layers one op at a time.
-// layer_norm_f32 is the same LayerNorm (with an optional residual added first) for a few rows on
-// their own (fastbert/ops/add_layer_norm.py: the embeddings' LayerNorm of a short text).
+// layer_norm_f32 is the same LayerNorm (with an optional residual added first) on its own
+// (fastbert/ops/add_layer_norm.py's CPU fp32 inference path, e.g. the embeddings' LayerNorm).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -166,10 +166,12 @@ bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_s
 #endif
 }
 
-// out = LayerNorm(x + residual) over each row (residual may be None); all (rows, n) contiguous. False
-// (nothing written) where this CPU or build has no AVX-512.
+// out = LayerNorm(x + residual) over each row (residual may be None); all (rows, n) contiguous. Each
+// row is computed alone with the same instructions, so its bits do not depend on the other rows (the
+// int8 path relies on that). A large input is split into row ranges over up to `threads` threads.
+// False (nothing written) where this CPU or build has no AVX-512.
 bool layer_norm_f32(const F32& x, const std::optional<F32>& residual, const F32& weight, const F32& bias, float eps,
-                    F32& out) {
+                    F32& out, int threads) {
     if (x.ndim() != 2 || out.ndim() != 2 || out.shape(0) != x.shape(0) || out.shape(1) != x.shape(1))
         throw std::invalid_argument("layer_norm_f32 takes x and out of one shape (rows, n)");
     if (residual && (residual->ndim() != 2 || residual->shape(0) != x.shape(0) || residual->shape(1) != x.shape(1)))
@@ -181,11 +183,16 @@ bool layer_norm_f32(const F32& x, const std::optional<F32>& residual, const F32&
     const float *xp = x.data(), *rp = residual ? residual->data() : nullptr;
     float* op = out.mutable_data();
     py::gil_scoped_release nogil;
-    for (int64_t i = 0; i < rows * n; ++i) op[i] = rp ? xp[i] + rp[i] : xp[i];
-    layer_norm_rows(op, rows, n, norm);
+    constexpr int64_t kMinValuesPerTask = 1 << 16;   // below, a worker's wake-up costs more than it saves
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>({threads, rows, rows * n / kMinValuesPerTask}));
+    run_tasks(tasks, threads, [&](int64_t t) {
+        const int64_t r0 = rows * t / tasks, r1 = rows * (t + 1) / tasks;
+        for (int64_t i = r0 * n; i < r1 * n; ++i) op[i] = rp ? xp[i] + rp[i] : xp[i];
+        layer_norm_rows(op + r0 * n, r1 - r0, n, norm);
+    });
     return true;
 #else
-    (void)rows;
+    (void)rows, (void)threads;
     return false;
 #endif
 }
@@ -201,7 +208,8 @@ void bind_layers(py::module_& m) {
              py::arg("ffn_out").noconvert(), py::arg("ffn_out_bias").noconvert(), py::arg("norm2_weight").noconvert(),
              py::arg("norm2_bias").noconvert(), py::arg("eps2"), py::arg("heads"), py::arg("head_dim"));
     m.def("layer_norm_f32", &layer_norm_f32, py::arg("x").noconvert(), py::arg("residual").noconvert().none(true),
-          py::arg("weight").noconvert(), py::arg("bias").noconvert(), py::arg("eps"), py::arg("out").noconvert());
+          py::arg("weight").noconvert(), py::arg("bias").noconvert(), py::arg("eps"), py::arg("out").noconvert(),
+          py::arg("threads") = 1);
     m.def("layers_forward", &layers_forward, py::arg("x").noconvert(), py::arg("cu_seqlens").noconvert(),
           py::arg("layers"), py::arg("scale"), py::arg("threads") = 1);
 }

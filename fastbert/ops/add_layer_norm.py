@@ -3,11 +3,12 @@
 Registered as the custom ops torch.ops.fastbert.add_layer_norm and add_layer_norm_backward: the
 Triton kernel on CUDA (on CPU with interpret=True, in Triton's interpreter), the torch reference on
 CPU (without dropout: the kernel's Philox mask has no torch equivalent; add_layer_norm(backend="torch")
-draws its own). CPU float32 inference on a few rows (at most STACK_MAX_TOKENS: a short text's
-embeddings) takes fastbert._C's LayerNorm on the calling thread instead: torch's splits even 26 rows
-over its OpenMP threads, which then spin for a while after it, on the cores that the C++ layer stack
-(fastbert.models.layers.run_lean) starts on next (one 26-token text on 2 threads: 2.7-2.8 ms with the
-embeddings' LayerNorm on one thread, 4.2-4.7 with torch's on two)."""
+draws its own). CPU float32 inference takes fastbert._C's LayerNorm instead (csrc/py_layers.cpp, the
+one of the C++ layer stack): each row alone, on the calling thread up to 2**16 values, so that a
+short text's embeddings wake none of torch's OpenMP threads, which split even 26 rows and then spin
+on the cores that the C++ layer stack (fastbert.models.layers.run_lean) starts on next (one 26-token
+text on 2 threads: 2.7-2.8 ms with it, 4.2-4.7 with torch's); at every size, so that a row's bits
+never depend on how many rows share the call (the int8 path's batch independence rests on that)."""
 from typing import Optional, Tuple, Union
 
 import torch
@@ -15,7 +16,6 @@ import torch.nn.functional as F
 
 from fastbert import _C
 from fastbert.ops._dispatch import draw_seed, records_grad, run_kernel, triton_op, use_triton
-from fastbert.ops.linear import STACK_MAX_TOKENS
 
 MAX_HIDDEN = 8192
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -210,7 +210,7 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
                                                        float(dropout_p), seed_t, records_grad(*tensors),
                                                        not x.is_cuda)
         return (y, s) if return_sum else y
-    if (backend == "auto" and dropout_p == 0 and not return_sum and _few_cpu_rows(x, residual, weight, bias)
+    if (backend == "auto" and dropout_p == 0 and not return_sum and _cpu_inference(x, residual, weight, bias)
             and (out := _layer_norm_f32(x, residual, weight, bias, eps)) is not None):
         return out
     if dropout_p > 0:
@@ -220,11 +220,10 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
     return add_layer_norm_ref(x, residual, weight, bias, eps, return_sum)
 
 
-def _few_cpu_rows(x, residual, weight, bias) -> bool:
-    """CPU float32 inference (nothing needs a gradient, not traced) on at most STACK_MAX_TOKENS rows."""
+def _cpu_inference(x, residual, weight, bias) -> bool:
+    """CPU float32 (rows, n) inference with both LayerNorm parameters: nothing needs a gradient, not traced."""
     operands = (x, residual, weight, bias)
-    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= STACK_MAX_TOKENS
-            and weight is not None and bias is not None
+    return (x.device.type == "cpu" and x.dim() == 2 and weight is not None and bias is not None
             and all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu") for t in operands)
             and (residual is None or residual.shape == x.shape) and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands)))
@@ -234,5 +233,5 @@ def _layer_norm_f32(x, residual, weight, bias, eps) -> Optional[torch.Tensor]:
     out = torch.empty(x.shape, dtype=torch.float32)
     done = _C.layer_norm_f32(x.contiguous().numpy(), None if residual is None else residual.contiguous().numpy(),
                              weight.detach().contiguous().numpy(), bias.detach().contiguous().numpy(), float(eps),
-                             out.numpy())
+                             out.numpy(), torch.get_num_threads())
     return out if done else None

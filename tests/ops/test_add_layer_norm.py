@@ -336,16 +336,15 @@ def test_training_step_matches_fp64(dtype, device):
         _close(a, e, dtype, name)
 
 
-@pytest.mark.parametrize("rows,n", [(1, 384), (26, 384), (64, 100), (65, 384)])
+@pytest.mark.parametrize("rows,n", [(1, 384), (26, 384), (64, 100), (700, 384)])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_few_cpu_rows_take_the_own_layer_norm(rows, n, with_residual, monkeypatch):
-    """CPU fp32 inference on at most STACK_MAX_TOKENS rows runs fastbert._C.layer_norm_f32 (no OpenMP
-    team woken before the C++ layer stack); the same values as the fp64 reference, past the limit and
-    with autograd on torch's LayerNorm runs."""
+def test_cpu_inference_takes_the_own_layer_norm(rows, n, with_residual, monkeypatch):
+    """CPU fp32 inference runs fastbert._C.layer_norm_f32 (no OpenMP team woken before the C++ layer
+    stack; 700 x 384 is split over threads): the fp64 reference's values, a row's bits the same alone
+    and among others, and with a gradient to record torch's LayerNorm runs."""
     import importlib
 
     from fastbert import _C
-    from fastbert.ops.linear import STACK_MAX_TOKENS
     module = importlib.import_module("fastbert.ops.add_layer_norm")
     g = torch.Generator().manual_seed(rows)
     x, r = (torch.randn(rows, n, generator=g) * 3 + 1 for _ in range(2))
@@ -355,11 +354,13 @@ def test_few_cpu_rows_take_the_own_layer_norm(rows, n, with_residual, monkeypatc
     monkeypatch.setattr(module._C, "layer_norm_f32", lambda *a: calls.append(1) or own(*a))
     with torch.inference_mode():
         got = ops.add_layer_norm(x, residual, w, b, 1e-12)
-    if calls and not _C.linear_f32_available():
+        last = ops.add_layer_norm(x[-1:], None if residual is None else residual[-1:], w, b, 1e-12)
+    if not _C.linear_f32_available():
         pytest.skip("fastbert._C's LayerNorm needs a CPU with AVX-512")
-    assert bool(calls) == (rows <= STACK_MAX_TOKENS)
+    assert len(calls) == 2
     want = F.layer_norm((x + r if with_residual else x).double(), (n,), w.double(), b.double(), 1e-12).float()
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    assert torch.equal(last, got[-1:])
     calls.clear()
     ops.add_layer_norm(x, residual, w.requires_grad_(), b, 1e-12)      # a gradient to record: torch's
     assert not calls
