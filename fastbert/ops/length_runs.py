@@ -69,10 +69,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if q.dtype != torch.float32 or dim % 16 or dim > 128 or any(
             t.stride(2) != 1 or t.stride(1) != dim for t in (q, k, v)):
         return None
-    out = torch.empty(q.shape, dtype=q.dtype)
-    done = _C.attention_packed(q.numpy(), k.numpy(), v.numpy(), cu_seqlens.to(torch.int64).numpy(), out.numpy(),
-                               float(scale), torch.get_num_threads())
-    return out if done else None
+    return packed_attention_calls(cu_seqlens, dim, float(scale))(q, k, v)
 
 
 def packed_attention_calls(cu_seqlens: torch.Tensor, head_dim: int, scale: float):
