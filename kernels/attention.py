@@ -14,8 +14,8 @@
 #           P = exp(S - lse) is 0 there and the row's output and gradients are exactly 0.
 # Limits: head_dim 1..128, padded to the next power of two >= 16 with masked loads, except where a pass
 # takes the columns in two chunks, 64 and a power of two >= 16 (two dots where one would run on 128
-# columns): head dims in (64, 96], 80 and 96 among them, in the forward and the 16-bit dq pass, and every
-# head dim past 64 in the fp32 dk/dv pass (see second_chunk and the two below it for where not, and why).
+# columns): head dims in (64, 96], 80 and 96 among them, in every pass and dtype, and every head dim past 64
+# in the fp32 dk/dv pass (see second_chunk, dkdv_second_chunk, and the _CHUNKED_* config tables).
 # Any sequence length, fp16 / bf16 / fp32 in, fp32 accumulation and statistics, output in the input dtype.
 # fp32 products: TF32 tensor cores when torch.backends.cuda.matmul.allow_tf32 is set (as torch's own
 # matmuls), else 3xTF32 (split operands, fp32 accuracy, still tensor cores): never "ieee", which
@@ -109,24 +109,18 @@ def shared_bytes(factor16, factor32):
 
 
 def second_chunk(head_dim: int) -> int:
-    """The forward's BLOCK_D2: for head dims in (64, 96] the width of the columns past 64 (16 or 32),
-    which then run as two chunks, 64 + BLOCK_D2 columns instead of 128 (80: 37% of the MMA work saved,
-    96: 25%); else 0, one chunk of BLOCK_D columns (a power of two: nothing to save)."""
+    """The forward's and dq pass's BLOCK_D2: for head dims in (64, 96] the width of the columns past 64 (16
+    or 32), which then run as two chunks, 64 + BLOCK_D2 columns instead of 128 (80: 37% of the MMA work
+    saved, 96: 25%); else 0, one chunk of BLOCK_D columns (a power of two: nothing to save)."""
     return max(16, triton.next_power_of_2(head_dim - 64)) if 64 < head_dim <= 96 else 0
 
 
-def dq_second_chunk(head_dim: int, dtype) -> int:
-    """The dq pass's BLOCK_D2: second_chunk() for 16-bit inputs; 0 for fp32, whose only config that fits
-    the register budget at BLOCK_D 128 (16 x 16, 8 warps) spilled 8 B in two chunks at head_dim 80 under
-    TF32 on sm_80 / sm_89 (AOT compile test)."""
-    return 0 if dtype == torch.float32 else second_chunk(head_dim)
-
-
 def dkdv_second_chunk(head_dim: int, dtype) -> int:
-    """The dk/dv kernel's BLOCK_D2: for fp32 past head_dim 64 the width of the columns past 64 (a power
-    of two >= 16), else 0 (one chunk: 16-bit tiles fit in registers whole, and in two chunks the
-    smallest 16-bit tile, 32 x 32, spilled 8-24 B on sm_90, at head_dim 80 and 96 as at 128)."""
-    return max(16, triton.next_power_of_2(head_dim - 64)) if head_dim > 64 and dtype == torch.float32 else 0
+    """The dk/dv kernel's BLOCK_D2: second_chunk(), and for fp32 also past head_dim 96 (64 + 64 at 128:
+    16-bit tiles of 128 columns fit in registers whole, fp32 ones spilled even on 16 x 16 tiles)."""
+    if dtype == torch.float32 and head_dim > 96:
+        return 64
+    return second_chunk(head_dim)
 
 
 def preprocess_block(block_d: int) -> int:
@@ -429,13 +423,13 @@ def _attention_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D2: tl.constexpr,  # dkdv_second_chunk(): 0, or the width of the columns past 64
 ):
-    # fp32 past head_dim 64: the columns are two chunks, [0, 64) and [64, 64 + BLOCK_D2) (BLOCK_D2 16 / 32
-    # / 64 at head dims 80 / 96 / 128, so 80 and 96 are not padded to 128): Q K^T and dO V^T are sums of two
-    # products, dk and dv two accumulators each. Every warp holds whole 16-row blocks of q and dO as the
-    # first operands of Q K^T and dO V^T, twice under 3xTF32 (high and low parts): 128 columns wide that
-    # spilled at fp32 even on 16 x 16 tiles. The 64-wide chunk's dk / dv products come last: Triton gives
-    # the chained dots the warp layout it picks for that one, where a (BLOCK_N, 16) or (32, 32) product
-    # would stack the warps on rows and spill.
+    # Head dims 80 and 96, and fp32 past 96: the columns are two chunks, [0, 64) and [64, 64 + BLOCK_D2)
+    # (BLOCK_D2 16 / 32 / 64 at head dims 80 / 96 / 128, so 80 and 96 are not padded to 128): Q K^T and
+    # dO V^T are sums of two products, dk and dv two accumulators each. Every warp holds whole 16-row blocks
+    # of q and dO as the first operands of Q K^T and dO V^T, twice under 3xTF32 (high and low parts): 128
+    # columns wide that spilled at fp32 even on 16 x 16 tiles. The 64-wide chunk's dk / dv products come
+    # last: Triton gives the chained dots the warp layout it picks for that one, where a (BLOCK_N, 16) or
+    # (32, 32) product would stack the warps on rows and spill. 16-bit in two chunks: _CHUNKED_DKDV_16's configs.
     D1: tl.constexpr = 64 if BLOCK_D2 else BLOCK_D
     pid_bh, pid_n, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
     if pid_n * BLOCK_N >= n:
@@ -467,18 +461,25 @@ def _attention_bwd_dkdv_kernel(
         ok = _allowed(col_ok, pos_ptr, start64, rows, cols, n, window, WINDOW)
         q = _tile(q_base, rows, n, offs_d, stride_qs, stride_qd, HEAD_DIM)
         do = _tile(do_base, rows, n, offs_d, stride_ds, stride_dd, HEAD_DIM)
-        # the row statistics and dropout mask: before the products in one chunk, after them in two (the
-        # order that compiles to fewer registers in each case)
-        if not BLOCK_D2:
+        # the row statistics and dropout mask (and the second chunk's q and dO) before the products, except for
+        # fp32 in two chunks: q2 and dO2 between the chunks' products, the statistics after them (the orders
+        # that compile to fewer registers: in fp32's, 16-bit 32 x 32 on 8 warps spilled 8-16 B on sm_90)
+        LATE: tl.constexpr = BLOCK_D2 > 0 and q_ptr.dtype.element_ty == tl.float32
+        if not LATE:
             lse, delta, keep = _dkdv_rows(lse_ptr, delta_ptr, bits_ptr, seed_ptr, stat_base, pid_bh, rows, row_ok,
                                           pid_n * BLOCK_N, ok, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
+            if BLOCK_D2:
+                q2 = _tile(q_base, rows, n, offs_d2, stride_qs, stride_qd, HEAD_DIM)
+                do2 = _tile(do_base, rows, n, offs_d2, stride_ds, stride_dd, HEAD_DIM)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if BLOCK_D2:
-            q2 = _tile(q_base, rows, n, offs_d2, stride_qs, stride_qd, HEAD_DIM)
-            do2 = _tile(do_base, rows, n, offs_d2, stride_ds, stride_dd, HEAD_DIM)
+            if LATE:
+                q2 = _tile(q_base, rows, n, offs_d2, stride_qs, stride_qd, HEAD_DIM)
+                do2 = _tile(do_base, rows, n, offs_d2, stride_ds, stride_dd, HEAD_DIM)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
             dp = tl.dot(do2, tl.trans(v2), dp, input_precision=DOT_PRECISION)
+        if LATE:
             lse, delta, keep = _dkdv_rows(lse_ptr, delta_ptr, bits_ptr, seed_ptr, stat_base, pid_bh, rows, row_ok,
                                           pid_n * BLOCK_N, ok, max_seqlen, dropout_p, HAS_DROPOUT, BLOCK_M, BLOCK_N)
         p_drop, ds = _bwd_tile(s, dp, lse, delta, ok, keep, qk_scale, dropout_p, HAS_DROPOUT)
@@ -514,7 +515,7 @@ def _attention_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D2: tl.constexpr,  # dq_second_chunk(): 0, or the width of the columns past 64, as in the forward
+    BLOCK_D2: tl.constexpr,  # second_chunk(): 0, or the width of the columns past 64, as in the forward
 ):
     D1: tl.constexpr = 64 if BLOCK_D2 else BLOCK_D
     pid_bh, pid_m, b, h, start64, n = _program(cu_ptr, n_heads, max_seqlen, IS_VARLEN)
@@ -574,8 +575,23 @@ def _attention_bwd_dq_kernel(
 # fp32 accumulators and score-sized tiles (scores, probabilities, dropout draws, relative position
 # terms) a word per element, tl.dot's first operands in the input dtype (q, dO, P, dS) half a word per
 # 16-bit element. A config over budget would spill registers to local memory. In two column chunks
-# (BLOCK_D2) the forward's and dq pass's estimates still count BLOCK_D columns, a bound: a launch at head
-# dim 80 or 96 chooses among the configs of 128 (the chunks' 16 / 32-wide tiles cost registers of their own).
+# (BLOCK_D2) the forward's and 16-bit dq pass's estimates still count BLOCK_D columns, a bound: a launch at
+# head dim 80 or 96 chooses among the configs of 128 (the chunks' 16 / 32-wide tiles cost registers of their
+# own); the 16-bit dk/dv and fp32 dq passes choose from the tables below.
+
+# Two column chunks (head dims 80 and 96), where the estimates do not tell the configs that spill from those
+# that do not: the configs that compiled without spills at both head dims, every flag, fp16 and bf16 / TF32
+# and 3xTF32, on sm_80, sm_89 and sm_90 (AOT compile test). 16-bit dk/dv: the row statistics and both
+# chunks' q and dO loaded before the products (see the kernel); 32 x 32 on 4 warps spilled 8 B at head_dim 96
+# on sm_90 with 3 stages (255 registers with 2), 32 x 16 on 4 warps 8 B at 80 on sm_89, and 64 x 32, 32 x 64,
+# 64 x 64 on 4 warps 8-850 B on every target.
+_CHUNKED_DKDV_16 = [(32, 32, 8, 3), (32, 32, 8, 2), (32, 32, 8, 1), (16, 32, 4, 2), (16, 32, 4, 1)]
+# fp32 dq by precision: TF32's one-chunk config, 16 x 16 on 8 warps, spilled 8 B at head_dim 80 on sm_80 and
+# sm_89 (at 128 registers), 16 x 32 on 8 or 4 warps with 1 stage 8 B at 80 on sm_89, and on 4 warps with 2
+# stages 8 B at 80 on sm_89 and 96 on sm_90; 3xTF32's 16 x 16 on 4 warps 8 B at 96 on sm_90, 16 x 32 on 4
+# warps with 1 stage 8-24 B on sm_90, 16 x 16 on 16 warps 136-248 B.
+_CHUNKED_DQ_FP32 = {"tf32": [(16, 32, 8, 2), (16, 16, 4, 1)],
+                    "tf32x3": [(16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1), (16, 32, 4, 2)]}
 
 def fwd_words(config, meta, size):
     """Forward: the (BLOCK_M, BLOCK_D) output accumulator and q operand, the (BLOCK_M, BLOCK_N) scores,
@@ -591,6 +607,8 @@ def dq_words(config, meta, size):
     """dq pass: the dq accumulator and the q and dO operands (BLOCK_M, BLOCK_D); S and dP, the dS operand
     and the dropout mask (BLOCK_M, BLOCK_N)."""
     m, n, d, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], meta["BLOCK_D"], size / 4
+    if size == 4 and meta["BLOCK_D2"]:      # fp32 in two chunks: the table decides
+        return 0.0 if _shape(config) in _CHUNKED_DQ_FP32[meta["DOT_PRECISION"]] else float("inf")
     if config.num_warps == 16:      # the dk/dv pass's (see dkdv_words)
         return float("inf")
     return (m * d * (1 + 2 * e) + m * n * (2 + e + meta["HAS_DROPOUT"])) / (32 * config.num_warps)
@@ -601,6 +619,11 @@ def dkdv_words(config, meta, size):
     the P^T and dS^T operands and the dropout draws (BLOCK_M, BLOCK_N), the q and dO operands."""
     m, n, e = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], size / 4
     d = 64 + meta["BLOCK_D2"] if meta["BLOCK_D2"] else meta["BLOCK_D"]
+    # 16-bit: in two chunks the table's configs only, in one chunk _BWD_CONFIGS' (the others, added for two
+    # chunks, were not measured there)
+    if size == 2 and (_shape(config) not in _CHUNKED_DKDV_16 if meta["BLOCK_D2"]
+                      else _shape(config) not in map(_shape, _BWD_CONFIGS)):
+        return float("inf")
     if size == 4 and d <= 32 and n > 16:    # spilled 8-64 B at fp32 BLOCK_D 32, where the estimate is small
         return float("inf")
     # fp32 in two column chunks under TF32 takes 16 x 16 on 16 warps (on 8 it spilled 8 B on sm_80); 16 warps
@@ -673,8 +696,10 @@ def by_dtype(configs16, configs32, defaults=None, words=None, budget=None):
 _fwd = TunedKernel(_attention_fwd_kernel,
                    *by_dtype(_FWD_CONFIGS, _FWD_CONFIGS_FP32, _FWD_DEFAULT, _fwd_words, FWD_BUDGET),
                    key=_KEY + ["STORE_LSE"], shared=shared_bytes(1.0, 1.4))
+# the 16-bit dk/dv pass's list: _BWD_CONFIGS and the ones of _CHUNKED_DKDV_16 it lacks
+_DKDV_CONFIGS = _BWD_CONFIGS + _configs([c for c in _CHUNKED_DKDV_16 if c not in map(_shape, _BWD_CONFIGS)])
 _dkdv = TunedKernel(_attention_bwd_dkdv_kernel,
-                    *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT, dkdv_words, DKDV_BUDGET),
+                    *by_dtype(_DKDV_CONFIGS, _BWD_CONFIGS_FP32, _DKDV_DEFAULT, dkdv_words, DKDV_BUDGET),
                     key=_KEY, shared=shared_bytes(1.25, 1.75))
 _dq = TunedKernel(_attention_bwd_dq_kernel,
                   *by_dtype(_BWD_CONFIGS, _BWD_CONFIGS_FP32, _DQ_DEFAULT, narrow_keys(dq_words), DQ_BUDGET),
@@ -776,6 +801,5 @@ def attention_bwd(do, q, k, v, out, lse, *, scale, key_mask=None, cu_seqlens=Non
                  *strides, *_strides4(dk), *c.mstride, *c.scalars, **c.meta,
                  BLOCK_D2=dkdv_second_chunk(c.meta["HEAD_DIM"], q.dtype))
     _dq.launch(c.key, c.grid("BLOCK_M"), dq, q, k, v, do, lse, delta, c.mask, c.cu, c.pos, bits,
-               *strides, *_strides4(dq), *c.mstride, *c.scalars, **c.meta,
-               BLOCK_D2=dq_second_chunk(c.meta["HEAD_DIM"], q.dtype))
+               *strides, *_strides4(dq), *c.mstride, *c.scalars, **c.meta, BLOCK_D2=second_chunk(c.meta["HEAD_DIM"]))
     return dq, dk, dv

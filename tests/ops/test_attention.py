@@ -107,9 +107,9 @@ def test_backward_matches_fp64(dtype, seq, head_dim, kernel_launches):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_head_dims_80_and_96_are_not_padded_to_128(dtype):
-    """The launches take the columns in two chunks, 64 + 16 / 32, for head dims 80 and 96: the forward in
-    every dtype, the dq pass for 16-bit inputs, the dk/dv pass for fp32 (also 64 + 64 at 128); one chunk
-    of the next power of two elsewhere (see kernels/attention.py for why not)."""
+    """The launches take the columns in two chunks, 64 + 16 / 32, for head dims 80 and 96: the forward and
+    both backward passes, in every dtype (the fp32 dk/dv pass also 64 + 64 at 128); one chunk of the next
+    power of two elsewhere."""
     from gpu_compile import recording
     got = {}
     for d in (64, 80, 96, 128):
@@ -119,8 +119,8 @@ def test_head_dims_80_and_96_are_not_padded_to_128(dtype):
             kernel.attention_bwd(q, q, q, q, out, lse, scale=0.1)
         got[d] = [x.kwargs.get("BLOCK_D2") for x in launches]   # fwd, preprocess, dk/dv, dq
     fp32 = dtype == torch.float32
-    assert got == {64: [0, None, 0, 0], 80: [16, None, 16 if fp32 else 0, 0 if fp32 else 16],
-                   96: [32, None, 32 if fp32 else 0, 0 if fp32 else 32], 128: [0, None, 64 if fp32 else 0, 0]}
+    assert got == {64: [0, None, 0, 0], 80: [16, None, 16, 16], 96: [32, None, 32, 32],
+                   128: [0, None, 64 if fp32 else 0, 0]}
 
 
 @pytest.mark.gpu
@@ -359,7 +359,8 @@ def test_dropout_seed_reproduces():
     assert torch.equal(a, attention(q, k, v, mask, backend="triton", dropout_p=0.2, generator=gen()))
 
 
-@pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.float16, 32), (torch.float32, 80), (torch.float16, 96)])
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.float16, 32), (torch.float32, 80), (torch.float16, 80),
+                                     (torch.float32, 96), (torch.float16, 96)])
 def test_dropout_backward_uses_forward_mask(dtype, d):
     """Recover the kernel's mask for a seed, replay it in the fp64 reference, compare gradients (head dims
     80 and 96: two column chunks)."""
