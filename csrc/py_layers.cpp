@@ -197,6 +197,67 @@ bool layer_norm_f32(const F32& x, const std::optional<F32>& residual, const F32&
 #endif
 }
 
+using I64 = py::array_t<int64_t, py::array::c_style>;
+
+// A table's row index, checked: an out-of-range id is an IndexError naming the table, never a read
+// past its end.
+int64_t row_of(const int64_t* ids, int64_t i, int64_t rows, const char* what) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= rows)
+        throw py::index_error(std::string(what) + " " + std::to_string(id) + " at token " + std::to_string(i) +
+                              " is out of range for its table of " + std::to_string(rows) + " rows");
+    return id;
+}
+
+// out = LayerNorm(word[ids] + (position[positions] + token_type[types])) over each row, the sum in that
+// order as the embeddings module's torch ops add it; types None adds token_type's row 0 (all type 0),
+// token_type None adds nothing. All arrays contiguous, the tables (rows, n). Rows are independent
+// (the same instructions whatever the batch); a large input is split over up to `threads` threads.
+// False (nothing written) where this CPU or build has no AVX-512.
+bool embed_layer_norm_f32(const I64& ids, const I64& positions, const std::optional<I64>& types, const F32& word,
+                          const F32& position, const std::optional<F32>& token_type, const F32& weight,
+                          const F32& bias, float eps, F32& out, int threads) {
+    const int64_t tokens = ids.size(), n = word.ndim() == 2 ? word.shape(1) : -1;
+    if (ids.ndim() != 1 || positions.ndim() != 1 || positions.size() != tokens || (types && (types->ndim() != 1 ||
+        types->size() != tokens)))
+        throw std::invalid_argument("embed_layer_norm_f32 takes ids, positions and types of one shape (tokens,)");
+    if (n < 1 || position.ndim() != 2 || position.shape(1) != n ||
+        (token_type && (token_type->ndim() != 2 || token_type->shape(1) != n || token_type->shape(0) < 1)))
+        throw std::invalid_argument("embed_layer_norm_f32 takes tables (rows, n) of one width n");
+    if (types && !token_type) throw std::invalid_argument("types need a token_type table");
+    if (out.ndim() != 2 || out.shape(0) != tokens || out.shape(1) != n)
+        throw std::invalid_argument("out must be (tokens, " + std::to_string(n) + ")");
+    const Norm norm(weight, bias, eps, n, "embed_layer_norm_f32");
+    const int64_t *id = ids.data(), *pos = positions.data(), *type = types ? types->data() : nullptr;
+    const float *w = word.data(), *p = position.data(), *t = token_type ? token_type->data() : nullptr;
+    std::vector<const float*> rows(3 * tokens);   // checked before any thread starts: errors surface here
+    for (int64_t i = 0; i < tokens; ++i) {
+        rows[3 * i] = w + row_of(id, i, word.shape(0), "input id") * n;
+        rows[3 * i + 1] = p + row_of(pos, i, position.shape(0), "position id") * n;
+        rows[3 * i + 2] = t ? t + (type ? row_of(type, i, token_type->shape(0), "token type id") : 0) * n : nullptr;
+    }
+#ifdef FASTBERT_AVX512
+    if (!has_avx512()) return false;
+    float* op = out.mutable_data();
+    py::gil_scoped_release nogil;
+    constexpr int64_t kMinValuesPerTask = 1 << 16;   // as layer_norm_f32
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>({threads, tokens, tokens * n / kMinValuesPerTask}));
+    run_tasks(tasks, threads, [&](int64_t task) {
+        const int64_t r0 = tokens * task / tasks, r1 = tokens * (task + 1) / tasks;
+        for (int64_t r = r0; r < r1; ++r) {
+            const float *wr = rows[3 * r], *pr = rows[3 * r + 1], *tr = rows[3 * r + 2];
+            float* o = op + r * n;
+            for (int64_t c = 0; c < n; ++c) o[c] = wr[c] + (tr ? pr[c] + tr[c] : pr[c]);
+        }
+        layer_norm_rows(op + r0 * n, r1 - r0, n, norm);
+    });
+    return true;
+#else
+    (void)threads;
+    return false;
+#endif
+}
+
 }  // namespace
 
 void bind_layers(py::module_& m) {
@@ -210,6 +271,10 @@ void bind_layers(py::module_& m) {
     m.def("layer_norm_f32", &layer_norm_f32, py::arg("x").noconvert(), py::arg("residual").noconvert().none(true),
           py::arg("weight").noconvert(), py::arg("bias").noconvert(), py::arg("eps"), py::arg("out").noconvert(),
           py::arg("threads") = 1);
+    m.def("embed_layer_norm_f32", &embed_layer_norm_f32, py::arg("ids").noconvert(), py::arg("positions").noconvert(),
+          py::arg("types").noconvert().none(true), py::arg("word").noconvert(), py::arg("position").noconvert(),
+          py::arg("token_type").noconvert().none(true), py::arg("weight").noconvert(), py::arg("bias").noconvert(),
+          py::arg("eps"), py::arg("out").noconvert(), py::arg("threads") = 1);
     m.def("layers_forward", &layers_forward, py::arg("x").noconvert(), py::arg("cu_seqlens").noconvert(),
           py::arg("layers"), py::arg("scale"), py::arg("threads") = 1);
 }

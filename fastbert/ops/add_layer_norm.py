@@ -235,3 +235,39 @@ def _layer_norm_f32(x, residual, weight, bias, eps) -> Optional[torch.Tensor]:
                              weight.detach().contiguous().numpy(), bias.detach().contiguous().numpy(), float(eps),
                              out.numpy(), torch.get_num_threads())
     return out if done else None
+
+
+def embed_layer_norm_cpu(input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor],
+                         word: torch.Tensor, position: torch.Tensor, token_type: Optional[torch.Tensor],
+                         weight: torch.Tensor, bias: torch.Tensor, eps: float) -> Optional[torch.Tensor]:
+    """The embeddings' lookups and LayerNorm in one C++ pass for CPU float32 inference:
+    layer_norm(word[input_ids] + (position[position_ids] + token_type[token_type_ids])) on packed
+    (tokens,) ids, token_type_ids None meaning type 0 and token_type None no type table; the sums in
+    the order the embeddings module's torch ops add them, so the result is theirs bit for bit. None
+    where this path does not apply (another device or dtype, a gradient to record, under
+    torch.compile, no AVX-512): the caller runs its torch ops. A short text's lookups, adds and
+    LayerNorm were a dozen torch calls, slowest right after a forward has streamed the weights
+    through the caches; here one. An id outside its table is an IndexError."""
+    tables = (word, position, weight, bias) if token_type is None else (word, position, token_type, weight, bias)
+    if (torch.is_grad_enabled() and any(t.requires_grad for t in tables)) or torch.compiler.is_compiling():
+        return None
+    for t in tables:
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            return None
+    for i in (input_ids, position_ids) if token_type_ids is None else (input_ids, position_ids, token_type_ids):
+        if i.device.type != "cpu" or i.dim() != 1 or i.is_floating_point():
+            return None
+    out = torch.empty((input_ids.shape[0], word.shape[1]))
+    done = _C.embed_layer_norm_f32(_host_ids(input_ids), _host_ids(position_ids), _host_ids(token_type_ids),
+                                   _host_table(word), _host_table(position), _host_table(token_type),
+                                   _host_table(weight), _host_table(bias), float(eps), out.numpy(),
+                                   torch.get_num_threads())
+    return out if done else None
+
+
+def _host_ids(ids: Optional[torch.Tensor]):
+    return None if ids is None else (ids if ids.dtype == torch.int64 else ids.long()).contiguous().numpy()
+
+
+def _host_table(t: Optional[torch.Tensor]):
+    return None if t is None else t.detach().contiguous().numpy()

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import fastbert.ops as ops
+from fastbert.ops.add_layer_norm import embed_layer_norm_cpu
 from fastbert.kernels import add_layer_norm as kernel
 from gpu_compile import compile_for_gpu
 
@@ -364,3 +365,55 @@ def test_cpu_inference_takes_the_own_layer_norm(rows, n, with_residual, monkeypa
     calls.clear()
     ops.add_layer_norm(x, residual, w.requires_grad_(), b, 1e-12)      # a gradient to record: torch's
     assert not calls
+
+
+def _embedding_tables(vocab=50, positions=20, types=2, n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(vocab, n, generator=g), torch.randn(positions, n, generator=g),
+            torch.randn(types, n, generator=g), 1 + 0.3 * torch.randn(n, generator=g), torch.randn(n, generator=g))
+
+
+@pytest.mark.parametrize("given_types", [False, True])
+@pytest.mark.parametrize("type_table", [True, False])
+def test_embed_layer_norm_cpu_is_the_embeddings_torch_ops(given_types, type_table):
+    """The C++ lookups + LayerNorm give the embeddings module's torch ops bit for bit (the same sums in
+    the same order), with token type ids, with type 0 implied, and without a type table."""
+    word, position, token_type, w, b = _embedding_tables()
+    ids, pos = torch.randint(0, 50, (33,)), torch.arange(33) % 20
+    types = torch.randint(0, 2, (33,)) if given_types else None
+    table = token_type if type_table else None
+    other = position[pos]
+    if table is not None:
+        other = other + (table[types] if given_types else table[0])
+    want = ops.add_layer_norm(word[ids], other, w, b, 1e-12)      # CPU float32 inference: fastbert._C's LayerNorm
+    torch.testing.assert_close(want, F.layer_norm(word[ids] + other, (48,), w, b, 1e-12), rtol=1e-5, atol=1e-5)
+    got = embed_layer_norm_cpu(ids, pos, types if type_table else None, word, position, table, w, b, 1e-12)
+    if got is None:
+        pytest.skip("this CPU has no AVX-512: the C++ embeddings pass does not run")
+    assert torch.equal(got, want)
+
+
+def test_embed_layer_norm_cpu_rows_do_not_depend_on_their_batch():
+    word, position, token_type, w, b = _embedding_tables(n=384)
+    ids, pos = torch.randint(0, 50, (700,)), torch.arange(700) % 20      # 700 rows: split over threads
+    alone = embed_layer_norm_cpu(ids[5:6], pos[5:6], None, word, position, token_type, w, b, 1e-12)
+    together = embed_layer_norm_cpu(ids, pos, None, word, position, token_type, w, b, 1e-12)
+    if alone is None:
+        pytest.skip("this CPU has no AVX-512: the C++ embeddings pass does not run")
+    assert torch.equal(alone[0], together[5])
+
+
+def test_embed_layer_norm_cpu_names_an_id_out_of_range_and_declines_what_it_cannot_run():
+    word, position, token_type, w, b = _embedding_tables()
+    ids, pos = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2])
+    if embed_layer_norm_cpu(ids, pos, None, word, position, token_type, w, b, 1e-12) is None:
+        pytest.skip("this CPU has no AVX-512: the C++ embeddings pass does not run")
+    with pytest.raises(IndexError, match="input id 50 at token 1 is out of range for its table of 50 rows"):
+        embed_layer_norm_cpu(torch.tensor([1, 50, 3]), pos, None, word, position, token_type, w, b, 1e-12)
+    with pytest.raises(IndexError, match="position id -1"):
+        embed_layer_norm_cpu(ids, torch.tensor([0, -1, 2]), None, word, position, token_type, w, b, 1e-12)
+    with pytest.raises(IndexError, match="token type id 2"):
+        embed_layer_norm_cpu(ids, pos, torch.tensor([0, 2, 1]), word, position, token_type, w, b, 1e-12)
+    # a table that records a gradient, and float64 tables, are the torch ops' to run
+    assert embed_layer_norm_cpu(ids, pos, None, word.requires_grad_(), position, token_type, w, b, 1e-12) is None
+    assert embed_layer_norm_cpu(ids, pos, None, word.detach().double(), position, token_type, w, b, 1e-12) is None
