@@ -209,7 +209,11 @@ def pool_packed(hidden: torch.Tensor, lengths: Sequence[int], modes: Sequence[st
 
 
 def _pool_one(hidden: torch.Tensor, modes: Sequence[str], skip: int) -> torch.Tensor:
-    """pool_packed for one sequence's (length, hidden) fp32 states -> (1, hidden * len(modes))."""
+    """pool_packed for one sequence's (length, hidden) fp32 states -> (1, hidden * len(modes)). On a CPU
+    without autograd the same sums run in numpy: right after a forward has streamed the weights
+    through the caches every call runs cold, and numpy's calls cost half of torch's there."""
+    if hidden.device.type == "cpu" and not hidden.requires_grad:
+        return torch.from_numpy(_pool_one_host(hidden.numpy(), modes, skip))
     kept = hidden[skip:]
     parts = []
     for mode in modes:
@@ -224,6 +228,32 @@ def _pool_one(hidden: torch.Tensor, modes: Sequence[str], skip: int) -> torch.Te
         else:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _pool_one_host(hidden: np.ndarray, modes: Sequence[str], skip: int) -> np.ndarray:
+    """_pool_one on a host array."""
+    kept = hidden[skip:]
+    parts = []
+    for mode in modes:
+        if mode == "cls":
+            parts.append(hidden[skip if len(kept) else 0:][:1])
+        elif mode == "max":
+            parts.append(kept.max(0, keepdims=True) if len(kept) else np.full((1, hidden.shape[1]), -np.inf,
+                                                                              dtype=np.float32))
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            count = max(len(kept), 1e-9)
+            parts.append(kept.sum(0, keepdims=True) / np.float32(count if mode == "mean" else count ** 0.5))
+        else:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def _normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """F.normalize(vectors, p=2, dim=1); one CPU row in numpy (see _pool_one)."""
+    if vectors.shape[0] != 1 or vectors.device.type != "cpu" or vectors.requires_grad:
+        return F.normalize(vectors, p=2, dim=1)
+    row = vectors.numpy()
+    return torch.from_numpy(row / np.float32(max(float(np.sqrt(row[0] @ row[0])), 1e-12)))
 
 
 OUTPUT_VALUES = ("sentence_embedding", "token_embeddings", None)
@@ -332,6 +362,7 @@ def _intra_op_threads(n: int, before: int):
 
 
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
+_CPU = torch.device("cpu")
 
 
 def _as_matrix(embeddings, name: str) -> torch.Tensor:
@@ -568,9 +599,13 @@ class Encoder:
     def _forward_packed(self, host: torch.Tensor, tokens: int, max_seqlen: int,
                         device: Optional[torch.device] = None) -> torch.Tensor:
         """The model's packed forward on one host buffer (from _host_batch): (tokens, hidden). One
-        non-blocking copy; nothing is read back. device: self.device, if read."""
+        non-blocking copy; nothing is read back. device: self.device, if read. A fastbert model's
+        packed_states skips forward_packed's shape checks and output object (the tokenizer made
+        these inputs)."""
         buf = host.to(device or self.device, non_blocking=True)
         input_ids, cu_seqlens = buf[:tokens], buf[tokens:].to(torch.int32)
+        if callable(states := getattr(self.model, "packed_states", None)):
+            return states(input_ids, cu_seqlens, max_seqlen)
         return self.model.forward_packed(input_ids, cu_seqlens, max_seqlen).last_hidden_state
 
     def encode(self, sentences: Union[str, Sequence[str]] = None, prompt_name: Optional[str] = None,
@@ -675,19 +710,43 @@ class Encoder:
         parts = (order[s:s + batch_size] for s in range(0, len(order), batch_size))
         return [([window[j] for j in part], [rows[j] for j in part]) for part in parts]
 
+    def _finish(self, vectors: torch.Tensor, truncate_dim: Optional[int], normalize: bool) -> torch.Tensor:
+        """Pooled vectors through the checkpoint's Normalize module (if any), truncate_dim, then encode's
+        normalize_embeddings flag (after truncation, as sentence-transformers' True)."""
+        if self.normalize:
+            vectors = _normalize_rows(vectors)
+        if truncate_dim is not None:
+            vectors = vectors[:, :truncate_dim]
+        return _normalize_rows(vectors) if normalize else vectors
+
+    def _short_text(self, text: str, modes, skip: int) -> Optional[torch.Tensor]:
+        """One text's pooled (1, dim) float32 vector through the model's short_states, the batch-1 path
+        of a fastbert model on a CPU (the text short enough for the C++ layer stack); None where it does
+        not apply (the caller then runs the general path, which tokenizes again)."""
+        short_states = getattr(self.model, "short_states", None)
+        if short_states is None:
+            return None
+        ids = self._tokenize([text])[0]
+        with self._threads_for(len(ids), _CPU, 1):
+            hidden = short_states(ids)
+        return None if hidden is None else _pool_one(hidden, modes, skip)
+
     @torch.inference_mode()
     def _embed(self, texts, batch_size, modes, normalize, show_progress_bar, prompt, truncate_dim,
                output_value, sort_window=SORT_WINDOW):
         """(len(texts), dim) float32 for sentence embeddings, else a list per text."""
+        prompt_length = self._prompt_length(prompt) if prompt else 0
+        skip = 0 if self.include_prompt else prompt_length  # leading tokens pooling leaves out
+        n = len(texts)
+        if (n == 1 and output_value == "sentence_embedding" and not show_progress_bar
+                and (vectors := self._short_text((prompt or "") + texts[0], modes, skip)) is not None):
+            return self._finish(vectors, truncate_dim, normalize).contiguous()
         device = self.device
         dim = self.model.config.hidden_size * len(modes)
         out = torch.empty((len(texts), truncate_dim or dim), dtype=torch.float32, device=device)
         per_text = [None] * len(texts)
         if not texts:
             return out if output_value == "sentence_embedding" else []
-        prompt_length = self._prompt_length(prompt) if prompt else 0
-        skip = 0 if self.include_prompt else prompt_length  # leading tokens pooling leaves out
-        n = len(texts)
         step = -(-sort_window // batch_size) * batch_size if sort_window else n   # whole batches
         windows = [range(s, min(s + step, n)) for s in range(0, n, step)]
         packed = output_value == "sentence_embedding" and hasattr(self.model, "forward_packed")
@@ -715,16 +774,14 @@ class Encoder:
                             pool_mask = attention_mask.clone()
                             pool_mask[:, :skip] = 0
                         vectors = pool(hidden, pool_mask, modes)
-                    if self.normalize:                                   # the checkpoint's Normalize module
-                        vectors = F.normalize(vectors, p=2, dim=1)
-                    if truncate_dim is not None:
-                        vectors = vectors[:, :truncate_dim]
+                    vectors = self._finish(vectors, truncate_dim, normalize and output_value == "sentence_embedding")
                     if bar is not None:
                         bar.update()
                     if output_value == "sentence_embedding":
-                        if normalize:                                    # after truncation, as ST's flag
-                            vectors = F.normalize(vectors, p=2, dim=1)
-                        out[torch.tensor(idx, device=out.device)] = vectors
+                        if len(idx) == 1:
+                            out[idx[0]] = vectors[0]
+                        else:
+                            out[torch.tensor(idx, device=out.device)] = vectors
                         continue
                     for j, (i, row) in enumerate(zip(idx, rows)):
                         tokens = hidden[j, :len(row)].float()

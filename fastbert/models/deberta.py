@@ -277,6 +277,9 @@ class DebertaV2Model(EncoderModel):
     def forward_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None):
         return super().forward_packed(input_ids, cu_seqlens, max_seqlen, self._types(token_type_ids), position_ids)
 
+    def packed_states(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None):
+        return super().packed_states(input_ids, cu_seqlens, max_seqlen, self._types(token_type_ids), position_ids)
+
     def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None):
         return super().check_packed(input_ids, cu_seqlens, max_seqlen, self._types(token_type_ids), position_ids)
 

@@ -34,6 +34,7 @@ then takes both in their promoted dtype, as transformers' `LayerNorm(dense(x) + 
 import dataclasses
 import inspect
 import math
+import operator
 from typing import Any, Optional, Tuple
 
 import torch
@@ -451,9 +452,14 @@ def _links(layer: nn.Module, modules) -> Optional[list]:
     return list(links.values())
 
 
-def _stamp(params) -> tuple:
-    """Each tensor's address, and for the weights (the packed ones) their version."""
-    return tuple(v for w, b in params for v in (w.data_ptr(), w._version, b.data_ptr()))
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_version_of = operator.attrgetter("_version")
+
+
+def _stamp(params) -> list:
+    """Each tensor's address, then each weight's version (the weights are the packed ones)."""
+    weights = [w for w, _ in params]
+    return [*map(torch.Tensor.data_ptr, weights), *(b.data_ptr() for _, b in params), *map(_version_of, weights)]
 
 
 class LeanPlan:
@@ -462,7 +468,7 @@ class LeanPlan:
     (the layer's PackedWeights) and what says they are current. forward() runs the same ops as the
     layer's own forward, in the same order, without their per-op checks and dispatch."""
     __slots__ = ("links", "modules", "params", "stamp", "qkv_bias", "packed", "epilogue", "act_fn", "heads",
-                 "head_dim", "norms", "_native")
+                 "head_dim", "norms", "_native", "_checks")
 
     def __init__(self, layer: "FastLayer", links, modules, qkv_bias, packed):
         q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
@@ -471,6 +477,15 @@ class LeanPlan:
         self.params = [(m._parameters["weight"], m._parameters["bias"]) for m in (q, k, v, attn_out, ffn_in, ffn_out,
                                                                                  attn_norm, ffn_norm)]
         self.stamp = _stamp(self.params)
+        # what current() compares, flattened once so that it runs as a few C-level loops (a short text's
+        # forward checks every layer's plan right after the last forward streamed the weights through
+        # the caches, when each Python step costs several times more)
+        owners = self.modules[:4] + self.modules[5:7] + self.modules[4::3]     # the order of params
+        self._checks = (
+            [d for d, _, _ in links], [name for _, name, _ in links], [child for _, _, child in links],
+            [getattr(m, h) for m in modules for h in _HOOK_DICTS],
+            [m._parameters for m in owners for _ in (0, 1)], ["weight", "bias"] * len(owners),
+            [t for pair in self.params for t in pair])
         self.norms = [(n.normalized_shape, n.eps) for n in (attn_norm, ffn_norm)]
         self.epilogue = layer.activation.epilogue
         self.act_fn = None if self.epilogue is not None else layer.activation.fn
@@ -505,10 +520,10 @@ class LeanPlan:
     def current(self) -> bool:
         """Still this layer's: the same modules in the same places, no hooks, the same parameters
         (objects, addresses, weight versions)."""
-        return (all(d.get(name) is child for d, name, child in self.links)
-                and not any(map(_hooked, self.modules))
-                and all(m._parameters["weight"] is w and m._parameters["bias"] is b
-                        for m, (w, b) in zip(self.modules[:4] + self.modules[5:7] + self.modules[4::3], self.params))
+        dicts, names, children, hooks, param_dicts, param_names, params = self._checks
+        return (all(map(operator.is_, map(dict.get, dicts, names), children))
+                and not any(hooks)
+                and all(map(operator.is_, map(dict.get, param_dicts, param_names), params))
                 and _stamp(self.params) == self.stamp)
 
     def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
@@ -561,6 +576,16 @@ def lean_plans(layers, x: torch.Tensor, backend: str) -> Optional[list]:
     return plans
 
 
+def run_native(plans, x: torch.Tensor, bounds) -> bool:
+    """x (tokens, hidden), contiguous, through every plan's layer in place as one C++ call
+    (fastbert._C.layers_forward) on the sequences of `bounds` ((batch + 1,) int64 numpy cumulative
+    lengths); False, x untouched, where that cannot run: more than STACK_MAX_TOKENS tokens, a plan
+    without a native layer (LeanPlan.native), a CPU without AVX-512."""
+    if not 0 < x.shape[0] <= STACK_MAX_TOKENS or None in (layers := [plan.native() for plan in plans]):
+        return False
+    return _C.layers_forward(x.numpy(), bounds, layers, 1.0 / math.sqrt(plans[0].head_dim), torch.get_num_threads())
+
+
 def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
     """The layers' forward by their plans: packed x (tokens, hidden) -> the last layer's output. The
     sequence bounds are checked once for all layers (cu_seqlens on the CPU, as varlen_attention checks
@@ -569,11 +594,11 @@ def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) 
     check_cu_seqlens(cu_seqlens, x.shape[0], max_seqlen)
     if not plans:
         return x
-    scale = 1.0 / math.sqrt(plans[0].head_dim)
-    if x.shape[0] <= STACK_MAX_TOKENS and None not in (layers := [plan.native() for plan in plans]):
+    if x.shape[0] <= STACK_MAX_TOKENS:
         out = x.clone(memory_format=torch.contiguous_format)       # the stack runs in place on its own copy
-        if _C.layers_forward(out.numpy(), cu_seqlens.to(torch.int64).numpy(), layers, scale, torch.get_num_threads()):
+        if run_native(plans, out, cu_seqlens.to(torch.int64).numpy()):
             return out
+    scale = 1.0 / math.sqrt(plans[0].head_dim)
     kernel = packed_attention_calls(cu_seqlens, plans[0].head_dim, scale)   # bounds converted once, not per layer
 
     def attend(q, k, v):

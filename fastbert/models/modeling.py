@@ -14,6 +14,7 @@ assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
 """
 from typing import Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -22,12 +23,13 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.gradient_checkpointing import GradientCheckpointing
 from fastbert.models.inputs import NOT_EXPORTABLE, check_inputs, check_packed, check_packed_shapes
-from fastbert.models.layers import EncoderLayer, FastLayer, PackedWeights, lean_plans, run_lean
+from fastbert.models.layers import EncoderLayer, FastLayer, PackedWeights, lean_plans, run_lean, run_native
 from fastbert.models.loading import CheckpointIO
 from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
 from fastbert.models.registry import family
 from fastbert.models.resizing import Resizing
 from fastbert.ops._dispatch import BACKENDS
+from fastbert.ops.linear import STACK_MAX_TOKENS
 from fastbert.ops.varlen import Packing, pack, packed_positions, repad, token_positions, unpad
 
 
@@ -427,6 +429,17 @@ class EncoderModel(FastPreTrainedModel):
         by `check_packed` (call it on the host copy before uploading)."""
         token_type_ids = self.token_types(token_type_ids)
         check_packed_shapes(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, position_ids)
+        return BaseModelOutput(last_hidden_state=self.packed_states(input_ids, cu_seqlens, max_seqlen, token_type_ids,
+                                                                    position_ids))
+
+    def packed_states(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                      token_type_ids: Optional[torch.Tensor] = None,
+                      position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """forward_packed's last_hidden_state, for a caller that built the inputs itself (fastbert.Encoder,
+        from its tokenizer): without forward_packed's shape checks and output object, which a short
+        text's forward on a CPU paid ~80 us for (the forward streams the weights through the caches,
+        and every Python and torch call after it runs cold)."""
+        token_type_ids = self.token_types(token_type_ids)
         self._check_embedding_hooks()
         tokens = input_ids.shape[0]
         packing = Packing(None, cu_seqlens, max_seqlen, cu_seqlens.shape[0] - 1, max_seqlen)
@@ -434,7 +447,26 @@ class EncoderModel(FastPreTrainedModel):
         x = self.embed(input_ids, token_type_ids, positions, None, self._backend)
         if cu_seqlens.shape[0] > 1:   # an empty batch (the tokenizer's packed output for []) has no tokens to run
             x, _ = self.run_encoder(x, packing, positions, False, None)
-        return BaseModelOutput(last_hidden_state=x)
+        return x
+
+    def short_states(self, input_ids: List[int]) -> Optional[torch.Tensor]:
+        """The last hidden state (tokens, hidden) of one sequence of token ids (a list of ints, type 0,
+        positions from 0), where its whole forward takes the CPU's C++ passes: float32 inference on a
+        CPU of at most STACK_MAX_TOKENS tokens, every layer on the lean path with a native form. None
+        elsewhere: the caller runs packed_states. The values are packed_states'; what is left out is
+        its plumbing for any batch, on any device: a short text's forward streams the weights through
+        the caches, so every Python step before and after it runs cold (fastbert.Encoder's batch 1)."""
+        tokens, layers = len(input_ids), self.encoder_layers()
+        # before any work: a first layer with a native form is a CPU float32 one (its plan checks the weights)
+        if (not 0 < tokens <= STACK_MAX_TOKENS or self.training or torch.is_grad_enabled() or not layers
+                or not isinstance(layers[0], FastLayer) or (plan := layers[0].lean_plan()) is None
+                or plan.native() is None):
+            return None
+        offset = self.position_offset()
+        x = self.embed(torch.tensor(input_ids), self.token_types(None), torch.arange(offset, offset + tokens), None,
+                       self._backend).contiguous()
+        plans = lean_plans(layers, x, self._backend)
+        return x if plans is not None and run_native(plans, x, np.array([0, tokens], dtype=np.int64)) else None
 
     def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> None:
         """Value checks for forward_packed's inputs (reads them: run it on the host copy)."""

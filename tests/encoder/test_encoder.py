@@ -464,13 +464,13 @@ def test_pool_packed_equals_padded_pool(skip):
 def test_encode_runs_the_packed_forward(monkeypatch):
     encoder = fastbert.Encoder.from_pretrained(MODEL_DIR, device="cpu")
     calls = []
-    original = encoder.model.forward_packed
+    original = encoder.model.packed_states      # forward_packed less its shape checks and output object
 
     def spy(input_ids, cu_seqlens, max_seqlen, **kwargs):
         calls.append((input_ids.shape[0], cu_seqlens.tolist(), max_seqlen))
         return original(input_ids, cu_seqlens, max_seqlen, **kwargs)
 
-    monkeypatch.setattr(encoder.model, "forward_packed", spy)
+    monkeypatch.setattr(encoder.model, "packed_states", spy)
     monkeypatch.setattr(encoder.model, "forward", lambda *a, **k: pytest.fail("padded forward called"))
     texts = ["a short one", "and a somewhat longer second sentence", "x"]
     vectors = encoder.encode(texts, batch_size=2)
@@ -643,7 +643,7 @@ class _RecordingTokenizer:
 def _record_forwards(encoder, monkeypatch, events, started=None):
     import threading
 
-    original = encoder.model.forward_packed
+    original = encoder.model.packed_states     # what encode calls: forward_packed less its checks
 
     def forward_packed(*args, **kwargs):
         k = sum(e[0] == "forward start" for e in events)
@@ -654,7 +654,7 @@ def _record_forwards(encoder, monkeypatch, events, started=None):
         events.append(("forward end", k, threading.current_thread().name))
         return out
 
-    monkeypatch.setattr(encoder.model, "forward_packed", forward_packed)
+    monkeypatch.setattr(encoder.model, "packed_states", forward_packed)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -754,11 +754,17 @@ def test_a_small_cpu_batch_runs_on_one_thread_unless_cores_are_idle(encoder, lin
     found it either way.
     The vectors are the same (fp32 rounding)."""
     seen = []
-    original = encoder.model.forward_packed
+    packed_states, short_states = encoder.model.packed_states, encoder.model.short_states
 
     def forward_packed(*args, **kwargs):
         seen.append((args[0].shape[0], torch.get_num_threads()))
-        return original(*args, **kwargs)
+        return packed_states(*args, **kwargs)
+
+    def short_forward(ids):                    # one short text's path (the general one when it declines)
+        out = short_states(ids)
+        if out is not None:
+            seen.append((len(ids), torch.get_num_threads()))
+        return out
 
     before, limit = torch.get_num_threads(), encoder.one_thread_tokens
     torch.set_num_threads(2)
@@ -766,7 +772,8 @@ def test_a_small_cpu_batch_runs_on_one_thread_unless_cores_are_idle(encoder, lin
         text = "a short sentence to embed"
         monkeypatch.setattr(encoder_module, "_idle_cores", _Idle(0.4))
         encoder_one = encoder.encode([text])
-        monkeypatch.setattr(encoder.model, "forward_packed", forward_packed)
+        monkeypatch.setattr(encoder.model, "packed_states", forward_packed)
+        monkeypatch.setattr(encoder.model, "short_states", short_forward)
         assert np.array_equal(encoder.encode([text]), encoder_one)
         encoder.encode(lines[:40], batch_size=40)
         encoder.encode([" ".join(lines[:40])])                # one text past the limit: as a small batch
@@ -819,3 +826,42 @@ def test_a_small_batch_on_fewer_threads_packs_mkl_weights_for_all(encoder, monke
     finally:
         torch.set_num_threads(before)
     assert len(packed_on) == 4 * encoder.model.config.num_hidden_layers and set(packed_on) == {2}, packed_on
+
+
+@pytest.mark.parametrize("options", [{}, {"pooling": "cls"}, {"pooling": "max"}, {"pooling": "mean_sqrt_len_tokens"},
+                                     {"truncate_dim": 64, "normalize_embeddings": True},
+                                     {"prompt": "query: "}, {"convert_to_tensor": True}])
+def test_one_short_text_takes_the_short_path_with_the_general_paths_vector(encoder, monkeypatch, options):
+    """encode of one short text on a CPU runs the model's short_states (embeddings and the C++ layer
+    stack, none of the batch plumbing) and gives the vector the general path gives, bit for bit; a
+    text past the stack's limit, or a model whose layers carry hooks, takes the general path."""
+    calls = []
+    original = encoder.model.short_states
+
+    def spy(ids):
+        out = original(ids)
+        calls.append(out is not None)
+        return out
+
+    def both(text):
+        with monkeypatch.context() as m:
+            m.setattr(encoder.model, "short_states", spy)
+            got = encoder.encode([text], **options)
+            m.setattr(encoder, "_short_text", lambda *a: None)
+            return got, encoder.encode([text], **options)
+
+    got, want = both("a short sentence to embed")
+    if calls != [True]:
+        pytest.skip("the C++ layer stack does not run here (no AVX-512)")
+    assert type(got) is type(want) and got.shape == want.shape == (1, options.get("truncate_dim", DIM))
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    calls.clear()
+    got, want = both(" ".join(["the long text goes on"] * 30))
+    assert calls == [False] and np.array_equal(np.asarray(got), np.asarray(want))   # past STACK_MAX_TOKENS
+    handle = encoder.model.encoder.layer[2].attention.self.query.register_forward_hook(lambda *a: None)
+    try:
+        calls.clear()
+        got, want = both("a short sentence to embed")
+        assert calls == [False] and np.array_equal(np.asarray(got), np.asarray(want))  # no lean path: general
+    finally:
+        handle.remove()
