@@ -12,4 +12,8 @@ bool attention_rows(const float* q, const float* k, const float* v, int64_t qs, 
                     const int64_t* bounds, int64_t batch, int64_t heads, int64_t dim, float* out, float scale,
                     int threads);
 
+// attention_rows' task t: (sequence t / heads, head t % heads), on the calling thread; AVX-512 CPUs only.
+void attention_task(const float* q, const float* k, const float* v, int64_t qs, int64_t ks, int64_t vs,
+                    const int64_t* bounds, int64_t heads, int64_t dim, float* out, float scale, int64_t t);
+
 }  // namespace fastbert

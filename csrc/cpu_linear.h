@@ -12,4 +12,9 @@ enum class Epilogue { kNone, kGelu, kResidual };
 void linear_rows(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
                  Epilogue epilogue, const float* residual, float* out, int threads);
 
+// linear_rows' columns of panels [p0, p1) only (32 columns each, ceil(n / 32) in all), on the calling
+// thread: a caller that splits the panels itself. A panel's outputs do not depend on the split.
+void linear_panels(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+                   Epilogue epilogue, const float* residual, float* out, int64_t p0, int64_t p1);
+
 }  // namespace fastbert

@@ -199,6 +199,20 @@ bool attention_packed(const F32& q, const F32& k, const F32& v, const py::array_
 
 }  // namespace
 
+void attention_task(const float* q, const float* k, const float* v, int64_t qs, int64_t ks, int64_t vs,
+                    const int64_t* bounds, int64_t heads, int64_t dim, float* out, float scale, int64_t t) {
+#ifdef FASTBERT_AVX512
+    thread_local std::vector<float> kt, sc;
+    const int64_t b = t / heads, h = t % heads, first = bounds[b];
+    const Head head{q + first * qs + h * dim, k + first * ks + h * dim, v + first * vs + h * dim, qs, ks, vs,
+                    out + (first * heads + h) * dim, heads * dim, bounds[b + 1] - first};
+    if (head.len > 0) attend(head, static_cast<int>(dim / 16), scale, kt, sc);
+#else
+    (void)q, (void)k, (void)v, (void)qs, (void)ks, (void)vs, (void)bounds, (void)heads, (void)dim, (void)out;
+    (void)scale, (void)t;
+#endif
+}
+
 bool attention_rows(const float* q, const float* k, const float* v, int64_t qs, int64_t ks, int64_t vs,
                     const int64_t* bounds, int64_t batch, int64_t heads, int64_t dim, float* out, float scale,
                     int threads) {
@@ -209,11 +223,7 @@ bool attention_rows(const float* q, const float* k, const float* v, int64_t qs, 
     for (int64_t b = 0; b < batch; ++b) work += (bounds[b + 1] - bounds[b]) * (bounds[b + 1] - bounds[b]);
     constexpr int64_t kMinWork = 1 << 13;   // query-key pairs per head, summed over the batch
     run_tasks(batch * heads, work < kMinWork ? 1 : threads, [&](int64_t t) {
-        thread_local std::vector<float> kt, sc;
-        const int64_t b = t / heads, h = t % heads, first = bounds[b];
-        const Head head{q + first * qs + h * dim, k + first * ks + h * dim, v + first * vs + h * dim, qs, ks, vs,
-                        out + (first * heads + h) * dim, heads * dim, bounds[b + 1] - first};
-        if (head.len > 0) attend(head, static_cast<int>(dim / 16), scale, kt, sc);
+        attention_task(q, k, v, qs, ks, vs, bounds, heads, dim, out, scale, t);
     });
     return true;
 #else

@@ -6,7 +6,8 @@
 // (py_attention.cpp), and the LayerNorms here. Op by op, a layer was 8 Python-level calls with their
 // checks, conversions and torch's dispatch, and torch's LayerNorm woke OpenMP threads that then spun
 // on the cores the next GEMM needed; here a forward is one call, the GIL released throughout, on the
-// module's own pool only (one 26-token MiniLM text on 2 threads: 2.8 ms p50 against 3.7). AVX-512 only:
+// module's own pool only (one 26-token MiniLM text on 2 threads: 2.8 ms p50 against 3.7), in one pool
+// run whose threads share each step (Schedule). AVX-512 only:
 // layers_forward returns False elsewhere (nothing written) and Python runs the layers one op at a time.
 // layer_norm_f32 is the same LayerNorm (with an optional residual added first) on its own
 // (fastbert/ops/add_layer_norm.py's CPU fp32 inference path, e.g. the embeddings' LayerNorm).
@@ -15,11 +16,17 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_attention.h"
@@ -119,6 +126,68 @@ AVX512 void layer_norm_rows(float* x, int64_t rows, int64_t n, const Norm& norm)
 }
 #endif
 
+#ifdef FASTBERT_AVX512
+// A forward's steps in order, each cut into chunks that any thread of the forward may take: a thread
+// takes the current step's next chunk until none is left, waits for the chunks others took, then goes
+// on to the next step. No thread waits for another to start: a worker that wakes late joins at the
+// current step, and without one the caller takes every chunk. One pool run per forward, where one per
+// GEMM cost each a few microseconds of locks and wake-ups, and a short text's attention and
+// LayerNorms ran on the caller alone. Which thread runs a chunk changes no result.
+class Schedule {
+ public:
+    void add(int64_t chunks, std::function<void(int64_t)> fn) { steps_.push_back({chunks, std::move(fn)}); }
+
+    void run(int threads) {
+        counters_.reset(new Counter[steps_.size()]);
+        run_tasks(threads, threads, [&](int64_t) { take_part(); });
+        if (error_) std::rethrow_exception(error_);
+    }
+
+ private:
+    struct alignas(64) Counter {
+        std::atomic<int64_t> next{0}, done{0};
+    };
+    struct Step {
+        int64_t chunks;
+        std::function<void(int64_t)> fn;
+    };
+
+    void take_part() {
+        for (size_t s = 0; s < steps_.size(); ++s) {
+            Counter& c = counters_[s];
+            const Step& step = steps_[s];
+            for (int64_t i; (i = c.next.fetch_add(1, std::memory_order_relaxed)) < step.chunks;) {
+                if (!failed_.load(std::memory_order_relaxed)) {
+                    try {
+                        step.fn(i);
+                    } catch (...) {   // counted done all the same: no thread may wait for it forever
+                        std::lock_guard<std::mutex> lock(mu_);
+                        if (!error_) error_ = std::current_exception();
+                        failed_ = true;
+                    }
+                }
+                c.done.fetch_add(1, std::memory_order_release);
+            }
+            for (unsigned spins = 1; c.done.load(std::memory_order_acquire) < step.chunks; ++spins) {
+                if (spins % 1024 == 0) std::this_thread::yield();   // the chunk's thread may have lost its core
+                _mm_pause();
+            }
+        }
+    }
+
+    std::vector<Step> steps_;
+    std::unique_ptr<Counter[]> counters_;
+    std::atomic<bool> failed_{false};
+    std::mutex mu_;
+    std::exception_ptr error_;
+};
+
+// A step's chunks: one contiguous range per thread. Each thread then streams one run of panels (or
+// heads), which the hardware prefetcher follows; four chunks per thread, taken in turn, made a
+// 18-token forward 5-10% slower (2 threads) than one pool run per GEMM, one per thread 3-6% faster.
+int64_t chunks_of(int64_t items, int threads) { return std::max<int64_t>(1, std::min<int64_t>(items, threads)); }
+#endif
+
 // x (tokens, hidden) in place through every layer; cu_seqlens (batch + 1,) int64 bounds. False
 // (x untouched) where this CPU or build has no AVX-512.
 bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_seqlens,
@@ -143,22 +212,44 @@ bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_s
     for (const Layer* layer : layers) widest = std::max(widest, layer->ffn_in.n);
     auto* h = static_cast<float*>(bx.ptr);
     std::vector<float> qkv(tokens * 3 * hidden), ctx(tokens * hidden), mid(tokens * hidden), ffn(tokens * widest);
-    py::gil_scoped_release nogil;
+    threads = std::max(1, threads);
+    // a GEMM step: out = in W^T + bias (+ epilogue) over chunks of panels
+    const auto gemm = [&](Schedule& plan, const float* in, int64_t k, const Linear& w, Epilogue epilogue,
+                          const float* residual, float* out) {
+        const int64_t panels = (w.n + kPanel - 1) / kPanel, chunks = chunks_of(panels, threads);
+        plan.add(chunks, [=, &w](int64_t i) {
+            linear_panels(in, tokens, k, w.packed.data(), w.n, w.bias.data(), epilogue, residual, out,
+                          panels * i / chunks, panels * (i + 1) / chunks);
+        });
+    };
+    // a LayerNorm step, in row ranges when the rows are many (below, the other core's cache misses on
+    // the rows cost more than half the pass)
+    constexpr int64_t kMinValuesPerChunk = 1 << 14;
+    const int64_t norm_chunks = std::max<int64_t>(1, std::min<int64_t>(threads, tokens * hidden / kMinValuesPerChunk));
+    const auto norm = [&](Schedule& plan, float* rows, const Norm& n) {
+        plan.add(norm_chunks, [=, &n](int64_t i) {
+            const int64_t r0 = tokens * i / norm_chunks, r1 = tokens * (i + 1) / norm_chunks;
+            layer_norm_rows(rows + r0 * hidden, r1 - r0, hidden, n);
+        });
+    };
+    Schedule plan;
     for (const Layer* L : layers) {
-        linear_rows(h, tokens, hidden, L->qkv.packed.data(), 3 * hidden, L->qkv.bias.data(), Epilogue::kNone,
-                    nullptr, qkv.data(), threads);
         const float* q = qkv.data();
-        attention_rows(q, q + hidden, q + 2 * hidden, 3 * hidden, 3 * hidden, 3 * hidden, bounds, batch, heads,
-                       head_dim, ctx.data(), scale, threads);
-        linear_rows(ctx.data(), tokens, hidden, L->out.packed.data(), hidden, L->out.bias.data(), Epilogue::kResidual,
-                    h, mid.data(), threads);
-        layer_norm_rows(mid.data(), tokens, hidden, L->norm1);
-        linear_rows(mid.data(), tokens, hidden, L->ffn_in.packed.data(), L->ffn_in.n, L->ffn_in.bias.data(),
-                    Epilogue::kGelu, nullptr, ffn.data(), threads);
-        linear_rows(ffn.data(), tokens, L->ffn_in.n, L->ffn_out.packed.data(), hidden, L->ffn_out.bias.data(),
-                    Epilogue::kResidual, mid.data(), h, threads);
-        layer_norm_rows(h, tokens, hidden, L->norm2);
+        gemm(plan, h, hidden, L->qkv, Epilogue::kNone, nullptr, qkv.data());
+        const int64_t tasks = batch * heads, chunks = chunks_of(tasks, threads);   // (sequence, head) tasks
+        plan.add(chunks, [=, &ctx](int64_t c) {
+            for (int64_t t = tasks * c / chunks; t < tasks * (c + 1) / chunks; ++t)
+                attention_task(q, q + hidden, q + 2 * hidden, 3 * hidden, 3 * hidden, 3 * hidden, bounds, heads,
+                               head_dim, ctx.data(), scale, t);
+        });
+        gemm(plan, ctx.data(), hidden, L->out, Epilogue::kResidual, h, mid.data());
+        norm(plan, mid.data(), L->norm1);
+        gemm(plan, mid.data(), hidden, L->ffn_in, Epilogue::kGelu, nullptr, ffn.data());
+        gemm(plan, ffn.data(), L->ffn_in.n, L->ffn_out, Epilogue::kResidual, mid.data(), h);
+        norm(plan, h, L->norm2);
     }
+    py::gil_scoped_release nogil;
+    plan.run(threads);
     return true;
 #else
     (void)scale, (void)threads;

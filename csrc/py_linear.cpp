@@ -200,6 +200,16 @@ void linear_rows(const float* x, int64_t m, int64_t k, const float* packed, int6
 #endif
 }
 
+void linear_panels(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+                   Epilogue epilogue, const float* residual, float* out, int64_t p0, int64_t p1) {
+#ifdef FASTBERT_AVX512
+    run_panels(Gemm{x, packed, bias, residual, out, m, n, k, epilogue}, p0, p1);
+#else
+    (void)x, (void)m, (void)k, (void)packed, (void)n, (void)bias, (void)epilogue, (void)residual, (void)out;
+    (void)p0, (void)p1;
+#endif
+}
+
 void bind_linear(py::module_& m) {
     m.def("linear_f32_available", &available);
     // noconvert: a wrong dtype or a strided array is an error, never a silent copy the result is lost in

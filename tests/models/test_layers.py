@@ -275,3 +275,23 @@ def test_short_states_is_packed_states_of_one_sequence():
         assert model.short_states(ids[:5].tolist()) is None
         model.prepack_weights()
         assert model.short_states(ids[:5].tolist()) is not None
+
+
+@pytest.mark.parametrize("lengths", [(18,), (9, 0, 4, 4, 1, 17), (64,)])
+def test_native_stack_bits_do_not_depend_on_the_thread_count(lengths):
+    """The stack's threads share each step (GEMM panels, (sequence, head) tasks, LayerNorm rows): the
+    result is the same bits on 1, 2 and 3 threads."""
+    model, _ = native_bert()
+    model.prepack_weights()
+    if model.encoder_layers()[0].lean_plan().native() is None:
+        pytest.skip("the native layer stack needs a CPU with AVX-512")
+    layers = [layer.lean_plan().native() for layer in model.encoder_layers()]
+    x = torch.randn(sum(lengths), 64, generator=torch.Generator().manual_seed(3))
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    outs = []
+    for threads in (1, 2, 3):
+        out = x.clone()
+        assert Ly._C.layers_forward(out.numpy(), bounds.numpy(), layers, 32 ** -0.5, threads)
+        outs.append(out)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert not torch.equal(outs[0], x)
