@@ -53,9 +53,11 @@ OWN_MAX_TOKENS = 40
 # token counts up to which a CPU fp32 inference forward runs on fastbert's own kernels end to end, with
 # no torch op that wakes OpenMP's threads before or between its GEMMs: the embeddings' LayerNorm
 # (fastbert.ops.add_layer_norm) and the whole layer stack in one C++ call (fastbert.models.layers'
-# run_lean). There the own GEMM runs on any thread count. One text on 2 threads, MiniLM-L6: 40-64
-# tokens 5.4-5.5 ms p50 against 6.3-6.4 one op at a time; 64-128 tokens 10.8-11.0 against 10.0, hence 64.
-STACK_MAX_TOKENS = 64
+# run_lean). There the own GEMM runs on any thread count. One text's layers on 2 threads, MiniLM-L6,
+# ms (medians of 4 alternating rounds, the stack sharing its steps in one pool run): 56 tokens 5.6
+# against 7.1 one op at a time, 72 tokens 7.2 against 8.2, 80 tokens 8.0 against 9.2, 88 tokens 10.8
+# against 9.6, 96 tokens 11.6 against 10.4; hence 80.
+STACK_MAX_TOKENS = 80
 _OWN = _C.linear_f32_available()
 # activation -> (oneDNN post-op, its algorithm)
 _EPILOGUE = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}

@@ -180,7 +180,7 @@ def native_bert():
     return model.eval(), hf
 
 
-@pytest.mark.parametrize("lengths", [(9, 0, 4, 4, 1, 17), (1,), (64,), (40, 25)])
+@pytest.mark.parametrize("lengths", [(9, 0, 4, 4, 1, 17), (1,), (64,), (40, 25), (50, 40)])
 def test_native_stack_equals_the_plans_one_op_at_a_time(lengths, monkeypatch):
     """Up to STACK_MAX_TOKENS tokens the stack runs in one C++ call (csrc/py_layers.cpp); past it, and
     where a layer has no native form, each plan's forward runs: the same values either way, and
@@ -261,7 +261,7 @@ def test_short_states_is_packed_states_of_one_sequence():
         pytest.skip("the native layer stack needs a CPU with AVX-512")
     ids = torch.randint(5, model.config.vocab_size, (Ly.STACK_MAX_TOKENS + 1,), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        for n in (1, 13, Ly.STACK_MAX_TOKENS):
+        for n in (1, 13, model.config.max_position_embeddings):
             want = model.packed_states(ids[:n], torch.tensor([0, n], dtype=torch.int32), n)
             assert torch.equal(model.short_states(ids[:n].tolist()), want)
         assert model.short_states(ids.tolist()) is None
