@@ -141,9 +141,11 @@ def test_backend_is_passed_down_and_settable(tmp_path, monkeypatch):
     ids, mask = padded_batch(hf.config)
     with torch.no_grad():
         ref = fast(input_ids=ids, attention_mask=mask).last_hidden_state
+        first = len(seen)
         fast.backend = "auto"
         auto = fast(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert seen and set(seen[:len(seen) // 2]) == {"torch"} and set(seen[len(seen) // 2:]) == {"auto"}
+    # (on "auto" a CPU's embeddings take their own C++ pass, one add_layer_norm call fewer)
+    assert first and set(seen[:first]) == {"torch"} and seen[first:] and set(seen[first:]) == {"auto"}
     torch.testing.assert_close(auto, ref, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="backend must be one of"):
         fast.backend = "cuda"
