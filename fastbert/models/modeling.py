@@ -450,9 +450,9 @@ class EncoderModel(FastPreTrainedModel):
         return x
 
     def short_states(self, input_ids: List[int]) -> Optional[torch.Tensor]:
-        """The last hidden state (tokens, hidden) of one sequence of token ids (a list of ints, type 0,
-        positions from 0), where its whole forward takes the CPU's C++ passes: float32 inference on a
-        CPU of at most STACK_MAX_TOKENS tokens, every layer on the lean path with a native form. None
+        """The last hidden state (tokens, hidden) of one sequence of token ids (a list of ints; type 0,
+        positions as packed_states numbers them), where its whole forward takes the CPU's C++ passes:
+        float32 inference of at most STACK_MAX_TOKENS tokens, every layer on the lean path with a native form. None
         elsewhere: the caller runs packed_states. The values are packed_states'; what is left out is
         its plumbing for any batch, on any device: a short text's forward streams the weights through
         the caches, so every Python step before and after it runs cold (fastbert.Encoder's batch 1)."""
