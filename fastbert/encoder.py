@@ -212,40 +212,25 @@ def _pool_one(hidden: torch.Tensor, modes: Sequence[str], skip: int) -> torch.Te
     """pool_packed for one sequence's (length, hidden) fp32 states -> (1, hidden * len(modes)). On a CPU
     without autograd the same sums run in numpy: right after a forward has streamed the weights
     through the caches every call runs cold, and numpy's calls cost half of torch's there."""
-    if hidden.device.type == "cpu" and not hidden.requires_grad:
-        return torch.from_numpy(_pool_one_host(hidden.numpy(), modes, skip))
-    kept = hidden[skip:]
+    host = hidden.device.type == "cpu" and not hidden.requires_grad
+    states = hidden.numpy() if host else hidden
+    kept = states[skip:]
     parts = []
     for mode in modes:
         if mode == "cls":
-            parts.append(hidden[skip if len(kept) else 0:][:1])
-        elif mode == "max":
-            parts.append(kept.amax(0, keepdim=True) if len(kept) else hidden.new_full((1, hidden.shape[1]),
-                                                                                       float("-inf")))
+            parts.append(states[skip if len(kept) else 0:][:1])
+        elif mode == "max" and len(kept):
+            parts.append((np.amax if host else torch.amax)(kept, 0, keepdims=True))
+        elif mode == "max":            # nothing kept: -inf, as pool() gives
+            empty = hidden.new_full((1, hidden.shape[1]), float("-inf"))
+            parts.append(empty.numpy() if host else empty)
         elif mode in ("mean", "mean_sqrt_len_tokens"):
             count = max(len(kept), 1e-9)
-            parts.append(kept.sum(0, keepdim=True) / (count if mode == "mean" else count ** 0.5))
+            parts.append(kept.sum(0, keepdims=True) / (count if mode == "mean" else count ** 0.5))
         else:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def _pool_one_host(hidden: np.ndarray, modes: Sequence[str], skip: int) -> np.ndarray:
-    """_pool_one on a host array."""
-    kept = hidden[skip:]
-    parts = []
-    for mode in modes:
-        if mode == "cls":
-            parts.append(hidden[skip if len(kept) else 0:][:1])
-        elif mode == "max":
-            parts.append(kept.max(0, keepdims=True) if len(kept) else np.full((1, hidden.shape[1]), -np.inf,
-                                                                              dtype=np.float32))
-        elif mode in ("mean", "mean_sqrt_len_tokens"):
-            count = max(len(kept), 1e-9)
-            parts.append(kept.sum(0, keepdims=True) / np.float32(count if mode == "mean" else count ** 0.5))
-        else:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+    out = parts[0] if len(parts) == 1 else (np.concatenate if host else torch.cat)(parts, 1)
+    return torch.from_numpy(out) if host else out
 
 
 def _normalize_rows(vectors: torch.Tensor) -> torch.Tensor:

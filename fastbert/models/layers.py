@@ -576,14 +576,16 @@ def lean_plans(layers, x: torch.Tensor, backend: str) -> Optional[list]:
     return plans
 
 
-def run_native(plans, x: torch.Tensor, bounds) -> bool:
-    """x (tokens, hidden), contiguous, through every plan's layer in place as one C++ call
-    (fastbert._C.layers_forward) on the sequences of `bounds` ((batch + 1,) int64 numpy cumulative
-    lengths); False, x untouched, where that cannot run: more than STACK_MAX_TOKENS tokens, a plan
-    without a native layer (LeanPlan.native), a CPU without AVX-512."""
+def run_native(plans, x: torch.Tensor, bounds, in_place: bool = False) -> Optional[torch.Tensor]:
+    """x (tokens, hidden) through every plan's layer as one C++ call (fastbert._C.layers_forward) on
+    the sequences of `bounds` ((batch + 1,) int64 numpy cumulative lengths): the output, on a copy of
+    x (in_place: on x itself, which must be contiguous); None, x untouched, where that cannot run: more
+    than STACK_MAX_TOKENS tokens, a plan without a native layer (LeanPlan.native), no AVX-512."""
     if not 0 < x.shape[0] <= STACK_MAX_TOKENS or None in (layers := [plan.native() for plan in plans]):
-        return False
-    return _C.layers_forward(x.numpy(), bounds, layers, 1.0 / math.sqrt(plans[0].head_dim), torch.get_num_threads())
+        return None
+    out = x if in_place else x.clone(memory_format=torch.contiguous_format)
+    done = _C.layers_forward(out.numpy(), bounds, layers, 1.0 / math.sqrt(plans[0].head_dim), torch.get_num_threads())
+    return out if done else None
 
 
 def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
@@ -594,10 +596,8 @@ def run_lean(plans, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) 
     check_cu_seqlens(cu_seqlens, x.shape[0], max_seqlen)
     if not plans:
         return x
-    if x.shape[0] <= STACK_MAX_TOKENS:
-        out = x.clone(memory_format=torch.contiguous_format)       # the stack runs in place on its own copy
-        if run_native(plans, out, cu_seqlens.to(torch.int64).numpy()):
-            return out
+    if x.shape[0] <= STACK_MAX_TOKENS and (out := run_native(plans, x, cu_seqlens.to(torch.int64).numpy())) is not None:
+        return out
     scale = 1.0 / math.sqrt(plans[0].head_dim)
     kernel = packed_attention_calls(cu_seqlens, plans[0].head_dim, scale)   # bounds converted once, not per layer
 

@@ -466,7 +466,7 @@ class EncoderModel(FastPreTrainedModel):
         x = self.embed(torch.tensor(input_ids), self.token_types(None), torch.arange(offset, offset + tokens), None,
                        self._backend).contiguous()
         plans = lean_plans(layers, x, self._backend)
-        return x if plans is not None and run_native(plans, x, np.array([0, tokens], dtype=np.int64)) else None
+        return None if plans is None else run_native(plans, x, np.array([0, tokens], dtype=np.int64), in_place=True)
 
     def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> None:
         """Value checks for forward_packed's inputs (reads them: run it on the host copy)."""
