@@ -188,29 +188,15 @@ class Schedule {
 int64_t chunks_of(int64_t items, int threads) { return std::max<int64_t>(1, std::min<int64_t>(items, threads)); }
 #endif
 
-// x (tokens, hidden) in place through every layer; cu_seqlens (batch + 1,) int64 bounds. False
-// (x untouched) where this CPU or build has no AVX-512.
-bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_seqlens,
-                    const std::vector<const Layer*>& layers, float scale, int threads) {
-    if (layers.empty()) return true;
-    const int64_t hidden = layers[0]->hidden, heads = layers[0]->heads, head_dim = layers[0]->head_dim;
-    for (const Layer* layer : layers)
-        if (layer->hidden != hidden || layer->heads != heads || layer->head_dim != head_dim)
-            throw std::invalid_argument("layers_forward takes layers of one shape (heads, head_dim)");
-    auto bx = x.request(true);
-    if (bx.ndim != 2 || bx.shape[1] != hidden)
-        throw std::invalid_argument("x must be (tokens, " + std::to_string(hidden) + ")");
-    const int64_t tokens = bx.shape[0], batch = cu_seqlens.size() - 1;
-    const int64_t* bounds = cu_seqlens.data();
-    if (cu_seqlens.ndim() != 1 || batch < 0 || bounds[0] != 0 || bounds[batch] != tokens)
-        throw std::invalid_argument("cu_seqlens must be 1-D, start at 0 and end at the token count");
-    for (int64_t b = 0; b < batch; ++b)
-        if (bounds[b + 1] < bounds[b]) throw std::invalid_argument("cu_seqlens must not decrease");
 #ifdef FASTBERT_AVX512
-    if (!has_avx512()) return false;
+// h (tokens, hidden) in place through every layer, on `bounds` ((batch + 1,) checked cumulative
+// lengths), as one Schedule run on up to `threads` threads. The caller has checked the shapes and
+// released the GIL.
+void run_layers(float* h, int64_t tokens, const int64_t* bounds, int64_t batch, const std::vector<const Layer*>& layers,
+                float scale, int threads) {
+    const int64_t hidden = layers[0]->hidden, heads = layers[0]->heads, head_dim = layers[0]->head_dim;
     int64_t widest = 0;
     for (const Layer* layer : layers) widest = std::max(widest, layer->ffn_in.n);
-    auto* h = static_cast<float*>(bx.ptr);
     std::vector<float> qkv(tokens * 3 * hidden), ctx(tokens * hidden), mid(tokens * hidden), ffn(tokens * widest);
     threads = std::max(1, threads);
     // a GEMM step: out = in W^T + bias (+ epilogue) over chunks of panels
@@ -248,8 +234,38 @@ bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_s
         gemm(plan, ffn.data(), L->ffn_in.n, L->ffn_out, Epilogue::kResidual, mid.data(), h);
         norm(plan, h, L->norm2);
     }
-    py::gil_scoped_release nogil;
     plan.run(threads);
+}
+#endif
+
+// The layers' common shape (hidden), checked: one (heads, head_dim) for all.
+int64_t stack_width(const std::vector<const Layer*>& layers, const char* name) {
+    for (const Layer* layer : layers)
+        if (layer->hidden != layers[0]->hidden || layer->heads != layers[0]->heads ||
+            layer->head_dim != layers[0]->head_dim)
+            throw std::invalid_argument(std::string(name) + " takes layers of one shape (heads, head_dim)");
+    return layers[0]->hidden;
+}
+
+// x (tokens, hidden) in place through every layer; cu_seqlens (batch + 1,) int64 bounds. False
+// (x untouched) where this CPU or build has no AVX-512.
+bool layers_forward(F32& x, const py::array_t<int64_t, py::array::c_style>& cu_seqlens,
+                    const std::vector<const Layer*>& layers, float scale, int threads) {
+    if (layers.empty()) return true;
+    const int64_t hidden = stack_width(layers, "layers_forward");
+    auto bx = x.request(true);
+    if (bx.ndim != 2 || bx.shape[1] != hidden)
+        throw std::invalid_argument("x must be (tokens, " + std::to_string(hidden) + ")");
+    const int64_t tokens = bx.shape[0], batch = cu_seqlens.size() - 1;
+    const int64_t* bounds = cu_seqlens.data();
+    if (cu_seqlens.ndim() != 1 || batch < 0 || bounds[0] != 0 || bounds[batch] != tokens)
+        throw std::invalid_argument("cu_seqlens must be 1-D, start at 0 and end at the token count");
+    for (int64_t b = 0; b < batch; ++b)
+        if (bounds[b + 1] < bounds[b]) throw std::invalid_argument("cu_seqlens must not decrease");
+#ifdef FASTBERT_AVX512
+    if (!has_avx512()) return false;
+    py::gil_scoped_release nogil;
+    run_layers(static_cast<float*>(bx.ptr), tokens, bounds, batch, layers, scale, threads);
     return true;
 #else
     (void)scale, (void)threads;
@@ -300,6 +316,19 @@ int64_t row_of(const int64_t* ids, int64_t i, int64_t rows, const char* what) {
     return id;
 }
 
+#ifdef FASTBERT_AVX512
+// out rows r0..r1 = LayerNorm(word + (position + token_type)) of each token's three table rows
+// (rows[3 r], rows[3 r + 1], rows[3 r + 2] or nullptr: no type table), the sum in that order.
+void embed_rows(const float* const* rows, int64_t r0, int64_t r1, int64_t n, const Norm& norm, float* out) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *wr = rows[3 * r], *pr = rows[3 * r + 1], *tr = rows[3 * r + 2];
+        float* o = out + r * n;
+        for (int64_t c = 0; c < n; ++c) o[c] = wr[c] + (tr ? pr[c] + tr[c] : pr[c]);
+    }
+    layer_norm_rows(out + r0 * n, r1 - r0, n, norm);
+}
+#endif
+
 // out = LayerNorm(word[ids] + (position[positions] + token_type[types])) over each row, the sum in that
 // order as the embeddings module's torch ops add it; types None adds token_type's row 0 (all type 0),
 // token_type None adds nothing. All arrays contiguous, the tables (rows, n). Rows are independent
@@ -334,13 +363,7 @@ bool embed_layer_norm_f32(const I64& ids, const I64& positions, const std::optio
     constexpr int64_t kMinValuesPerTask = 1 << 16;   // as layer_norm_f32
     const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>({threads, tokens, tokens * n / kMinValuesPerTask}));
     run_tasks(tasks, threads, [&](int64_t task) {
-        const int64_t r0 = tokens * task / tasks, r1 = tokens * (task + 1) / tasks;
-        for (int64_t r = r0; r < r1; ++r) {
-            const float *wr = rows[3 * r], *pr = rows[3 * r + 1], *tr = rows[3 * r + 2];
-            float* o = op + r * n;
-            for (int64_t c = 0; c < n; ++c) o[c] = wr[c] + (tr ? pr[c] + tr[c] : pr[c]);
-        }
-        layer_norm_rows(op + r0 * n, r1 - r0, n, norm);
+        embed_rows(rows.data(), tokens * task / tasks, tokens * (task + 1) / tasks, n, norm, op);
     });
     return true;
 #else
@@ -348,6 +371,70 @@ bool embed_layer_norm_f32(const I64& ids, const I64& positions, const std::optio
     return false;
 #endif
 }
+
+// One short sequence's whole forward (fastbert/models/short_forward.py: a CPU float32 batch of one
+// text): the embeddings' lookups and LayerNorm as embed_layer_norm_f32 gives them (type 0, positions
+// offset, offset + 1, ...), then every layer as layers_forward, in one call from a list of token ids.
+// A short text's forward streams the weights through the caches, so each Python step around it runs
+// cold: here the embeddings, the layers and their conversions are one step. The arrays are the
+// model's own (views), held here; Python checks before each call that they still are.
+class ShortForward {
+ public:
+    ShortForward(F32 word, F32 position, std::optional<F32> token_type, F32 weight, F32 bias, float eps,
+                 int64_t offset, py::list layers, float scale)
+        : word_(std::move(word)), position_(std::move(position)), token_type_(std::move(token_type)),
+          norm_(std::move(weight), std::move(bias), eps, word_.ndim() == 2 ? word_.shape(1) : -1, "ShortForward"),
+          offset_(offset), scale_(scale), held_(std::move(layers)) {
+        for (const py::handle layer : held_) layers_.push_back(layer.cast<const Layer*>());
+        if (layers_.empty()) throw std::invalid_argument("ShortForward takes at least one layer");
+        hidden_ = stack_width(layers_, "ShortForward");
+        if (word_.ndim() != 2 || word_.shape(1) != hidden_ || position_.ndim() != 2 || position_.shape(1) != hidden_ ||
+            (token_type_ && (token_type_->ndim() != 2 || token_type_->shape(1) != hidden_ || token_type_->shape(0) < 1)))
+            throw std::invalid_argument("ShortForward takes embedding tables (rows, " + std::to_string(hidden_) +
+                                        "), the layers' width");
+        if (offset_ < 0) throw std::invalid_argument("ShortForward takes a position offset >= 0");
+    }
+
+    // ids -> the last layer's output (tokens, hidden); None where this CPU or build has no AVX-512.
+    py::object run(const std::vector<int64_t>& ids, int threads) const {
+        const int64_t tokens = static_cast<int64_t>(ids.size());
+        if (tokens < 1) throw std::invalid_argument("ShortForward.run takes at least one token id");
+        if (offset_ + tokens > position_.shape(0))
+            throw py::index_error("position id " + std::to_string(offset_ + tokens - 1) + " is out of range for its "
+                                  "table of " + std::to_string(position_.shape(0)) + " rows");
+        const float *w = word_.data(), *p = position_.data(), *t = token_type_ ? token_type_->data() : nullptr;
+        std::vector<const float*> rows(3 * tokens);
+        for (int64_t i = 0; i < tokens; ++i) {
+            rows[3 * i] = w + row_of(ids.data(), i, word_.shape(0), "input id") * hidden_;
+            rows[3 * i + 1] = p + (offset_ + i) * hidden_;
+            rows[3 * i + 2] = t;
+        }
+#ifdef FASTBERT_AVX512
+        if (!has_avx512()) return py::none();
+        F32 out({tokens, hidden_});
+        float* h = out.mutable_data();
+        const int64_t bounds[2] = {0, tokens};
+        {
+            py::gil_scoped_release nogil;
+            embed_rows(rows.data(), 0, tokens, hidden_, norm_, h);
+            run_layers(h, tokens, bounds, 1, layers_, scale_, threads);
+        }
+        return std::move(out);
+#else
+        (void)threads;
+        return py::none();
+#endif
+    }
+
+ private:
+    F32 word_, position_;
+    std::optional<F32> token_type_;
+    Norm norm_;
+    int64_t offset_, hidden_ = 0;
+    float scale_;
+    py::list held_;   // keeps the Layer objects alive
+    std::vector<const Layer*> layers_;
+};
 
 }  // namespace
 
@@ -366,6 +453,12 @@ void bind_layers(py::module_& m) {
           py::arg("types").noconvert().none(true), py::arg("word").noconvert(), py::arg("position").noconvert(),
           py::arg("token_type").noconvert().none(true), py::arg("weight").noconvert(), py::arg("bias").noconvert(),
           py::arg("eps"), py::arg("out").noconvert(), py::arg("threads") = 1);
+    py::class_<ShortForward>(m, "ShortForward")
+        .def(py::init<F32, F32, std::optional<F32>, F32, F32, float, int64_t, py::list, float>(),
+             py::arg("word").noconvert(), py::arg("position").noconvert(), py::arg("token_type").noconvert().none(true),
+             py::arg("weight").noconvert(), py::arg("bias").noconvert(), py::arg("eps"), py::arg("offset"),
+             py::arg("layers"), py::arg("scale"))
+        .def("run", &ShortForward::run, py::arg("ids"), py::arg("threads") = 1);
     m.def("layers_forward", &layers_forward, py::arg("x").noconvert(), py::arg("cu_seqlens").noconvert(),
           py::arg("layers"), py::arg("scale"), py::arg("threads") = 1);
 }

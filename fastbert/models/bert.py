@@ -103,6 +103,9 @@ class BertModel(EncoderModel):
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, backend)
         return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x
 
+    def short_embeddings(self):
+        return None if hasattr(self, "embeddings_project") else self.embeddings
+
     def encoder_layers(self) -> List[FastLayer]:
         return list(self.encoder.layer)
 

@@ -456,10 +456,46 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 _version_of = operator.attrgetter("_version")
 
 
-def _stamp(params) -> list:
-    """Each tensor's address, then each weight's version (the weights are the packed ones)."""
-    weights = [w for w, _ in params]
-    return [*map(torch.Tensor.data_ptr, weights), *(b.data_ptr() for _, b in params), *map(_version_of, weights)]
+class Watch:
+    """What says that a plan's modules and tensors are still the model's: each (mapping, key) still
+    holds its object (a child module, a parameter, a flag), each hook dict is empty, each tensor keeps
+    its memory and each `versioned` one its version. Flattened once, so that current() runs as a few
+    C-level loops: a short text's forward checks its plans right after the last forward streamed the
+    weights through the caches, when each Python step costs several times more."""
+    __slots__ = ("dicts", "keys", "objects", "hooks", "tensors", "versioned", "stamp")
+
+    def __init__(self, places=(), hooks=(), tensors=(), versioned=()):
+        places = list(places)
+        self.dicts, self.keys, self.objects = ([place[i] for place in places] for i in range(3))
+        self.hooks = list(hooks)
+        self.tensors = [t for t in tensors if t is not None]
+        self.versioned = list(versioned)
+        self.stamp = self._stamp()
+
+    def _stamp(self) -> list:
+        return [*map(torch.Tensor.data_ptr, self.tensors), *map(_version_of, self.versioned)]
+
+    def current(self) -> bool:
+        return (all(map(operator.is_, map(dict.get, self.dicts, self.keys), self.objects))
+                and not any(self.hooks) and self._stamp() == self.stamp)
+
+    @staticmethod
+    def joined(watches) -> "Watch":
+        """One Watch for all of `watches` (each current now): current while every one of them is."""
+        out = Watch()
+        for w in watches:
+            for name in ("dicts", "keys", "objects", "hooks", "tensors", "versioned"):
+                getattr(out, name).extend(getattr(w, name))
+        out.stamp = out._stamp()
+        return out
+
+
+def module_watch(links, modules, versioned=()) -> Watch:
+    """The Watch of `modules`: the same modules in the same places (links, as _links gives them), no
+    hooks on them, the same parameter objects, each parameter's memory, and `versioned`'s versions."""
+    params = [(m._parameters, name, t) for m in modules for name, t in m._parameters.items()]
+    return Watch([*links, *params], [getattr(m, h) for m in modules for h in _HOOK_DICTS], [t for _, _, t in params],
+                 versioned)
 
 
 class LeanPlan:
@@ -467,8 +503,8 @@ class LeanPlan:
     pack made once (FastLayer.lean_plan): its modules' tensors, the fused QKV bias, the packed weights
     (the layer's PackedWeights) and what says they are current. forward() runs the same ops as the
     layer's own forward, in the same order, without their per-op checks and dispatch."""
-    __slots__ = ("links", "modules", "params", "stamp", "qkv_bias", "packed", "epilogue", "act_fn", "heads",
-                 "head_dim", "norms", "_native", "_checks")
+    __slots__ = ("links", "modules", "params", "qkv_bias", "packed", "epilogue", "act_fn", "heads",
+                 "head_dim", "norms", "_native", "watch")
 
     def __init__(self, layer: "FastLayer", links, modules, qkv_bias, packed):
         q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
@@ -476,16 +512,8 @@ class LeanPlan:
         # (weight, bias) of each Linear and LayerNorm: the parameter objects, whose data can change
         self.params = [(m._parameters["weight"], m._parameters["bias"]) for m in (q, k, v, attn_out, ffn_in, ffn_out,
                                                                                  attn_norm, ffn_norm)]
-        self.stamp = _stamp(self.params)
-        # what current() compares, flattened once so that it runs as a few C-level loops (a short text's
-        # forward checks every layer's plan right after the last forward streamed the weights through
-        # the caches, when each Python step costs several times more)
-        owners = self.modules[:4] + self.modules[5:7] + self.modules[4::3]     # the order of params
-        self._checks = (
-            [d for d, _, _ in links], [name for _, name, _ in links], [child for _, _, child in links],
-            [getattr(m, h) for m in modules for h in _HOOK_DICTS],
-            [m._parameters for m in owners for _ in (0, 1)], ["weight", "bias"] * len(owners),
-            [t for pair in self.params for t in pair])
+        # the packed copies were made from the Linear weights: their versions too (an in-place write)
+        self.watch = module_watch(links, modules, versioned=[w for w, _ in self.params[:6]])
         self.norms = [(n.normalized_shape, n.eps) for n in (attn_norm, ffn_norm)]
         self.epilogue = layer.activation.epilogue
         self.act_fn = None if self.epilogue is not None else layer.activation.fn
@@ -520,11 +548,7 @@ class LeanPlan:
     def current(self) -> bool:
         """Still this layer's: the same modules in the same places, no hooks, the same parameters
         (objects, addresses, weight versions)."""
-        dicts, names, children, hooks, param_dicts, param_names, params = self._checks
-        return (all(map(operator.is_, map(dict.get, dicts, names), children))
-                and not any(hooks)
-                and all(map(operator.is_, map(dict.get, param_dicts, param_names), params))
-                and _stamp(self.params) == self.stamp)
+        return self.watch.current()
 
     def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
         """x (tokens, hidden) -> the layer's output; attend(q, k, v) -> (tokens, heads, head_dim)."""
@@ -576,14 +600,14 @@ def lean_plans(layers, x: torch.Tensor, backend: str) -> Optional[list]:
     return plans
 
 
-def run_native(plans, x: torch.Tensor, bounds, in_place: bool = False) -> Optional[torch.Tensor]:
+def run_native(plans, x: torch.Tensor, bounds) -> Optional[torch.Tensor]:
     """x (tokens, hidden) through every plan's layer as one C++ call (fastbert._C.layers_forward) on
     the sequences of `bounds` ((batch + 1,) int64 numpy cumulative lengths): the output, on a copy of
-    x (in_place: on x itself, which must be contiguous); None, x untouched, where that cannot run: more
-    than STACK_MAX_TOKENS tokens, a plan without a native layer (LeanPlan.native), no AVX-512."""
+    x; None where that cannot run: more than STACK_MAX_TOKENS tokens, a plan without a native layer
+    (LeanPlan.native), no AVX-512."""
     if not 0 < x.shape[0] <= STACK_MAX_TOKENS or None in (layers := [plan.native() for plan in plans]):
         return None
-    out = x if in_place else x.clone(memory_format=torch.contiguous_format)
+    out = x.clone(memory_format=torch.contiguous_format)
     done = _C.layers_forward(out.numpy(), bounds, layers, 1.0 / math.sqrt(plans[0].head_dim), torch.get_num_threads())
     return out if done else None
 

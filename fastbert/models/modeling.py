@@ -14,7 +14,6 @@ assign=True)` (torch >= 2.1), or `fast.share_parameters_with(hf_model)`.
 """
 from typing import Dict, Iterable, List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -23,7 +22,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from fastbert.models.config import check_supported, config_from_dict, resolve
 from fastbert.models.gradient_checkpointing import GradientCheckpointing
 from fastbert.models.inputs import NOT_EXPORTABLE, check_inputs, check_packed, check_packed_shapes
-from fastbert.models.layers import EncoderLayer, FastLayer, PackedWeights, lean_plans, run_lean, run_native
+from fastbert.models.layers import EncoderLayer, FastLayer, PackedWeights, lean_plans, run_lean
+from fastbert.models.short_forward import ShortPath
 from fastbert.models.loading import CheckpointIO
 from fastbert.models.outputs import BaseModelOutput, BaseModelOutputWithPooling
 from fastbert.models.registry import family
@@ -270,6 +270,7 @@ class EncoderModel(FastPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self._backend = "auto"
+        self._short_path = ShortPath()     # short_states' C++ forward, made on first use
 
     def token_types(self, token_type_ids):
         """The token type ids the model reads: a family without token type embeddings (DistilBERT,
@@ -451,22 +452,20 @@ class EncoderModel(FastPreTrainedModel):
 
     def short_states(self, input_ids: List[int]) -> Optional[torch.Tensor]:
         """The last hidden state (tokens, hidden) of one sequence of token ids (a list of ints; type 0,
-        positions as packed_states numbers them), where its whole forward takes the CPU's C++ passes:
-        float32 inference of at most STACK_MAX_TOKENS tokens, every layer on the lean path with a native form. None
-        elsewhere: the caller runs packed_states. The values are packed_states'; what is left out is
-        its plumbing for any batch, on any device: a short text's forward streams the weights through
-        the caches, so every Python step before and after it runs cold (fastbert.Encoder's batch 1)."""
-        tokens, layers = len(input_ids), self.encoder_layers()
-        # before any work: a first layer with a native form is a CPU float32 one (its plan checks the weights)
-        if (not 0 < tokens <= STACK_MAX_TOKENS or self.training or torch.is_grad_enabled() or not layers
-                or not isinstance(layers[0], FastLayer) or (plan := layers[0].lean_plan()) is None
-                or plan.native() is None):
+        positions as packed_states numbers them), where its whole forward is one C++ call
+        (fastbert.models.short_forward): float32 inference of at most STACK_MAX_TOKENS tokens on a CPU,
+        the family's embeddings plain (short_embeddings), every layer on the lean path with a native
+        form. None elsewhere: the caller runs packed_states. The values are packed_states'; what is
+        left out is its plumbing for any batch, on any device (fastbert.Encoder's batch 1)."""
+        if not 0 < len(input_ids) <= STACK_MAX_TOKENS or torch.is_grad_enabled():
             return None
-        offset = self.position_offset()
-        x = self.embed(torch.tensor(input_ids), self.token_types(None), torch.arange(offset, offset + tokens), None,
-                       self._backend).contiguous()
-        plans = lean_plans(layers, x, self._backend)
-        return None if plans is None else run_native(plans, x, np.array([0, tokens], dtype=np.int64), in_place=True)
+        return self._short_path.states(self, input_ids)
+
+    def short_embeddings(self) -> Optional[nn.Module]:
+        """The fastbert.models.embeddings.Embeddings module whose forward (ids, type 0 when the model
+        has token types, positions) is this family's whole embedding step, for short_states; None
+        where the family embeds otherwise (a projection after it, its own embeddings class)."""
+        return None
 
     def check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None, position_ids=None) -> None:
         """Value checks for forward_packed's inputs (reads them: run it on the host copy)."""

@@ -128,6 +128,9 @@ class MPNetModel(EncoderModel):
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, backend):
         return self.embeddings(input_ids, None, position_ids, inputs_embeds, backend)
 
+    def short_embeddings(self):
+        return self.embeddings
+
     def encoder_layers(self) -> List[FastLayer]:
         return list(self.encoder.layer)
 

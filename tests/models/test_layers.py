@@ -251,32 +251,6 @@ def test_native_stack_refuses_bad_arguments():
         layer_with(2, 32, torch.zeros(200).numpy())
 
 
-def test_short_states_is_packed_states_of_one_sequence():
-    """EncoderModel.short_states (one sequence through the C++ embeddings pass and layer stack, the
-    Encoder's batch 1) gives packed_states' values bit for bit, and declines what the stack does not
-    take: more than STACK_MAX_TOKENS tokens, training, autograd, a layer without its lean plan."""
-    model, _ = native_bert()
-    model.prepack_weights()
-    if model.encoder_layers()[0].lean_plan().native() is None:
-        pytest.skip("the native layer stack needs a CPU with AVX-512")
-    ids = torch.randint(5, model.config.vocab_size, (Ly.STACK_MAX_TOKENS + 1,), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        for n in (1, 13, model.config.max_position_embeddings):
-            want = model.packed_states(ids[:n], torch.tensor([0, n], dtype=torch.int32), n)
-            assert torch.equal(model.short_states(ids[:n].tolist()), want)
-        assert model.short_states(ids.tolist()) is None
-        assert model.short_states([]) is None
-    assert model.short_states(ids[:5].tolist()) is None                     # autograd on
-    with torch.inference_mode():
-        model.train()
-        assert model.short_states(ids[:5].tolist()) is None
-        model.eval()
-        model.prepack_weights(False)                                         # no lean plan
-        assert model.short_states(ids[:5].tolist()) is None
-        model.prepack_weights()
-        assert model.short_states(ids[:5].tolist()) is not None
-
-
 @pytest.mark.parametrize("lengths", [(18,), (9, 0, 4, 4, 1, 17), (64,)])
 def test_native_stack_bits_do_not_depend_on_the_thread_count(lengths):
     """The stack's threads share each step (GEMM panels, (sequence, head) tasks, LayerNorm rows): the

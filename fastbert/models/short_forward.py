@@ -1,0 +1,87 @@
+"""One short sequence's whole forward as one C++ call (fastbert._C.ShortForward): the embeddings'
+lookups and LayerNorm, then every layer's native form (layers.LeanPlan.native), from a list of token
+ids. EncoderModel.short_states runs it for fastbert.Encoder's batch 1 on a CPU.
+
+A short text's forward streams the weights (42 MB for all-MiniLM-L6-v2) through the caches, so each
+Python and torch step before and after it runs cold, several times slower than in a loop: the
+embeddings' torch plumbing, each layer's plan check and the stack's conversions were ~250 us of a
+2.5 ms text. Here they are one call, and one Watch (a few C-level loops over flat lists) says that
+what the C++ object holds is still the model's: the layers, their plans and packed weights, the
+embedding tables and LayerNorm, the modules' places, hooks and training flags.
+"""
+import math
+from typing import List, Optional
+
+import torch
+
+from fastbert import _C
+from fastbert.models.layers import _HOOK_DICTS, FastLayer, Watch, _global_hooks, _hooked, _links, module_watch
+
+
+class ShortPath:
+    """A model's ShortForward and its Watch, made on first use and remade when the Watch fails. Not
+    pickled or deep-copied: a copy makes its own."""
+
+    def __init__(self):
+        self._built = None          # (Watch, _C.ShortForward)
+
+    def states(self, model, input_ids: List[int]) -> Optional[torch.Tensor]:
+        """The last hidden state (tokens, hidden) of `input_ids` (type 0, positions from the family's
+        offset), or None where the model's forward is not this path's (see _build)."""
+        built = self._built
+        if built is None or not built[0].current():
+            built = self._built = _build(model)
+        if built is None or _global_hooks() or torch.compiler.is_compiling():
+            return None
+        out = built[1].run(input_ids, torch.get_num_threads())
+        return None if out is None else torch.from_numpy(out)
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def __deepcopy__(self, memo):
+        return ShortPath()
+
+
+def _build(model):
+    """(Watch, ShortForward) for `model` as it is now, or None: training, a backend other than "auto",
+    a family whose embedding step is not its plain Embeddings module (EncoderModel.short_embeddings),
+    hooks on it,
+    tables that are not contiguous CPU float32, a layer without a lean plan with a native form."""
+    emb = model.short_embeddings()
+    layers = model.encoder_layers()
+    if (emb is None or not layers or model.training or model._backend != "auto" or emb.training or _hooked(emb)
+            or not emb._plain()):
+        return None
+    plans = [layer.lean_plan() if isinstance(layer, FastLayer) else None for layer in layers]
+    if any(plan is None or plan.native() is None for plan in plans):
+        return None
+    tables = [emb.word_embeddings, emb.position_embeddings, getattr(emb, "token_type_embeddings", None)]
+    tables = [t for t in tables if t is not None]
+    norm = emb.LayerNorm
+    tensors = [t.weight for t in tables] + [norm.weight, norm.bias]
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    modules = [emb, *tables, norm]
+    flags = [(model.__dict__, "training", False), (model.__dict__, "_backend", model._backend),
+             (emb.__dict__, "training", False), (norm.__dict__, "eps", norm.eps),
+             *((t.__dict__, "max_norm", None) for t in tables)]
+    for layer, plan in zip(layers, plans):
+        flags += [(layer.__dict__, "training", False), (layer.__dict__, "packed_weights", layer.packed_weights),
+                  (layer.packed_weights.__dict__, "plan", plan)]
+    links = _links(model, [*layers, *modules])
+    if links is None:
+        return None
+    watch = Watch.joined([*(plan.watch for plan in plans), module_watch(links, modules),
+                          Watch(flags, [getattr(layer, h) for layer in layers for h in _HOOK_DICTS])])
+
+    def view(t):
+        return t.detach().numpy()
+    types = view(tables[2].weight) if len(tables) == 3 else None
+    forward = _C.ShortForward(view(tables[0].weight), view(tables[1].weight), types, view(norm.weight),
+                              view(norm.bias), float(norm.eps), model.position_offset(),
+                              [plan.native() for plan in plans], 1.0 / math.sqrt(plans[0].head_dim))
+    return watch, forward
