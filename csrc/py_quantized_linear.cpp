@@ -5,6 +5,10 @@
 //                  (half to even, as torch.round), a constant row: q = 0, scale 1e-30.
 //   rescale_rows   y (rows, n) in place: y = scale_r * y + mid_r * wsum_c + bias_c, then GELU (erf)
 //                  when asked: the int32 sums times the weight scales become the layer's output.
+//                  y is the GEMM's output as the caller has it: float32 sums already times the weight
+//                  scales (oneDNN's), or the int32 sums themselves and the weight scales (w_scale;
+//                  torch._int_mm's), made float32 here as oneDNN makes them, float(sum) * w_scale_c
+//                  rounded, so both give the same bits; the float32 result overwrites the int32 sums.
 //   rescale_add_norm   the same, + residual, then LayerNorm over the row (gamma, beta, eps): the
 //                  post-LN step after an output projection, in the same pass.
 //   rescale_gelu_quantize   rescale_rows with the GELU, then quantize_rows of each row straight from
@@ -16,11 +20,13 @@
 // split into `threads` row ranges on a pool of the module's own (for_row_ranges).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,28 +65,37 @@ void quantize_rows_plain(const float* x, int8_t* q, float* scale, float* mid, in
 
 float gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); }
 
-// y's rows rescaled into out's (out may be y)
-void rescale_rows_plain(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
-                        const float* bias, int64_t rows, int64_t n, bool act) {
+// A GEMM output's element c as the rescale takes it: a float32 sum already times its weight scale, or
+// an int32 sum times it here (one rounding, as oneDNN's, never fused into the rescale's FMA).
+inline float sum_at(const float* y, const float*, int64_t c) { return y[c]; }
+inline float sum_at(const int32_t* y, const float* w_scale, int64_t c) { return static_cast<float>(y[c]) * w_scale[c]; }
+
+// y's rows rescaled into out's (out may be y's memory, as float32)
+template <typename A>
+void rescale_rows_plain(const A* y, const float* w_scale, float* out, const float* scale, const float* mid,
+                        const float* wsum, const float* bias, int64_t rows, int64_t n, bool act) {
     for (int64_t r = 0; r < rows; ++r) {
-        const float* yr = y + r * n;
+        const A* yr = y + r * n;
         float* outr = out + r * n;
         for (int64_t c = 0; c < n; ++c) {
-            const float v = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]);
+            const float v = scale[r] * sum_at(yr, w_scale, c) + (mid[r] * wsum[c] + bias[c]);
             outr[c] = act ? gelu(v) : v;
         }
     }
 }
 
-void rescale_add_norm_plain(float* y, const float* scale, const float* mid, const float* wsum, const float* bias,
-                            const float* res, const float* gamma, const float* beta, float eps, int64_t rows,
-                            int64_t n) {
+// acc's rows (the GEMM's output) rescaled, added to res's and normalized into y's (y is acc's memory)
+template <typename A>
+void rescale_add_norm_plain(const A* acc, const float* w_scale, float* y, const float* scale, const float* mid,
+                            const float* wsum, const float* bias, const float* res, const float* gamma,
+                            const float* beta, float eps, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; ++r) {
+        const A* ar = acc + r * n;
         float* yr = y + r * n;
         const float* rr = res + r * n;
         float sum = 0.0f;
         for (int64_t c = 0; c < n; ++c) {
-            yr[c] = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]) + rr[c];
+            yr[c] = scale[r] * sum_at(ar, w_scale, c) + (mid[r] * wsum[c] + bias[c]) + rr[c];
             sum += yr[c];
         }
         const float mean = sum / n;
@@ -124,29 +139,38 @@ AVX512 void quantize_rows_avx512(const float* x, int8_t* q, float* scale, float*
     }
 }
 
-AVX512 void rescale_rows_avx512(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
-                                const float* bias, int64_t rows, int64_t n, bool act) {
+// sum_at for 16 columns
+AVX512 inline __m512 sums_at(const float* y, const float*, int64_t c) { return _mm512_loadu_ps(y + c); }
+AVX512 inline __m512 sums_at(const int32_t* y, const float* w_scale, int64_t c) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(y + c)), _mm512_loadu_ps(w_scale + c));
+}
+
+template <typename A>
+AVX512 void rescale_rows_avx512(const A* y, const float* w_scale, float* out, const float* scale, const float* mid,
+                                const float* wsum, const float* bias, int64_t rows, int64_t n, bool act) {
     for (int64_t r = 0; r < rows; ++r) {
-        const float* yr = y + r * n;
+        const A* yr = y + r * n;
         float* outr = out + r * n;
         const __m512 vs = _mm512_set1_ps(scale[r]), vm = _mm512_set1_ps(mid[r]);
         int64_t c = 0;
         for (; c + 16 <= n; c += 16) {
             const __m512 t = _mm512_fmadd_ps(vm, _mm512_loadu_ps(wsum + c), _mm512_loadu_ps(bias + c));
-            __m512 v = _mm512_fmadd_ps(vs, _mm512_loadu_ps(yr + c), t);
+            __m512 v = _mm512_fmadd_ps(vs, sums_at(yr, w_scale, c), t);
             _mm512_storeu_ps(outr + c, act ? gelu_avx512(v) : v);
         }
         for (; c < n; ++c) {
-            const float v = scale[r] * yr[c] + (mid[r] * wsum[c] + bias[c]);
+            const float v = scale[r] * sum_at(yr, w_scale, c) + (mid[r] * wsum[c] + bias[c]);
             outr[c] = act ? gelu(v) : v;
         }
     }
 }
 
-AVX512 void rescale_add_norm_avx512(float* y, const float* scale, const float* mid, const float* wsum,
-                                    const float* bias, const float* res, const float* gamma, const float* beta,
-                                    float eps, int64_t rows, int64_t n) {
+template <typename A>
+AVX512 void rescale_add_norm_avx512(const A* acc, const float* w_scale, float* y, const float* scale, const float* mid,
+                                    const float* wsum, const float* bias, const float* res, const float* gamma,
+                                    const float* beta, float eps, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; ++r) {
+        const A* ar = acc + r * n;
         float* yr = y + r * n;
         const float* rr = res + r * n;
         const __m512 vs = _mm512_set1_ps(scale[r]), vm = _mm512_set1_ps(mid[r]);
@@ -154,13 +178,13 @@ AVX512 void rescale_add_norm_avx512(float* y, const float* scale, const float* m
         int64_t c = 0;
         for (; c + 16 <= n; c += 16) {
             __m512 t = _mm512_fmadd_ps(vm, _mm512_loadu_ps(wsum + c), _mm512_loadu_ps(bias + c));
-            t = _mm512_add_ps(_mm512_fmadd_ps(vs, _mm512_loadu_ps(yr + c), t), _mm512_loadu_ps(rr + c));
+            t = _mm512_add_ps(_mm512_fmadd_ps(vs, sums_at(ar, w_scale, c), t), _mm512_loadu_ps(rr + c));
             _mm512_storeu_ps(yr + c, t);
             vsum = _mm512_add_ps(vsum, t);
         }
         float sum = _mm512_reduce_add_ps(vsum);
         for (int64_t t = c; t < n; ++t) {
-            yr[t] = scale[r] * yr[t] + (mid[r] * wsum[t] + bias[t]) + rr[t];
+            yr[t] = scale[r] * sum_at(ar, w_scale, t) + (mid[r] * wsum[t] + bias[t]) + rr[t];
             sum += yr[t];
         }
         const float mean = sum / n;
@@ -194,12 +218,13 @@ void quantize_rows_any(const float* x, int8_t* q, float* scale, float* mid, int6
     quantize_rows_plain(x, q, scale, mid, rows, k);
 }
 
-void rescale_rows_any(const float* y, float* out, const float* scale, const float* mid, const float* wsum,
-                      const float* bias, int64_t rows, int64_t n, bool act, bool simd) {
+template <typename A>
+void rescale_rows_any(const A* y, const float* w_scale, float* out, const float* scale, const float* mid,
+                      const float* wsum, const float* bias, int64_t rows, int64_t n, bool act, bool simd) {
 #ifdef FASTBERT_AVX512
-    if (simd && has_avx512()) return rescale_rows_avx512(y, out, scale, mid, wsum, bias, rows, n, act);
+    if (simd && has_avx512()) return rescale_rows_avx512(y, w_scale, out, scale, mid, wsum, bias, rows, n, act);
 #endif
-    rescale_rows_plain(y, out, scale, mid, wsum, bias, rows, n, act);
+    rescale_rows_plain(y, w_scale, out, scale, mid, wsum, bias, rows, n, act);
 }
 
 void for_row_ranges(int64_t rows, int64_t cols, int threads, const std::function<void(int64_t, int64_t)>& body) {
@@ -229,79 +254,107 @@ void quantize_rows(const F32& x, I8& q, F32& scale, F32& mid, int threads, bool 
     });
 }
 
-// The inputs both rescale passes share, checked against y's (rows, n): per row scale and mid, per
-// column wsum and bias.
+// A GEMM's output y (rows, n) as the rescale passes take it, and the inputs they share, checked against
+// it: per row scale and mid, per column wsum and bias; w_scale (per column) exactly when y holds int32 sums.
 struct RescaleInputs {
-    const float *scale, *mid, *wsum, *bias;
-    RescaleInputs(const F32& s, const F32& m, const F32& w, const F32& b, int64_t rows, int64_t n) {
+    void* y;
+    int64_t rows, n;
+    const float *scale, *mid, *wsum, *bias, *w_scale = nullptr;
+    RescaleInputs(const py::array& sums, const std::optional<F32>& ws, const F32& s, const F32& m, const F32& w,
+                  const F32& b, bool writable) {
+        const bool int_sums = py::isinstance<py::array_t<int32_t>>(sums);
+        if (!int_sums && !py::isinstance<py::array_t<float>>(sums))
+            throw std::invalid_argument("the GEMM's output y must be float32 or int32");
+        if (!(sums.flags() & py::array::c_style) || sums.ndim() != 2)
+            throw std::invalid_argument("the GEMM's output y must be a C-contiguous (rows, n) array");
+        if (int_sums != ws.has_value())
+            throw std::invalid_argument("w_scale goes with int32 sums, and only with them");
+        const auto by = sums.request(writable);
+        y = by.ptr, rows = by.shape[0], n = by.shape[1];
         const auto bs = s.request(), bm = m.request(), bw = w.request(), bb = b.request();
         check_rows(bs, rows, "scale");
         check_rows(bm, rows, "mid");
         if (bw.size != n || bb.size != n) throw std::invalid_argument("wsum and bias must have n entries");
         scale = static_cast<const float*>(bs.ptr), mid = static_cast<const float*>(bm.ptr);
         wsum = static_cast<const float*>(bw.ptr), bias = static_cast<const float*>(bb.ptr);
+        if (int_sums) {
+            const auto bz = ws->request();
+            if (bz.size != n) throw std::invalid_argument("w_scale must have n entries");
+            w_scale = static_cast<const float*>(bz.ptr);
+        }
+    }
+    // fn(y's sums as the type they have)
+    template <typename Fn>
+    void visit(Fn&& fn) const {
+        if (w_scale) fn(static_cast<const int32_t*>(y));
+        else fn(static_cast<const float*>(y));
     }
 };
 
-void rescale_rows(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, bool gelu_after,
-                  int threads, bool simd) {
-    const auto by = y.request(true);
-    if (by.ndim != 2) throw std::invalid_argument("rescale_rows takes y (rows, n)");
-    const int64_t rows = by.shape[0], n = by.shape[1];
-    const RescaleInputs in(scale, mid, wsum, bias, rows, n);
-    auto* yp = static_cast<float*>(by.ptr);
-    const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
+void rescale_rows(const py::array& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias,
+                  bool gelu_after, int threads, bool simd, const std::optional<F32>& w_scale) {
+    const RescaleInputs in(y, w_scale, scale, mid, wsum, bias, true);
+    const int64_t n = in.n;
+    auto* out = static_cast<float*>(in.y);   // in place, as float32 over the sums
     py::gil_scoped_release nogil;
-    for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
-        rescale_rows_any(yp + a * n, yp + a * n, sp + a, mp + a, wp, bp, b - a, n, gelu_after, simd);
+    in.visit([&](auto* sums) {
+        for_row_ranges(in.rows, n, threads, [&](int64_t a, int64_t b) {
+            rescale_rows_any(sums + a * n, in.w_scale, out + a * n, in.scale + a, in.mid + a, in.wsum, in.bias, b - a,
+                             n, gelu_after, simd);
+        });
     });
 }
 
 // rescale_rows with the GELU, then quantize_rows of its result into q, qscale, qmid, row by row through
 // an L1-sized buffer: the same codes, without writing the fp32 rows out and reading them back.
-void rescale_gelu_quantize(const F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, I8& q,
-                           F32& qscale, F32& qmid, int threads, bool simd) {
-    const auto by = y.request(), bq = q.request(true), bs = qscale.request(true), bm = qmid.request(true);
-    if (by.ndim != 2 || bq.ndim != 2 || bq.shape != by.shape)
+void rescale_gelu_quantize(const py::array& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias,
+                           I8& q, F32& qscale, F32& qmid, int threads, bool simd, const std::optional<F32>& w_scale) {
+    const RescaleInputs in(y, w_scale, scale, mid, wsum, bias, false);
+    const int64_t n = in.n;
+    const auto bq = q.request(true), bs = qscale.request(true), bm = qmid.request(true);
+    if (bq.ndim != 2 || bq.shape[0] != in.rows || bq.shape[1] != n)
         throw std::invalid_argument("rescale_gelu_quantize takes y (rows, n) and q of the same shape");
-    const int64_t rows = by.shape[0], n = by.shape[1];
-    const RescaleInputs in(scale, mid, wsum, bias, rows, n);
-    check_rows(bs, rows, "qscale");
-    check_rows(bm, rows, "qmid");
-    const auto* yp = static_cast<const float*>(by.ptr);
+    check_rows(bs, in.rows, "qscale");
+    check_rows(bm, in.rows, "qmid");
     auto* qp = static_cast<int8_t*>(bq.ptr);
     auto *qsp = static_cast<float*>(bs.ptr), *qmp = static_cast<float*>(bm.ptr);
-    const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
     py::gil_scoped_release nogil;
-    for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
-        std::vector<float> row(static_cast<size_t>(n));
-        for (int64_t r = a; r < b; ++r) {
-            rescale_rows_any(yp + r * n, row.data(), sp + r, mp + r, wp, bp, 1, n, true, simd);
-            quantize_rows_any(row.data(), qp + r * n, qsp + r, qmp + r, 1, n, simd);
-        }
+    in.visit([&](auto* sums) {
+        for_row_ranges(in.rows, n, threads, [&](int64_t a, int64_t b) {
+            std::vector<float> row(static_cast<size_t>(n));
+            for (int64_t r = a; r < b; ++r) {
+                rescale_rows_any(sums + r * n, in.w_scale, row.data(), in.scale + r, in.mid + r, in.wsum, in.bias, 1,
+                                 n, true, simd);
+                quantize_rows_any(row.data(), qp + r * n, qsp + r, qmp + r, 1, n, simd);
+            }
+        });
     });
 }
 
-void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias, const F32& res,
-                      const F32& gamma, const F32& beta, float eps, int threads, bool simd) {
-    const auto by = y.request(true), br = res.request(), bg = gamma.request(), bt = beta.request();
-    if (by.ndim != 2 || br.shape != by.shape)
+void rescale_add_norm(const py::array& y, const F32& scale, const F32& mid, const F32& wsum, const F32& bias,
+                      const F32& res, const F32& gamma, const F32& beta, float eps, int threads, bool simd,
+                      const std::optional<F32>& w_scale) {
+    const RescaleInputs in(y, w_scale, scale, mid, wsum, bias, true);
+    const int64_t n = in.n;
+    const auto br = res.request(), bg = gamma.request(), bt = beta.request();
+    if (br.ndim != 2 || br.shape[0] != in.rows || br.shape[1] != n)
         throw std::invalid_argument("rescale_add_norm takes y (rows, n) and a residual of the same shape");
-    const int64_t rows = by.shape[0], n = by.shape[1];
-    const RescaleInputs in(scale, mid, wsum, bias, rows, n);
     if (bg.size != n || bt.size != n) throw std::invalid_argument("gamma and beta must have n entries");
-    auto* yp = static_cast<float*>(by.ptr);
-    const float *sp = in.scale, *mp = in.mid, *wp = in.wsum, *bp = in.bias;
+    auto* out = static_cast<float*>(in.y);   // in place, as float32 over the sums
     const auto *rp = static_cast<const float*>(br.ptr), *gp = static_cast<const float*>(bg.ptr),
                *tp = static_cast<const float*>(bt.ptr);
     py::gil_scoped_release nogil;
-    for_row_ranges(rows, n, threads, [&](int64_t a, int64_t b) {
-        (void)simd;
+    in.visit([&](auto* sums) {
+        for_row_ranges(in.rows, n, threads, [&](int64_t a, int64_t b) {
+            (void)simd;
 #ifdef FASTBERT_AVX512
-        if (simd && has_avx512())
-            return rescale_add_norm_avx512(yp + a * n, sp + a, mp + a, wp, bp, rp + a * n, gp, tp, eps, b - a, n);
+            if (simd && has_avx512())
+                return rescale_add_norm_avx512(sums + a * n, in.w_scale, out + a * n, in.scale + a, in.mid + a,
+                                               in.wsum, in.bias, rp + a * n, gp, tp, eps, b - a, n);
 #endif
-        rescale_add_norm_plain(yp + a * n, sp + a, mp + a, wp, bp, rp + a * n, gp, tp, eps, b - a, n);
+            rescale_add_norm_plain(sums + a * n, in.w_scale, out + a * n, in.scale + a, in.mid + a, in.wsum, in.bias,
+                                   rp + a * n, gp, tp, eps, b - a, n);
+        });
     });
 }
 
@@ -309,19 +362,23 @@ void rescale_add_norm(F32& y, const F32& scale, const F32& mid, const F32& wsum,
 
 void bind_int8_rows(py::module_& m) {
     // noconvert: a wrong dtype or a strided array is an error, never a silent copy the result is lost in
+    // (y, float32 or int32, is checked in RescaleInputs)
     m.def("int8_quantize_rows", &quantize_rows, py::arg("x").noconvert(), py::arg("q").noconvert(),
           py::arg("scale").noconvert(), py::arg("mid").noconvert(), py::arg("threads") = 1, py::arg("simd") = true);
-    m.def("int8_rescale_rows", &rescale_rows, py::arg("y").noconvert(), py::arg("scale").noconvert(),
+    m.def("int8_rescale_rows", &rescale_rows, py::arg("y"), py::arg("scale").noconvert(),
           py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
-          py::arg("gelu"), py::arg("threads") = 1, py::arg("simd") = true);
-    m.def("int8_rescale_gelu_quantize", &rescale_gelu_quantize, py::arg("y").noconvert(),
+          py::arg("gelu"), py::arg("threads") = 1, py::arg("simd") = true,
+          py::arg("w_scale").noconvert() = py::none());
+    m.def("int8_rescale_gelu_quantize", &rescale_gelu_quantize, py::arg("y"),
           py::arg("scale").noconvert(), py::arg("mid").noconvert(), py::arg("wsum").noconvert(),
           py::arg("bias").noconvert(), py::arg("q").noconvert(), py::arg("qscale").noconvert(),
-          py::arg("qmid").noconvert(), py::arg("threads") = 1, py::arg("simd") = true);
-    m.def("int8_rescale_add_norm", &rescale_add_norm, py::arg("y").noconvert(), py::arg("scale").noconvert(),
+          py::arg("qmid").noconvert(), py::arg("threads") = 1, py::arg("simd") = true,
+          py::arg("w_scale").noconvert() = py::none());
+    m.def("int8_rescale_add_norm", &rescale_add_norm, py::arg("y"), py::arg("scale").noconvert(),
           py::arg("mid").noconvert(), py::arg("wsum").noconvert(), py::arg("bias").noconvert(),
           py::arg("residual").noconvert(), py::arg("gamma").noconvert(), py::arg("beta").noconvert(),
-          py::arg("eps"), py::arg("threads") = 1, py::arg("simd") = true);
+          py::arg("eps"), py::arg("threads") = 1, py::arg("simd") = true,
+          py::arg("w_scale").noconvert() = py::none());
 }
 
 }  // namespace fastbert

@@ -164,6 +164,65 @@ def test_gelu_quantize_pass_gives_the_codes_of_the_two_passes(simd, rows, n):
     assert all(torch.equal(a, b) for a, b in zip(out, want))
 
 
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("rows,n", [(1, 5), (9, 1536), (33, 1537)])
+def test_row_passes_take_int32_sums_with_their_weight_scales(simd, rows, n):
+    """torch._int_mm's int32 sums with the weight scales (w_scale) give, bit for bit, what the float32
+    sums oneDNN gives, float(sum) * w_scale, give, in all three rescale passes; the float32 result is
+    written over the int32 sums. Mixing the two forms up is an error, never a silent wrong result."""
+    from fastbert import _C
+
+    torch.manual_seed(0)
+    acc = torch.randint(-(1 << 22), 1 << 22, (rows, n), dtype=torch.int32)
+    w_scale, wsum, bias = torch.rand(n) * 1e-3, torch.randn(n), torch.randn(n)
+    s, mid = torch.rand(rows, 1) * 1e-2, torch.randn(rows, 1)
+    res, gamma = torch.randn(rows, n), torch.rand(n) + 0.5
+    sums = acc.float() * w_scale
+    common = [t.numpy() for t in (s, mid, wsum, bias)]
+    for gelu in (False, True):
+        want, got = sums.clone(), acc.clone()
+        _C.int8_rescale_rows(want.numpy(), *common, gelu, simd=simd)
+        _C.int8_rescale_rows(got.numpy(), *common, gelu, simd=simd, w_scale=w_scale.numpy())
+        assert torch.equal(got.view(torch.float32), want)
+    want, got = sums.clone(), acc.clone()
+    _C.int8_rescale_add_norm(want.numpy(), *common, res.numpy(), gamma.numpy(), bias.numpy(), 1e-12, simd=simd)
+    _C.int8_rescale_add_norm(got.numpy(), *common, res.numpy(), gamma.numpy(), bias.numpy(), 1e-12, simd=simd,
+                             w_scale=w_scale.numpy())
+    assert torch.equal(got.view(torch.float32), want)
+    want = [torch.empty(rows, n, dtype=torch.int8), torch.empty(rows, 1), torch.empty(rows, 1)]
+    got = [torch.empty(rows, n, dtype=torch.int8), torch.empty(rows, 1), torch.empty(rows, 1)]
+    _C.int8_rescale_gelu_quantize(sums.numpy(), *common, *(t.numpy() for t in want), simd=simd)
+    _C.int8_rescale_gelu_quantize(acc.numpy(), *common, *(t.numpy() for t in got), simd=simd, w_scale=w_scale.numpy())
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match="w_scale"):
+        _C.int8_rescale_rows(acc.numpy(), *common, False)
+    with pytest.raises(ValueError, match="w_scale"):
+        _C.int8_rescale_rows(sums.numpy(), *common, False, w_scale=w_scale.numpy())
+    with pytest.raises(ValueError, match="float32 or int32"):
+        _C.int8_rescale_rows(sums.double().numpy(), *common, False)
+
+
+@pytest.mark.parametrize("rows", [ql.INT_MM_MAX_ROWS, ql.INT_MM_MAX_ROWS + 1])
+def test_small_row_gemm_gives_the_onednn_bits(monkeypatch, rows):
+    """Up to INT_MM_MAX_ROWS rows the per_token GEMM is torch._int_mm, beyond it oneDNN's: both give every
+    row the same bits (in each of the GEMM's three uses), so a text's vector does not depend on how many
+    rows its batch has. Checked at the threshold and one row above, each row count through both GEMMs."""
+    torch.manual_seed(0)
+    x, res = torch.randn(rows, 96) * 2, torch.randn(rows, 40)
+    x[0] *= 50                                      # an outlier token
+    inner, outer = ql.pack(torch.randn(160, 96), torch.randn(160)), ql.pack(torch.randn(40, 160), torch.randn(40))
+    gamma, beta = torch.rand(40) + 0.5, torch.randn(40)
+    got = {}
+    for limit in (0, rows):                          # oneDNN for every row count, then _int_mm for this one
+        monkeypatch.setattr(ql, "INT_MM_MAX_ROWS", limit)
+        gelu_rows = ql.quantized_linear_gelu_rows(x, inner)
+        got[limit] = [ql.quantized_linear(x, inner), ql.quantized_linear(x, inner, gelu=True), gelu_rows.q,
+                      torch.from_numpy(gelu_rows.scale), torch.from_numpy(gelu_rows.mid),
+                      ql.quantized_linear_add_norm(gelu_rows, outer, res, gamma, beta, 1e-12),
+                      ql.quantized_linear_add_norm(ql.quantized_linear(x, inner), outer, res, gamma, beta, 1e-12)]
+    assert all(torch.equal(a, b) for a, b in zip(got[0], got[rows]))
+
+
 def test_quantized_gelu_rows_feed_the_next_gemm_as_its_own_quantization():
     """quantized_linear_gelu_rows -> quantized_linear_add_norm: the same bits as the float32 GELU output
     handed to quantized_linear_add_norm (which quantizes it itself)."""

@@ -11,6 +11,10 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
                          y = s_r * acc_rc + m_r * wsum_c + b_c,   wsum_c = sum_k Wq_ck * w_scale_c
                        The quantization and that pass are fastbert._C's (csrc/py_quantized_linear.cpp): one pass
                        over memory each, where torch ops took six and three, on torch's thread count.
+                       Up to INT_MM_MAX_ROWS rows (a short text alone) the GEMM is torch._int_mm on the int8
+                       weight as it is, 0.3-0.8x qlinear_pointwise's time there: it gives the int32 sums
+                       themselves, and the pass makes acc_rc of them as oneDNN does (float(sum) * w_scale_c,
+                       rounded once), so both GEMMs give a row the same bits.
                        (symmetric scales, m_r = 0, save both passes but cost accuracy: min cosine
                        0.992 instead of 0.997 over 2,000 paragraphs with all-MiniLM-L6-v2).
   "linear_dynamic"     torch.ops.quantized.linear_dynamic on a quantized.linear_prepack'ed weight (FBGEMM);
@@ -26,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from fastbert import _C
@@ -67,8 +72,13 @@ class PackedLinear:
     bias: Optional[torch.Tensor]      # (out,) float32 or None
     reduce_range: bool
     zeros: Optional[torch.Tensor] = None   # oneDNN: the weight zero points, (out,) int64 zeros
-    wsum: Optional[torch.Tensor] = None    # per_token: (out,) wsum_c, and the bias (zeros if none)
-    bias_or_zeros: Optional[torch.Tensor] = None
+    # per_token, what the row passes read, as numpy arrays made once (a tensor's .numpy() costs about
+    # half a microsecond, and a GEMM took a dozen): (out,) wsum_c, the bias (zeros if none), the weight
+    # scales (scale's memory); and qweight transposed, (in, out), for torch._int_mm
+    wsum: Optional[np.ndarray] = None
+    bias_or_zeros: Optional[np.ndarray] = None
+    w_scale: Optional[np.ndarray] = None
+    qweight_t: Optional[torch.Tensor] = None
 
     @property
     def in_features(self) -> int:
@@ -96,10 +106,17 @@ def quantize_weight(weight: torch.Tensor):
 def quantize_rows(x: torch.Tensor):
     """(rows, k) float32 contiguous -> (int8 (rows, k), scale (rows, 1), midpoint (rows, 1)): x ~= mid_r +
     scale_r * q, q = round((x - mid_r) / scale_r) in [-127, 127] (a constant row: q = 0, x = mid)."""
-    q = torch.empty(x.shape, dtype=torch.int8)
-    scale, mid = x.new_empty(x.shape[0], 1), x.new_empty(x.shape[0], 1)
-    _C.int8_quantize_rows(x.numpy(), q.numpy(), scale.numpy(), mid.numpy(), torch.get_num_threads())
-    return q, scale, mid
+    q, scale, mid = _quantize_rows(x)
+    return q, torch.from_numpy(scale), torch.from_numpy(mid)
+
+
+def _quantize_rows(x: torch.Tensor):
+    """quantize_rows with the scales and midpoints as the numpy arrays the row passes read: allocated by
+    numpy, a quarter of torch.empty's cost, and no .numpy() conversion after."""
+    q = np.empty(x.shape, dtype=np.int8)
+    scale, mid = np.empty((x.shape[0], 1), dtype=np.float32), np.empty((x.shape[0], 1), dtype=np.float32)
+    _C.int8_quantize_rows(x.numpy(), q, scale, mid, torch.get_num_threads())
+    return torch.from_numpy(q), scale, mid
 
 
 def pack(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, backend: Optional[str] = None,
@@ -139,23 +156,27 @@ def pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Te
         with warnings.catch_warnings():  # the prepack op takes a quantized tensor, deprecated as a user type
             warnings.simplefilter("ignore", UserWarning)
             qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
-        packed = torch.ops.quantized.linear_prepack(qw, bias)
+        prepacked = torch.ops.quantized.linear_prepack(qw, bias)
     else:
-        packed = torch.ops.onednn.qlinear_prepack(q, None)
-    wsum = bias_or_zeros = None
+        prepacked = torch.ops.onednn.qlinear_prepack(q, None)
+    out = PackedLinear(backend, prepacked, q, scale, bias, reduce_range, zeros)
     if backend == "per_token":
-        wsum = (q.float().sum(dim=1) * scale).contiguous()
-        bias_or_zeros = bias.contiguous() if bias is not None else torch.zeros_like(wsum)
-    return PackedLinear(backend, packed, q, scale, bias, reduce_range, zeros, wsum, bias_or_zeros)
+        scale = scale.float().contiguous()
+        wsum = q.float().sum(dim=1) * scale
+        out.wsum = wsum.numpy()
+        out.bias_or_zeros = (bias if bias is not None else torch.zeros_like(wsum)).float().contiguous().numpy()
+        out.w_scale, out.qweight_t = scale.numpy(), q.t()
+    return out
 
 
 @dataclass
 class QuantizedRows:
     """Activations quantized per row as the per_token GEMM takes them (x ~= mid + scale * q): q (rows, k)
-    int8, scale and mid (rows, 1) float32; `lead` the leading shape of the float tensor they stand for."""
+    int8, scale and mid (rows, 1) float32 numpy arrays (the row passes' own); `lead` the leading shape of
+    the float tensor they stand for."""
     q: torch.Tensor
-    scale: torch.Tensor
-    mid: torch.Tensor
+    scale: np.ndarray
+    mid: np.ndarray
     lead: tuple
 
 
@@ -176,10 +197,29 @@ def _rows(x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
     return x.reshape(-1, packed.in_features).contiguous()
 
 
+# Up to this many rows torch._int_mm is the per_token GEMM, qlinear_pointwise beyond: at a batch-1
+# text's ~20 rows _int_mm took 0.3-0.8x qlinear_pointwise's time on all-MiniLM-L6-v2's four shapes, from
+# ~128 rows on it is as slow or slower on some (2-core AVX-512 VNNI x86, torch 2.13).
+INT_MM_MAX_ROWS = 64
+
+
+def _per_token_gemm(q: torch.Tensor, packed: PackedLinear):
+    """The per_token GEMM of int8 rows q (rows, in), as a rescale pass takes it: (sums, y, w_scale), sums
+    the numpy array the pass reads, y the float32 (rows, out) tensor on sums' memory the pass leaves the
+    result in, w_scale the weight scales the pass still applies (None: oneDNN applied them). Both GEMMs
+    give the exact int32 sums, and the pass rounds float(sum) * w_scale_c as oneDNN does, so a row gets
+    the same bits from either (a text's vector does not depend on its batch's size)."""
+    if q.shape[0] <= INT_MM_MAX_ROWS:
+        acc = torch._int_mm(q, packed.qweight_t)
+        return acc.numpy(), acc.view(torch.float32), packed.w_scale
+    y = _onednn(q, 1.0, 0, packed, None)
+    return y.numpy(), y, None
+
+
 def _per_token_sums(x2: torch.Tensor, packed: PackedLinear):
-    """acc_rc (rows, out) float32, and each row's scale and midpoint (rows, 1)."""
-    qx, s, mid = quantize_rows(x2)
-    return _onednn(qx, 1.0, 0, packed, None), s, mid
+    """_per_token_gemm of x2 (rows, in) quantized per row, and each row's scale and midpoint (rows, 1)."""
+    qx, s, mid = _quantize_rows(x2)
+    return (*_per_token_gemm(qx, packed), s, mid)
 
 
 def quantized_linear(x: torch.Tensor, packed: PackedLinear, gelu: bool = False) -> torch.Tensor:
@@ -190,9 +230,9 @@ def quantized_linear(x: torch.Tensor, packed: PackedLinear, gelu: bool = False) 
     if x2.shape[0] == 0:
         return x.new_zeros(*lead, packed.out_features)
     if packed.backend == "per_token":
-        y, s, mid = _per_token_sums(x2, packed)
-        _C.int8_rescale_rows(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(),
-                             packed.bias_or_zeros.numpy(), gelu, torch.get_num_threads())
+        sums, y, w_scale, s, mid = _per_token_sums(x2, packed)
+        _C.int8_rescale_rows(sums, s, mid, packed.wsum, packed.bias_or_zeros, gelu, torch.get_num_threads(),
+                             w_scale=w_scale)
         return y.reshape(*lead, packed.out_features)
     if packed.backend == "linear_dynamic":
         y = torch.ops.quantized.linear_dynamic(x2, packed.packed, packed.reduce_range)
@@ -211,14 +251,13 @@ def quantized_linear_gelu_rows(x: torch.Tensor, packed: PackedLinear) -> Quantiz
         raise ValueError(f"quantized GELU rows come from the per_token backend, not {packed.backend!r}")
     x2 = _rows(x, packed)
     rows, n = x2.shape[0], packed.out_features
-    q = torch.empty(rows, n, dtype=torch.int8)
-    qs, qm = x2.new_empty(rows, 1), x2.new_empty(rows, 1)
+    q = np.empty((rows, n), dtype=np.int8)
+    qs, qm = np.empty((rows, 1), dtype=np.float32), np.empty((rows, 1), dtype=np.float32)
     if rows:
-        y, s, mid = _per_token_sums(x2, packed)
-        _C.int8_rescale_gelu_quantize(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(),
-                                      packed.bias_or_zeros.numpy(), q.numpy(), qs.numpy(), qm.numpy(),
-                                      torch.get_num_threads())
-    return QuantizedRows(q, qs, qm, tuple(x.shape[:-1]))
+        sums, _, w_scale, s, mid = _per_token_sums(x2, packed)
+        _C.int8_rescale_gelu_quantize(sums, s, mid, packed.wsum, packed.bias_or_zeros, q, qs, qm,
+                                      torch.get_num_threads(), w_scale=w_scale)
+    return QuantizedRows(torch.from_numpy(q), qs, qm, tuple(x.shape[:-1]))
 
 
 def quantized_linear_add_norm(x, packed: PackedLinear, residual: torch.Tensor, norm_weight: torch.Tensor,
@@ -236,16 +275,17 @@ def quantized_linear_add_norm(x, packed: PackedLinear, residual: torch.Tensor, n
                              f"width, got {packed.backend!r} with {packed.in_features}")
         if x.q.shape[0] == 0:
             return residual.clone()
-        y, s, mid = _onednn(x.q, 1.0, 0, packed, None), x.scale, x.mid
+        sums, y, w_scale = _per_token_gemm(x.q, packed)
+        s, mid = x.scale, x.mid
     else:
         x2 = _rows(x, packed)
         if packed.backend != "per_token" or x2.shape[0] == 0:
             y = quantized_linear(x, packed) + residual
             return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
-        y, s, mid = _per_token_sums(x2, packed)
+        sums, y, w_scale, s, mid = _per_token_sums(x2, packed)
     weight = norm_weight.detach().float().contiguous()
     bias = torch.zeros_like(weight) if norm_bias is None else norm_bias.detach().float().contiguous()
-    _C.int8_rescale_add_norm(y.numpy(), s.numpy(), mid.numpy(), packed.wsum.numpy(), packed.bias_or_zeros.numpy(),
+    _C.int8_rescale_add_norm(sums, s, mid, packed.wsum, packed.bias_or_zeros,
                              residual.reshape(y.shape).contiguous().numpy(), weight.numpy(), bias.numpy(), float(eps),
-                             torch.get_num_threads())
+                             torch.get_num_threads(), w_scale=w_scale)
     return y.reshape(residual.shape)
