@@ -15,6 +15,7 @@ before cutting batches, then puts the results back in input order.
                       sentence-transformers' "avx2" settings (optimum's AutoQuantizationConfig.avx2:
                       uint8 activations, uint8 symmetric weights per channel, no reduce_range).
   OpenVINO            openvino.convert_model of the eager ONNX export (dynamic batch and length),
+                      saved as IR and read back (converted in a child process: ov_convert),
                       compiled for CPU with INFERENCE_PRECISION_HINT f32 and the LATENCY hint.
   OpenVINO int8       nncf.quantize (ModelType.TRANSFORMER) of that model, calibrated on texts that
                       the caller keeps disjoint from the timed ones.
@@ -210,17 +211,53 @@ def ort_peer(front: HFFrontEnd, workdir: Path, threads: int, int8: bool = False)
 
 # ---- OpenVINO ---------------------------------------------------------------------------------------
 
+_OV_CONVERT = r"""
+import pickle, sys
+import openvino as ov
+onnx, out, calibration = sys.argv[1:4]
+model = ov.convert_model(onnx)
+if calibration:
+    import nncf
+    with open(calibration, "rb") as f:
+        data = pickle.load(f)
+    model = nncf.quantize(model, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(data))
+ov.save_model(model, out, compress_to_fp16=False)
+"""
+
+
+def ov_convert(front: HFFrontEnd, workdir: Path, calibration: Optional[list] = None) -> Path:
+    """The eager export as OpenVINO IR (convert_model, dynamic batch and length; with calibration
+    texts, then nncf.quantize), made once per workdir in a child process, as users convert once and
+    serve the saved model. Not in this process: convert_model and nncf.quantize queue usage events
+    that openvino_telemetry sends for seconds afterwards, each from a new process (spawned, in a
+    batch-1 child: a fresh interpreter taking a core), and while they ran the engine timed right
+    after was ~9x slower at batch 1 (40 ms, 4.5 without them)."""
+    import pickle
+
+    _need("openvino")
+    if calibration is not None:
+        _need("nncf")
+    out = workdir / ("model_ov.xml" if calibration is None else "model_ov_int8.xml")
+    if not out.exists():
+        onnx = export_eager_onnx(front, workdir / "model_eager.onnx")
+        data = ""
+        if calibration is not None:
+            data = workdir / "ov_calibration.pkl"     # the export's inputs, as the engine is fed
+            with open(data, "wb") as f:
+                pickle.dump([_feed(enc, INPUT_NAMES) for _, enc in front.batches(calibration)], f)
+        done = subprocess.run([sys.executable, "-c", _OV_CONVERT, str(onnx), str(out), str(data)],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise Unavailable(f"OpenVINO conversion failed: {done.stderr.strip()[-300:]}")
+    return out
+
+
 def ov_peer(front: HFFrontEnd, workdir: Path, threads: int, calibration: Optional[list] = None) -> Peer:
     ov = _need("openvino")
-    model = ov.convert_model(str(export_eager_onnx(front, workdir / "model_eager.onnx")))
+    model = ov.Core().read_model(str(ov_convert(front, workdir, calibration)))
     names = [p.get_any_name() for p in model.inputs]
-    note = "convert_model (dynamic shapes), f32 hint"
-    if calibration is not None:
-        nncf = _need("nncf")
-        data = [_feed(enc, names) for _, enc in front.batches(calibration)]
-        model = nncf.quantize(model, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(data))
-        note = f"NNCF int8, calibrated on {len(calibration)} other texts"
+    note = ("convert_model (dynamic shapes), f32 hint" if calibration is None
+            else f"NNCF int8, calibrated on {len(calibration)} other texts")
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
                                                        "INFERENCE_NUM_THREADS": threads,
                                                        "PERFORMANCE_HINT": "LATENCY"})

@@ -44,3 +44,23 @@ def test_missing_packages_skip_each_peer_with_its_reason(monkeypatch, tmp_path, 
                            "CTranslate2 int8"}
     assert all("not installed" in why for why in absent.values()), absent
     assert "peer OpenVINO skipped" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # exports and converts the model (~30 s)
+def test_openvino_peer_serves_the_ir_it_converted_in_a_child(front, tmp_path):
+    """ov_convert saves the IR once (in a child process, away from the timed one), with float32
+    weights (save_model would compress them to fp16): the peer's vectors are fastbert's to fp32
+    rounding, and a second peer reads the same file without converting again."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    import fastbert
+
+    texts = ["a short sentence", "another, somewhat longer sentence about nothing in particular", "x"]
+    peer = peers.ov_peer(front, tmp_path, threads=1)
+    ir = tmp_path / "model_ov.xml"
+    assert ir.exists()
+    want = fastbert.Encoder.from_pretrained(gt.get_model_path(), device="cpu").encode(texts, convert_to_tensor=True)
+    assert (peer.encode(texts) - want).abs().max().item() < 2e-5
+    made = ir.stat().st_mtime_ns
+    peers.ov_peer(front, tmp_path, threads=1)
+    assert ir.stat().st_mtime_ns == made
