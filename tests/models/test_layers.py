@@ -149,6 +149,34 @@ def test_lean_path_follows_module_and_parameter_changes(lean_calls):
         before = got
 
 
+def test_a_layer_without_a_plan_is_not_checked_again_until_its_modules_change(monkeypatch):
+    """An int8 (QuantizedLinear) layer has no plan: lean_plan answers from a Watch of its modules instead
+    of checking them again on every call, and a change to them (the Linear put back, a hook added and
+    removed) is seen: the plan comes back."""
+    from fastbert import quantize
+
+    model = build("bert", backend="auto")
+    model.prepack_weights()
+    layer = model.encoder.layer[0]
+    dense = layer.output.dense
+    quantize(model)
+    builds = []
+    build_plan = Ly._build_plan
+    monkeypatch.setattr(Ly, "_build_plan", lambda *a: builds.append(1) or build_plan(*a))
+    assert layer.lean_plan() is None and layer.lean_plan() is None and len(builds) == 1
+    for name in ("query", "key", "value"):
+        setattr(layer.attention.self, name, nn.Linear(dense.out_features, dense.out_features))
+    layer.attention.output.dense = nn.Linear(dense.out_features, dense.out_features)
+    layer.intermediate.dense = nn.Linear(dense.out_features, dense.in_features)
+    assert layer.lean_plan() is None and len(builds) == 2        # output.dense is still int8
+    layer.output.dense = dense
+    assert layer.lean_plan() is not None and len(builds) == 3
+    handle = layer.output.LayerNorm.register_forward_hook(lambda *a: None)
+    assert layer.lean_plan() is None and layer.lean_plan() is None and len(builds) == 5   # hooked: each call
+    handle.remove()
+    assert layer.lean_plan() is not None
+
+
 @pytest.mark.parametrize("family", ["deberta-v2", "mpnet", "nomic_bert"])
 def test_families_that_change_the_layer_keep_their_own_path(family):
     from tiny_families import CONFIGS
