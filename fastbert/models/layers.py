@@ -353,9 +353,10 @@ class FastLayer(EncoderLayer):
             return None
         if store.plan is None or not store.plan.current():
             # a layer that has no plan (int8 Linears, a module of a family's own) keeps a Watch of its
-            # modules instead: checking them again (parts() and _build_plan, ~15 us) ran several times
-            # per forward, ~250 us of an int8 short text's 3.5 ms. Not where a hook declined the plan:
-            # a Watch holds while hook dicts stay empty, and removing the hook must bring the plan back.
+            # modules instead: checking them again (parts() and _build_plan, ~15 us) ran 7 times per int8
+            # batch-1 encode (pack_for_threads, lean_plans, the short path). Not where a hook declined
+            # the plan: a Watch holds while hook dicts stay empty, and removing the hook must bring the
+            # plan back.
             if store.no_plan is not None and store.no_plan.current():
                 return None
             p = self.parts()

@@ -198,8 +198,10 @@ def _rows(x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
 
 
 # Up to this many rows torch._int_mm is the per_token GEMM, qlinear_pointwise beyond: at a batch-1
-# text's ~20 rows _int_mm took 0.3-0.8x qlinear_pointwise's time on all-MiniLM-L6-v2's four shapes, from
-# ~128 rows on it is as slow or slower on some (2-core AVX-512 VNNI x86, torch 2.13).
+# text's ~20 rows _int_mm took 0.3-0.8x qlinear_pointwise's time on all-MiniLM-L6-v2's four shapes in a
+# loop, and the whole int8 encode 0.86x; from ~128 rows on it is as slow or slower on some shapes. In an
+# encode, where each weight comes in cold, 64 and a limit of 32 were even on ~50-row batches, and 256
+# took 1.0x on ~85 rows and 1.09x on ~170 (2-core AVX-512 VNNI x86, torch 2.13).
 INT_MM_MAX_ROWS = 64
 
 
