@@ -59,8 +59,7 @@ def is_plain(module: nn.Module, cls: type, bias_required: bool = True) -> bool:
         return False
     if cls is nn.Linear and module.bias is None and bias_required:
         return False
-    return not any(getattr(module, h, None) for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                       "_backward_pre_hooks"))
+    return not _hooked(module)   # an `or` of the four hook dicts: a third of a generator's time, ~80 calls a forward
 
 
 def adapter_base_layer(module: nn.Module) -> Optional[nn.Module]:
