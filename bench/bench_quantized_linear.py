@@ -12,9 +12,10 @@ magnitude, so the error column shows what per-tensor scales lose. Shapes: all-Mi
 over `--tokens` tokens (a benchmark batch of 32 lines is ~1,000), and bert-base's FFN. Time: the
 best of `--repeats` blocks of 10 calls after warm-up, candidates interleaved block by block (on a shared machine the best block is the one
 least disturbed); ratios against fp32 oneDNN in the same run.
-torch._int_mm (int8 x int8 -> int32) is per_token's GEMM up to ql.INT_MM_MAX_ROWS rows, the int32 sums
-scaled in the rescale pass: run with --tokens 18 (a short text alone) to see that route; at 1,024 tokens
-it was slower than qlinear_pointwise.
+torch._int_mm (int8 x int8 -> int32) is per_token's GEMM up to ql.INT_MM_MAX_ROWS rows on weights of up to
+ql.INT_MM_MAX_WEIGHT values, the int32 sums scaled in the rescale pass: run with --tokens 18 (a short text
+alone) to see that route; at 1,024 tokens, and on bert-base's larger weights, it was slower than
+qlinear_pointwise.
 
     python bench/bench_quantized_linear.py [--tokens 1024] [--repeats 7]
 """

@@ -221,6 +221,8 @@ def test_small_row_gemm_gives_the_onednn_bits(monkeypatch, rows):
                       ql.quantized_linear_add_norm(gelu_rows, outer, res, gamma, beta, 1e-12),
                       ql.quantized_linear_add_norm(ql.quantized_linear(x, inner), outer, res, gamma, beta, 1e-12)]
     assert all(torch.equal(a, b) for a, b in zip(got[0], got[rows]))
+    # a weight larger than INT_MM_MAX_WEIGHT (bert-base's FFN) stays on oneDNN's GEMM, where _int_mm was slower
+    assert ql.pack(torch.randn(3072, 768)).qweight_t is None and inner.qweight_t is not None
 
 
 def test_quantized_gelu_rows_feed_the_next_gemm_as_its_own_quantization():

@@ -11,10 +11,11 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
                          y = s_r * acc_rc + m_r * wsum_c + b_c,   wsum_c = sum_k Wq_ck * w_scale_c
                        The quantization and that pass are fastbert._C's (csrc/py_quantized_linear.cpp): one pass
                        over memory each, where torch ops took six and three, on torch's thread count.
-                       Up to INT_MM_MAX_ROWS rows (a short text alone) the GEMM is torch._int_mm on the int8
-                       weight as it is, 0.3-0.8x qlinear_pointwise's time there: it gives the int32 sums
-                       themselves, and the pass makes acc_rc of them as oneDNN does (float(sum) * w_scale_c,
-                       rounded once), so both GEMMs give a row the same bits.
+                       Up to INT_MM_MAX_ROWS rows (a short text alone), on a weight of up to
+                       INT_MM_MAX_WEIGHT values, the GEMM is torch._int_mm on the int8 weight as it is,
+                       0.3-0.8x qlinear_pointwise's time there: it gives the int32 sums themselves, and
+                       the pass makes acc_rc of them as oneDNN does (float(sum) * w_scale_c, rounded
+                       once), so both GEMMs give a row the same bits.
                        (symmetric scales, m_r = 0, save both passes but cost accuracy: min cosine
                        0.992 instead of 0.997 over 2,000 paragraphs with all-MiniLM-L6-v2).
   "linear_dynamic"     torch.ops.quantized.linear_dynamic on a quantized.linear_prepack'ed weight (FBGEMM);
@@ -41,6 +42,17 @@ BACKENDS = ("per_token", "linear_dynamic", "per_tensor")
 # accurate one, and the only one whose rows do not depend on each other (a text's vector is the same
 # in any batch): fastbert.quantize uses it for every Linear unless told otherwise.
 DEFAULT_BACKEND = "per_token"
+
+# Up to this many rows torch._int_mm is the per_token GEMM, qlinear_pointwise beyond: at a batch-1
+# text's ~20 rows _int_mm took 0.3-0.8x qlinear_pointwise's time on all-MiniLM-L6-v2's four shapes in a
+# loop, and the whole int8 encode 0.86x; from ~128 rows on it is as slow or slower on some shapes. In an
+# encode, where each weight comes in cold, 64 and a limit of 32 were even on ~50-row batches, and 256
+# took 1.0x on ~85 rows and 1.09x on ~170 (2-core AVX-512 VNNI x86, torch 2.13). Only for weights of at
+# most INT_MM_MAX_WEIGHT values (all-MiniLM-L6-v2's largest, 384 x 1536), in a loop at 18 rows: bert-base's
+# 768 x 768, the same size, took 1.08x (0.91x at 48 rows), its 768 x 2304 2.1x, 768 x 3072 2.2x,
+# 3072 x 768 1.3x, bert-large's 1024 x 4096 1.7x.
+INT_MM_MAX_ROWS = 64
+INT_MM_MAX_WEIGHT = 384 * 1536
 
 
 def _has_vnni() -> bool:
@@ -74,7 +86,8 @@ class PackedLinear:
     zeros: Optional[torch.Tensor] = None   # oneDNN: the weight zero points, (out,) int64 zeros
     # per_token, what the row passes read, as numpy arrays made once (a tensor's .numpy() costs about
     # half a microsecond, and a GEMM took a dozen): (out,) wsum_c, the bias (zeros if none), the weight
-    # scales (scale's memory); and qweight transposed, (in, out), for torch._int_mm
+    # scales (scale's memory); and qweight transposed, (in, out), for torch._int_mm on few rows (None
+    # for a weight of more than INT_MM_MAX_WEIGHT values: oneDNN's GEMM at any row count)
     wsum: Optional[np.ndarray] = None
     bias_or_zeros: Optional[np.ndarray] = None
     w_scale: Optional[np.ndarray] = None
@@ -165,7 +178,8 @@ def pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Te
         wsum = q.float().sum(dim=1) * scale
         out.wsum = wsum.numpy()
         out.bias_or_zeros = (bias if bias is not None else torch.zeros_like(wsum)).float().contiguous().numpy()
-        out.w_scale, out.qweight_t = scale.numpy(), q.t()
+        out.w_scale = scale.numpy()
+        out.qweight_t = q.t() if q.numel() <= INT_MM_MAX_WEIGHT else None
     return out
 
 
@@ -197,21 +211,13 @@ def _rows(x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
     return x.reshape(-1, packed.in_features).contiguous()
 
 
-# Up to this many rows torch._int_mm is the per_token GEMM, qlinear_pointwise beyond: at a batch-1
-# text's ~20 rows _int_mm took 0.3-0.8x qlinear_pointwise's time on all-MiniLM-L6-v2's four shapes in a
-# loop, and the whole int8 encode 0.86x; from ~128 rows on it is as slow or slower on some shapes. In an
-# encode, where each weight comes in cold, 64 and a limit of 32 were even on ~50-row batches, and 256
-# took 1.0x on ~85 rows and 1.09x on ~170 (2-core AVX-512 VNNI x86, torch 2.13).
-INT_MM_MAX_ROWS = 64
-
-
 def _per_token_gemm(q: torch.Tensor, packed: PackedLinear):
     """The per_token GEMM of int8 rows q (rows, in), as a rescale pass takes it: (sums, y, w_scale), sums
     the numpy array the pass reads, y the float32 (rows, out) tensor on sums' memory the pass leaves the
     result in, w_scale the weight scales the pass still applies (None: oneDNN applied them). Both GEMMs
     give the exact int32 sums, and the pass rounds float(sum) * w_scale_c as oneDNN does, so a row gets
     the same bits from either (a text's vector does not depend on its batch's size)."""
-    if q.shape[0] <= INT_MM_MAX_ROWS:
+    if q.shape[0] <= INT_MM_MAX_ROWS and packed.qweight_t is not None:
         acc = torch._int_mm(q, packed.qweight_t)
         return acc.numpy(), acc.view(torch.float32), packed.w_scale
     y = _onednn(q, 1.0, 0, packed, None)
