@@ -56,9 +56,12 @@ def _build(model):
     if (emb is None or not layers or model.training or model._backend != "auto" or emb.training or _hooked(emb)
             or not emb._plain()):
         return None
-    plans = [layer.lean_plan() if isinstance(layer, FastLayer) else None for layer in layers]
-    if any(plan is None or plan.native() is None for plan in plans):
-        return None
+    plans = []
+    for layer in layers:        # the first layer without one ends it (an int8 model: the first)
+        plan = layer.lean_plan() if isinstance(layer, FastLayer) else None
+        if plan is None or plan.native() is None:
+            return None
+        plans.append(plan)
     tables = [emb.word_embeddings, emb.position_embeddings, getattr(emb, "token_type_embeddings", None)]
     tables = [t for t in tables if t is not None]
     norm = emb.LayerNorm
