@@ -103,13 +103,17 @@ def main(argv=None) -> int:
     parser.add_argument("--lines-table", action="store_true",
                         help="also the older short-lines workload (fastbert vs sentence-transformers)")
     parser.add_argument("--batch1-only", action="store_true",
-                        help="only the batch-1 latency of fastbert and the fp32 peers (each in its own process); "
-                             "prints it, appends nothing")
+                        help="only the batch-1 latency of fastbert and the peers, fp32 and int8 (each engine in its "
+                             "own process); prints it, appends nothing")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of encoder.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.batch1_only:
-        for row in eb.run_batch1(model_dir(), quick=args.quick, progress=say):
+        peers = [] if args.no_peers else ["ONNX Runtime", "OpenVINO", "CTranslate2"]
+        names = [eb.FASTBERT_FP32, *peers]
+        if not args.no_int8:
+            names += [eb.FASTBERT_INT8, *(f"{peer} int8" for peer in peers)]
+        for row in eb.run_batch1(model_dir(), names=tuple(names), quick=args.quick, progress=say):
             print(f"{row['name']:<44} p50 {_ms(row['batch1 p50 ms'])} ms  p99 {_ms(row['batch1 p99 ms'])} ms  "
                   f"{row.get('batch1 note', '')}")
         return 0
