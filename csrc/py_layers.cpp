@@ -186,9 +186,7 @@ class Schedule {
 // heads), which the hardware prefetcher follows; four chunks per thread, taken in turn, made a
 // 18-token forward 5-10% slower (2 threads) than one pool run per GEMM, one per thread 3-6% faster.
 int64_t chunks_of(int64_t items, int threads) { return std::max<int64_t>(1, std::min<int64_t>(items, threads)); }
-#endif
 
-#ifdef FASTBERT_AVX512
 // h (tokens, hidden) in place through every layer, on `bounds` ((batch + 1,) checked cumulative
 // lengths), as one Schedule run on up to `threads` threads. The caller has checked the shapes and
 // released the GIL.
@@ -316,6 +314,14 @@ int64_t row_of(const int64_t* ids, int64_t i, int64_t rows, const char* what) {
     return id;
 }
 
+// The embedding tables, checked: word and position (rows, n), token_type (at least one row of n) or None.
+void check_tables(const F32& word, const F32& position, const std::optional<F32>& token_type, int64_t n,
+                  const std::string& name) {
+    if (n < 1 || word.ndim() != 2 || word.shape(1) != n || position.ndim() != 2 || position.shape(1) != n ||
+        (token_type && (token_type->ndim() != 2 || token_type->shape(1) != n || token_type->shape(0) < 1)))
+        throw std::invalid_argument(name + " takes embedding tables (rows, n) of one width n = " + std::to_string(n));
+}
+
 #ifdef FASTBERT_AVX512
 // out rows r0..r1 = LayerNorm(word + (position + token_type)) of each token's three table rows
 // (rows[3 r], rows[3 r + 1], rows[3 r + 2] or nullptr: no type table), the sum in that order.
@@ -341,9 +347,7 @@ bool embed_layer_norm_f32(const I64& ids, const I64& positions, const std::optio
     if (ids.ndim() != 1 || positions.ndim() != 1 || positions.size() != tokens || (types && (types->ndim() != 1 ||
         types->size() != tokens)))
         throw std::invalid_argument("embed_layer_norm_f32 takes ids, positions and types of one shape (tokens,)");
-    if (n < 1 || position.ndim() != 2 || position.shape(1) != n ||
-        (token_type && (token_type->ndim() != 2 || token_type->shape(1) != n || token_type->shape(0) < 1)))
-        throw std::invalid_argument("embed_layer_norm_f32 takes tables (rows, n) of one width n");
+    check_tables(word, position, token_type, n, "embed_layer_norm_f32");
     if (types && !token_type) throw std::invalid_argument("types need a token_type table");
     if (out.ndim() != 2 || out.shape(0) != tokens || out.shape(1) != n)
         throw std::invalid_argument("out must be (tokens, " + std::to_string(n) + ")");
@@ -388,10 +392,7 @@ class ShortForward {
         for (const py::handle layer : held_) layers_.push_back(layer.cast<const Layer*>());
         if (layers_.empty()) throw std::invalid_argument("ShortForward takes at least one layer");
         hidden_ = stack_width(layers_, "ShortForward");
-        if (word_.ndim() != 2 || word_.shape(1) != hidden_ || position_.ndim() != 2 || position_.shape(1) != hidden_ ||
-            (token_type_ && (token_type_->ndim() != 2 || token_type_->shape(1) != hidden_ || token_type_->shape(0) < 1)))
-            throw std::invalid_argument("ShortForward takes embedding tables (rows, " + std::to_string(hidden_) +
-                                        "), the layers' width");
+        check_tables(word_, position_, token_type_, hidden_, "ShortForward");   // the layers' width
         if (offset_ < 0) throw std::invalid_argument("ShortForward takes a position offset >= 0");
     }
 

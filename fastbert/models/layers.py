@@ -125,7 +125,21 @@ def _slices_of(fused: torch.Tensor, params) -> bool:
     return start == fused.shape[0]
 
 
-class PackedWeights:
+class FreshOnCopy:
+    """A cache of what a model can remake (packed weights, plans): a pickle or a deep copy of the model
+    starts with an empty one of its own, never a share of the original's."""
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+
+class PackedWeights(FreshOnCopy):
     """pack_weight copies of one layer's Linear weights, made on first use, for CPU fp32 inference.
 
     A copy is remade when a weight it was made from has other memory (replaced: `.to()`, `p.data = t`,
@@ -151,16 +165,6 @@ class PackedWeights:
             # the sources' tensors are kept: no other weight can take their memory while a stamp names it
             entry = self._entries[key] = (stamp, [p.detach() for p in sources], pack_weight(weight))
         return entry[2]
-
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.__init__()
-
-    def __deepcopy__(self, memo):
-        return PackedWeights()
-
 
 def _packed(store: Optional[PackedWeights], key, h, weight, bias, backend, residual=None, sources=None):
     """store's copy of weight when oneDNN runs this GEMM, else None."""
@@ -513,12 +517,12 @@ class LeanPlan:
     pack made once (FastLayer.lean_plan): its modules' tensors, the fused QKV bias, the packed weights
     (the layer's PackedWeights) and what says they are current. forward() runs the same ops as the
     layer's own forward, in the same order, without their per-op checks and dispatch."""
-    __slots__ = ("links", "modules", "params", "qkv_bias", "packed", "epilogue", "act_fn", "heads",
-                 "head_dim", "norms", "_native", "watch")
+    __slots__ = ("params", "qkv_bias", "packed", "epilogue", "act_fn", "heads", "head_dim", "norms", "_native",
+                 "watch")
 
     def __init__(self, layer: "FastLayer", links, modules, qkv_bias, packed):
         q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
-        self.links, self.modules, self.qkv_bias, self.packed = links, modules, qkv_bias, packed
+        self.qkv_bias, self.packed = qkv_bias, packed
         # (weight, bias) of each Linear and LayerNorm: the parameter objects, whose data can change
         self.params = [(m._parameters["weight"], m._parameters["bias"]) for m in (q, k, v, attn_out, ffn_in, ffn_out,
                                                                                  attn_norm, ffn_norm)]

@@ -15,10 +15,11 @@ from typing import List, Optional
 import torch
 
 from fastbert import _C
-from fastbert.models.layers import _HOOK_DICTS, FastLayer, Watch, _global_hooks, _hooked, _links, module_watch
+from fastbert.models.layers import (_HOOK_DICTS, FastLayer, FreshOnCopy, Watch, _global_hooks, _hooked, _links,
+                                    module_watch)
 
 
-class ShortPath:
+class ShortPath(FreshOnCopy):
     """A model's ShortForward and its Watch, made on first use and remade when the Watch fails. Not
     pickled or deep-copied: a copy makes its own."""
 
@@ -36,21 +37,12 @@ class ShortPath:
         out = built[1].run(input_ids, torch.get_num_threads())
         return None if out is None else torch.from_numpy(out)
 
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.__init__()
-
-    def __deepcopy__(self, memo):
-        return ShortPath()
-
 
 def _build(model):
     """(Watch, ShortForward) for `model` as it is now, or None: training, a backend other than "auto",
     a family whose embedding step is not its plain Embeddings module (EncoderModel.short_embeddings),
-    hooks on it,
-    tables that are not contiguous CPU float32, a layer without a lean plan with a native form."""
+    hooks on it, tables that are not contiguous CPU float32, a layer without a lean plan with a native
+    form."""
     emb = model.short_embeddings()
     layers = model.encoder_layers()
     if (emb is None or not layers or model.training or model._backend != "auto" or emb.training or _hooked(emb)
