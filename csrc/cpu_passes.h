@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #define FASTBERT_AVX512 1
 #define AVX512 __attribute__((target("avx512f")))
+#define AVX512_VNNI __attribute__((target("avx512f,avx512vnni")))
 #endif
 
 namespace fastbert {
@@ -26,6 +27,11 @@ namespace fastbert {
 #ifdef FASTBERT_AVX512
 inline bool has_avx512() {
     static const bool yes = __builtin_cpu_supports("avx512f");
+    return yes;
+}
+
+inline bool has_avx512_vnni() {
+    static const bool yes = has_avx512() && __builtin_cpu_supports("avx512vnni");
     return yes;
 }
 

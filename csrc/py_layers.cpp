@@ -9,6 +9,8 @@
 // module's own pool only (one 26-token MiniLM text on 2 threads: 2.8 ms p50 against 3.7), in one pool
 // run whose threads share each step (Schedule). AVX-512 only:
 // layers_forward returns False elsewhere (nothing written) and Python runs the layers one op at a time.
+// Int8Layer / run_int8_layers: the same stack for fastbert.quantize's int8 Linears (AVX-512 VNNI),
+// on the few-row int8 GEMM of py_quantized_linear.cpp and its per-row passes (ShortForward only).
 // layer_norm_f32 is the same LayerNorm (with an optional residual added first) on its own
 // (fastbert/ops/add_layer_norm.py's CPU fp32 inference path, e.g. the embeddings' LayerNorm).
 #include <pybind11/numpy.h>
@@ -32,6 +34,7 @@
 #include "cpu_attention.h"
 #include "cpu_linear.h"
 #include "cpu_passes.h"
+#include "cpu_quantized.h"
 
 namespace py = pybind11;
 
@@ -87,6 +90,60 @@ class Layer {
     }
     const int64_t hidden, heads, head_dim;
     const Linear qkv, out, ffn_in, ffn_out;
+    const Norm norm1, norm2;
+};
+
+using I8 = py::array_t<int8_t, py::array::c_style>;
+
+// One int8 weight as the few-row int8 GEMM reads it (int8_gemm_pack's panels) and the per_token
+// rescale's per-column numbers (fastbert/ops/quantized_linear.py's PackedLinear): n outputs from k inputs.
+struct Int8Linear {
+    I8 packed;
+    F32 w_scale, wsum, bias;
+    int64_t n, k;
+    Int8Linear(const py::tuple& parts, int64_t in, const char* name) {
+        if (parts.size() != 4)
+            throw std::invalid_argument(std::string(name) + ": takes (packed, w_scale, wsum, bias)");
+        packed = parts[0].cast<I8>(), w_scale = parts[1].cast<F32>(), wsum = parts[2].cast<F32>();
+        bias = parts[3].cast<F32>();
+        n = bias.size(), k = in;
+        if (bias.ndim() != 1 || w_scale.ndim() != 1 || wsum.ndim() != 1 || w_scale.size() != n || wsum.size() != n)
+            throw std::invalid_argument(std::string(name) + ": w_scale, wsum and bias must have n entries");
+        if (n % 16 != 0 || k % 16 != 0)
+            throw std::invalid_argument(std::string(name) + ": takes n and k multiples of 16, got " + std::to_string(n) +
+                                        " x " + std::to_string(k));
+        if (packed.ndim() != 2 || packed.shape(0) != (n + kPanel - 1) / kPanel || packed.shape(1) != int8_panel_bytes(k))
+            throw std::invalid_argument(std::string(name) + ": packed must be int8_gemm_pack's (" +
+                                        std::to_string((n + kPanel - 1) / kPanel) + ", " +
+                                        std::to_string(int8_panel_bytes(k)) + ")");
+        if (reinterpret_cast<uintptr_t>(packed.data()) % 64 != 0)
+            throw std::invalid_argument(std::string(name) + ": packed must be 64-byte aligned");
+    }
+    Int8Rescale rescale(const float* scale, const float* mid) const {
+        return {scale, mid, wsum.data(), bias.data(), w_scale.data()};
+    }
+};
+
+// A post-LayerNorm layer with int8 Linears (fastbert.quantize's per_token ones), as FastLayer.forward
+// runs it: each GEMM's input quantized per row, the rescale (with the GELU, or the residual add and
+// LayerNorm) after it. The same passes and the exact int32 sums torch's GEMMs give, so the same bits.
+class Int8Layer {
+ public:
+    Int8Layer(const py::tuple& qkv, const py::tuple& out, const py::tuple& ffn_in, const py::tuple& ffn_out,
+              F32 norm1_weight, F32 norm1_bias, float eps1, F32 norm2_weight, F32 norm2_bias, float eps2,
+              int64_t heads, int64_t head_dim)
+        : hidden(heads * head_dim), heads(heads), head_dim(head_dim), qkv(qkv, hidden, "qkv"), out(out, hidden, "out"),
+          ffn_in(ffn_in, hidden, "ffn_in"), ffn_out(ffn_out, this->ffn_in.n, "ffn_out"),
+          norm1(std::move(norm1_weight), std::move(norm1_bias), eps1, hidden, "norm1"),
+          norm2(std::move(norm2_weight), std::move(norm2_bias), eps2, hidden, "norm2") {
+        if (head_dim % 16 != 0 || head_dim > 128 || heads < 1)
+            throw std::invalid_argument("Int8Layer takes head_dim 16, 32, ... 128, got " + std::to_string(head_dim));
+        if (this->qkv.n != 3 * hidden || this->out.n != hidden || this->ffn_out.n != hidden)
+            throw std::invalid_argument("qkv must give 3 x hidden outputs, out and ffn_out hidden (" +
+                                        std::to_string(hidden) + ")");
+    }
+    const int64_t hidden, heads, head_dim;
+    const Int8Linear qkv, out, ffn_in, ffn_out;
     const Norm norm1, norm2;
 };
 
@@ -234,11 +291,81 @@ void run_layers(float* h, int64_t tokens, const int64_t* bounds, int64_t batch, 
     }
     plan.run(threads);
 }
+
+// run_layers for Int8Layers: h (tokens, hidden) in place, the same Schedule of steps, each GEMM's input
+// quantized per row (scales and midpoints in rs / rm) and given to the GEMM as unsigned codes.
+void run_int8_layers(float* h, int64_t tokens, const int64_t* bounds, int64_t batch,
+                     const std::vector<const Int8Layer*>& layers, float scale, int threads) {
+    const int64_t hidden = layers[0]->hidden, heads = layers[0]->heads, head_dim = layers[0]->head_dim;
+    int64_t widest = 0;
+    for (const Int8Layer* layer : layers) widest = std::max(widest, layer->ffn_in.n);
+    std::vector<float> qkv(tokens * 3 * hidden), ctx(tokens * hidden), mid(tokens * hidden), ffn(tokens * widest);
+    std::vector<int32_t> sums(tokens * hidden);
+    std::vector<int8_t> codes(tokens * widest);
+    std::vector<uint8_t> u(tokens * widest);
+    std::vector<float> rs(tokens), rm(tokens);
+    threads = std::max(1, threads);
+    // a GEMM step: out = the rows' codes (u, k per row) times w, stored as `store` says, in chunks of panels
+    const auto gemm = [&](Schedule& plan, int64_t k, const Int8Linear& w, Int8Store store, void* out) {
+        const int64_t panels = (w.n + kPanel - 1) / kPanel, chunks = chunks_of(panels, threads);
+        plan.add(chunks, [=, &w, &u, &rs, &rm](int64_t i) {
+            int8_gemm_panels(u.data(), tokens, k, w.packed.data(), w.n, store, w.rescale(rs.data(), rm.data()), out,
+                             panels * i / chunks, panels * (i + 1) / chunks);
+        });
+    };
+    // a step on row ranges (one when the rows are few, as run_layers' LayerNorm)
+    constexpr int64_t kMinValuesPerChunk = 1 << 14;
+    const auto rows_step = [&](Schedule& plan, int64_t width, std::function<void(int64_t, int64_t)> fn) {
+        const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads, tokens * width / kMinValuesPerChunk));
+        plan.add(chunks, [=](int64_t i) { fn(tokens * i / chunks, tokens * (i + 1) / chunks); });
+    };
+    // rows [r0, r1) of x (width k) quantized, as the next GEMM takes them
+    const auto quantize = [&](const float* x, int64_t k, int64_t r0, int64_t r1) {
+        int8_quantize_rows_avx512(x + r0 * k, codes.data() + r0 * k, rs.data() + r0, rm.data() + r0, r1 - r0, k);
+        int8_to_unsigned(codes.data() + r0 * k, u.data() + r0 * k, (r1 - r0) * k);
+    };
+    // rows [r0, r1) of y = LayerNorm(rescale(sums) + res), by w's rescale
+    const auto add_norm = [&](const Int8Linear& w, const float* res, const Norm& n, float* y, int64_t r0, int64_t r1) {
+        int8_rescale_add_norm_avx512(sums.data() + r0 * hidden, w.rescale(rs.data() + r0, rm.data() + r0),
+                                     y + r0 * hidden, res + r0 * hidden, n.weight.data(), n.bias.data(), n.eps,
+                                     r1 - r0, hidden);
+    };
+    Schedule plan;
+    rows_step(plan, hidden, [=, &quantize](int64_t r0, int64_t r1) { quantize(h, hidden, r0, r1); });
+    for (size_t li = 0; li < layers.size(); ++li) {
+        const Int8Layer* L = layers[li];
+        const bool last = li + 1 == layers.size();
+        const float* q = qkv.data();
+        gemm(plan, hidden, L->qkv, Int8Store::kRescale, qkv.data());
+        const int64_t tasks = batch * heads, chunks = chunks_of(tasks, threads);   // (sequence, head) tasks
+        plan.add(chunks, [=, &ctx](int64_t c) {
+            for (int64_t t = tasks * c / chunks; t < tasks * (c + 1) / chunks; ++t)
+                attention_task(q, q + hidden, q + 2 * hidden, 3 * hidden, 3 * hidden, 3 * hidden, bounds, heads,
+                               head_dim, ctx.data(), scale, t);
+        });
+        rows_step(plan, hidden, [=, &quantize, &ctx](int64_t r0, int64_t r1) { quantize(ctx.data(), hidden, r0, r1); });
+        gemm(plan, hidden, L->out, Int8Store::kSums, sums.data());
+        rows_step(plan, hidden, [=, &add_norm, &quantize, &mid](int64_t r0, int64_t r1) {
+            add_norm(L->out, h, L->norm1, mid.data(), r0, r1);
+            quantize(mid.data(), hidden, r0, r1);
+        });
+        gemm(plan, hidden, L->ffn_in, Int8Store::kRescaleGelu, ffn.data());
+        const int64_t width = L->ffn_in.n;
+        rows_step(plan, width, [=, &quantize, &ffn](int64_t r0, int64_t r1) { quantize(ffn.data(), width, r0, r1); });
+        gemm(plan, width, L->ffn_out, Int8Store::kSums, sums.data());
+        rows_step(plan, hidden, [=, &add_norm, &quantize, &mid](int64_t r0, int64_t r1) {
+            add_norm(L->ffn_out, mid.data(), L->norm2, h, r0, r1);
+            if (!last) quantize(h, hidden, r0, r1);
+        });
+    }
+    plan.run(threads);
+}
 #endif
 
 // The layers' common shape (hidden), checked: one (heads, head_dim) for all.
-int64_t stack_width(const std::vector<const Layer*>& layers, const char* name) {
-    for (const Layer* layer : layers)
+template <typename L>
+int64_t stack_width(const std::vector<const L*>& layers, const char* name) {
+    for (const L* layer : layers)
         if (layer->hidden != layers[0]->hidden || layer->heads != layers[0]->heads ||
             layer->head_dim != layers[0]->head_dim)
             throw std::invalid_argument(std::string(name) + " takes layers of one shape (heads, head_dim)");
@@ -378,7 +505,8 @@ bool embed_layer_norm_f32(const I64& ids, const I64& positions, const std::optio
 
 // One short sequence's whole forward (fastbert/models/short_forward.py: a CPU float32 batch of one
 // text): the embeddings' lookups and LayerNorm as embed_layer_norm_f32 gives them (type 0, positions
-// offset, offset + 1, ...), then every layer as layers_forward, in one call from a list of token ids.
+// offset, offset + 1, ...), then every layer as layers_forward (Layers) or run_int8_layers (Int8Layers,
+// on AVX-512 VNNI), in one call from a list of token ids.
 // A short text's forward streams the weights through the caches, so each Python step around it runs
 // cold: here the embeddings, the layers and their conversions are one step. The arrays are the
 // model's own (views), held here; Python checks before each call that they still are.
@@ -389,9 +517,13 @@ class ShortForward {
         : word_(std::move(word)), position_(std::move(position)), token_type_(std::move(token_type)),
           norm_(std::move(weight), std::move(bias), eps, word_.ndim() == 2 ? word_.shape(1) : -1, "ShortForward"),
           offset_(offset), scale_(scale), held_(std::move(layers)) {
-        for (const py::handle layer : held_) layers_.push_back(layer.cast<const Layer*>());
-        if (layers_.empty()) throw std::invalid_argument("ShortForward takes at least one layer");
-        hidden_ = stack_width(layers_, "ShortForward");
+        for (const py::handle layer : held_) {
+            if (py::isinstance<Int8Layer>(layer)) int8_.push_back(layer.cast<const Int8Layer*>());
+            else layers_.push_back(layer.cast<const Layer*>());
+        }
+        if (layers_.empty() == int8_.empty())
+            throw std::invalid_argument("ShortForward takes at least one layer, all Layers or all Int8Layers");
+        hidden_ = layers_.empty() ? stack_width(int8_, "ShortForward") : stack_width(layers_, "ShortForward");
         check_tables(word_, position_, token_type_, hidden_, "ShortForward");   // the layers' width
         if (offset_ < 0) throw std::invalid_argument("ShortForward takes a position offset >= 0");
     }
@@ -411,14 +543,15 @@ class ShortForward {
             rows[3 * i + 2] = t;
         }
 #ifdef FASTBERT_AVX512
-        if (!has_avx512()) return py::none();
+        if (!has_avx512() || (!int8_.empty() && !int8_gemm_available())) return py::none();
         F32 out({tokens, hidden_});
         float* h = out.mutable_data();
         const int64_t bounds[2] = {0, tokens};
         {
             py::gil_scoped_release nogil;
             embed_rows(rows.data(), 0, tokens, hidden_, norm_, h);
-            run_layers(h, tokens, bounds, 1, layers_, scale_, threads);
+            if (int8_.empty()) run_layers(h, tokens, bounds, 1, layers_, scale_, threads);
+            else run_int8_layers(h, tokens, bounds, 1, int8_, scale_, threads);
         }
         return std::move(out);
 #else
@@ -433,8 +566,9 @@ class ShortForward {
     Norm norm_;
     int64_t offset_, hidden_ = 0;
     float scale_;
-    py::list held_;   // keeps the Layer objects alive
+    py::list held_;   // keeps the layer objects alive
     std::vector<const Layer*> layers_;
+    std::vector<const Int8Layer*> int8_;
 };
 
 }  // namespace
@@ -446,6 +580,12 @@ void bind_layers(py::module_& m) {
              py::arg("out_bias").noconvert(), py::arg("norm1_weight").noconvert(), py::arg("norm1_bias").noconvert(),
              py::arg("eps1"), py::arg("ffn_in").noconvert(), py::arg("ffn_in_bias").noconvert(),
              py::arg("ffn_out").noconvert(), py::arg("ffn_out_bias").noconvert(), py::arg("norm2_weight").noconvert(),
+             py::arg("norm2_bias").noconvert(), py::arg("eps2"), py::arg("heads"), py::arg("head_dim"));
+    py::class_<Int8Layer>(m, "Int8Layer")
+        .def(py::init<const py::tuple&, const py::tuple&, const py::tuple&, const py::tuple&, F32, F32, float, F32, F32,
+                      float, int64_t, int64_t>(),
+             py::arg("qkv"), py::arg("out"), py::arg("ffn_in"), py::arg("ffn_out"), py::arg("norm1_weight").noconvert(),
+             py::arg("norm1_bias").noconvert(), py::arg("eps1"), py::arg("norm2_weight").noconvert(),
              py::arg("norm2_bias").noconvert(), py::arg("eps2"), py::arg("heads"), py::arg("head_dim"));
     m.def("layer_norm_f32", &layer_norm_f32, py::arg("x").noconvert(), py::arg("residual").noconvert().none(true),
           py::arg("weight").noconvert(), py::arg("bias").noconvert(), py::arg("eps"), py::arg("out").noconvert(),

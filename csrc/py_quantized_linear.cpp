@@ -23,15 +23,19 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_passes.h"
+#include "cpu_quantized.h"
 
 namespace py = pybind11;
 
@@ -105,6 +109,9 @@ void rescale_add_norm_plain(const A* acc, const float* w_scale, float* y, const 
         for (int64_t c = 0; c < n; ++c) yr[c] = (yr[c] - mean) * rstd * gamma[c] + beta[c];
     }
 }
+
+// the few-row int8 GEMM's weight layout (int8_gemm_pack, below)
+constexpr int64_t kI8Panel = 32, kI8Group = 4, kI8GroupBytes = kI8Panel * kI8Group;
 
 #ifdef FASTBERT_AVX512
 
@@ -203,6 +210,105 @@ AVX512 void rescale_add_norm_avx512(const A* acc, const float* w_scale, float* y
             _mm512_storeu_ps(yr + c, _mm512_fmadd_ps(d, _mm512_loadu_ps(gamma + c), _mm512_loadu_ps(beta + c)));
         }
         for (; c < n; ++c) yr[c] = (yr[c] - mean) * rstd * gamma[c] + beta[c];
+    }
+}
+
+// ---- the few-row int8 GEMM (int8_gemm; the int8 short forward in py_layers.cpp) ----
+// At a few dozen rows (one short text) a GEMM mostly streams its weight: torch's int8 GEMMs took 2-5x
+// the time of reading the int8 weight once there (18 rows; 12-29 us per MiniLM shape in a loop, 53 us
+// cold in an encode). Here each 32-column panel is read once for all the rows, as linear_f32 does in
+// fp32. Layout: panel p holds k / 4 groups of 128 bytes (columns p*32 .. p*32+15, then +16 .. +31, each
+// column's 4 consecutive inputs), then 32 int32 corrections. vpdpbusd multiplies unsigned by signed
+// bytes, so the activation codes q (signed, -127..127) enter as u = q + 128 (q xor 0x80, made once per
+// GEMM: flipped in the loop, the xor took a third of the vector ports) and each column's sum drops
+// 128 * sum_k W_ck after: exact int32 arithmetic, the same sums as torch._int_mm.
+constexpr int kI8MaxRows = 14;           // 28 accumulators of the 32 vector registers
+constexpr int64_t kI8SliceGroups = 128;  // 512 inputs, a 16 KB slice of panel, stays in L1 across row blocks
+
+struct I8Gemm {
+    const uint8_t* u;
+    const int8_t* packed;
+    int64_t m, n, k, panel_bytes;
+    Int8Store store;
+    Int8Rescale rs;
+    void* out;
+};
+
+// rows [r0, r0 + R) times panel p over groups [g0, g1): added to the partial sums in out (g0 > 0); after
+// the last group, corrected and stored as g.store says.
+template <int R>
+AVX512_VNNI void int8_microkernel(const I8Gemm& g, int64_t r0, int64_t p, int64_t g0, int64_t g1, bool prefetch) {
+    const int64_t c0 = p * kI8Panel, cols = std::min<int64_t>(kI8Panel, g.n - c0), groups = g.k / kI8Group;
+    const __mmask16 m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+    const __mmask16 m1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+    const int8_t* panel = g.packed + p * g.panel_bytes;
+    const int8_t* w = panel + g0 * kI8GroupBytes;
+    const auto* x = reinterpret_cast<const uint8_t*>(g.u) + r0 * g.k;   // 4 codes at a time
+    const char* next = reinterpret_cast<const char*>(w + (prefetch ? (g1 - g0) * kI8GroupBytes : 0));
+    __m512i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    for (int64_t j = g0; j < g1; ++j, w += kI8GroupBytes, next += kI8GroupBytes) {
+        _mm_prefetch(next, _MM_HINT_T0);
+        _mm_prefetch(next + 64, _MM_HINT_T0);
+        const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 64);
+        for (int r = 0; r < R; ++r) {
+            int32_t four;
+            std::memcpy(&four, x + r * g.k + j * kI8Group, sizeof four);
+            const __m512i u = _mm512_set1_epi32(four);
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], u, w0);
+            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], u, w1);
+        }
+    }
+    const bool last = g1 == groups;
+    const auto* corr = reinterpret_cast<const int32_t*>(panel + groups * kI8GroupBytes);
+    const __mmask16 masks[2] = {m0, m1};
+    for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        for (int h = 0; h < 2; ++h) {
+            const __mmask16 mk = masks[h];
+            if (!mk) continue;
+            const int64_t c = c0 + 16 * h;
+            auto* o = static_cast<int32_t*>(g.out) + row * g.n + c;
+            __m512i s = acc[r][h];
+            if (g0 > 0) s = _mm512_add_epi32(s, _mm512_maskz_loadu_epi32(mk, o));
+            if (!last || g.store == Int8Store::kSums) {
+                if (last) s = _mm512_sub_epi32(s, _mm512_maskz_loadu_epi32(mk, corr + 16 * h));
+                _mm512_mask_storeu_epi32(o, mk, s);
+                continue;
+            }
+            s = _mm512_sub_epi32(s, _mm512_maskz_loadu_epi32(mk, corr + 16 * h));
+            // rescale_rows_avx512's instructions, in its order
+            const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(g.rs.mid[row]), _mm512_maskz_loadu_ps(mk, g.rs.wsum + c),
+                                             _mm512_maskz_loadu_ps(mk, g.rs.bias + c));
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_maskz_loadu_ps(mk, g.rs.w_scale + c));
+            __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(g.rs.scale[row]), f, t);
+            if (g.store == Int8Store::kRescaleGelu) v = gelu_avx512(v);
+            _mm512_mask_storeu_ps(reinterpret_cast<float*>(o), mk, v);
+        }
+    }
+}
+
+using I8Kernel = void (*)(const I8Gemm&, int64_t, int64_t, int64_t, int64_t, bool);
+
+template <int... R>
+constexpr auto int8_kernel_table(std::integer_sequence<int, R...>) {
+    return std::array<I8Kernel, sizeof...(R)>{&int8_microkernel<R + 1>...};
+}
+
+// Panels [p0, p1), each in slices of groups used by every row block while in L1 (rows in blocks of
+// near-equal size, at most kI8MaxRows each); one slice when the rows are one block.
+AVX512_VNNI void int8_run_panels(const I8Gemm& g, int64_t p0, int64_t p1) {
+    static constexpr auto kernels = int8_kernel_table(std::make_integer_sequence<int, kI8MaxRows>{});
+    const int64_t blocks = (g.m + kI8MaxRows - 1) / kI8MaxRows, groups = g.k / kI8Group;
+    const int64_t slice = blocks == 1 ? groups : kI8SliceGroups;
+    for (int64_t p = p0; p < p1; ++p) {
+        for (int64_t g0 = 0; g0 < groups; g0 += slice) {
+            const int64_t g1 = std::min(groups, g0 + slice);
+            for (int64_t b = 0; b < blocks; ++b) {
+                const int64_t r0 = g.m * b / blocks, r1 = g.m * (b + 1) / blocks;
+                kernels[r1 - r0 - 1](g, r0, p, g0, g1, b == blocks - 1 && (p + 1 < p1 || g1 < groups));
+            }
+        }
     }
 }
 
@@ -358,7 +464,105 @@ void rescale_add_norm(const py::array& y, const F32& scale, const F32& mid, cons
     });
 }
 
+
+int64_t i8_panels_of(int64_t n) { return (n + kI8Panel - 1) / kI8Panel; }
+
+// weight (n, k) int8 -> packed (ceil(n / 32), int8_panel_bytes(k)), 64-byte aligned (the layout above)
+void int8_gemm_pack(const I8& weight, I8& packed) {
+    const auto bw = weight.request(), bp = packed.request(true);
+    if (bw.ndim != 2 || bw.shape[1] % kI8Group != 0)
+        throw std::invalid_argument("int8_gemm_pack takes a weight (n, k) with k a multiple of 4");
+    const int64_t n = bw.shape[0], k = bw.shape[1], groups = k / kI8Group, bytes = int8_panel_bytes(k);
+    if (bp.ndim != 2 || bp.shape[0] != i8_panels_of(n) || bp.shape[1] != bytes)
+        throw std::invalid_argument("packed must have shape (" + std::to_string(i8_panels_of(n)) + ", " +
+                                    std::to_string(bytes) + ") for a weight (" + std::to_string(n) + ", " +
+                                    std::to_string(k) + ")");
+    if (reinterpret_cast<uintptr_t>(bp.ptr) % 64 != 0) throw std::invalid_argument("packed must be 64-byte aligned");
+    const auto* w = static_cast<const int8_t*>(bw.ptr);
+    auto* out = static_cast<int8_t*>(bp.ptr);
+    py::gil_scoped_release nogil;
+    for (int64_t p = 0; p < i8_panels_of(n); ++p) {
+        int8_t* panel = out + p * bytes;
+        int32_t corr[kI8Panel];
+        for (int64_t c = 0; c < kI8Panel; ++c) {
+            const int64_t col = p * kI8Panel + c;
+            int32_t sum = 0;
+            for (int64_t j = 0; j < k; ++j) {
+                const int8_t v = col < n ? w[col * k + j] : 0;
+                panel[(j / kI8Group) * kI8GroupBytes + (c / 16) * 64 + (c % 16) * kI8Group + j % kI8Group] = v;
+                sum += v;
+            }
+            corr[c] = 128 * sum;
+        }
+        std::memcpy(panel + groups * kI8GroupBytes, corr, sizeof corr);
+    }
+}
+
+// out (m, n) int32 = q (m, k) int8 times packed's columns: exact sums, the panels split over up to `threads`
+// (a test's and a bench's entry: the int8 short forward calls int8_gemm_panels itself)
+void int8_gemm(const I8& q, const I8& packed, py::array_t<int32_t, py::array::c_style>& out, int threads) {
+    if (!int8_gemm_available()) throw std::runtime_error("int8_gemm needs a CPU with AVX-512 VNNI (int8_gemm_available())");
+    const auto bq = q.request(), bp = packed.request(), bo = out.request(true);
+    if (bq.ndim != 2 || bq.shape[1] % kI8Group != 0 || bp.ndim != 2 || bp.shape[1] != int8_panel_bytes(bq.shape[1]))
+        throw std::invalid_argument("int8_gemm takes q (m, k), k a multiple of 4, and a weight packed for that k");
+    const int64_t m = bq.shape[0], k = bq.shape[1];
+    if (bo.ndim != 2 || bo.shape[0] != m || i8_panels_of(bo.shape[1]) != bp.shape[0])
+        throw std::invalid_argument("out must be (m, n) with packed's ceil(n / 32) panels");
+    if (reinterpret_cast<uintptr_t>(bp.ptr) % 64 != 0) throw std::invalid_argument("packed must be 64-byte aligned");
+    const int64_t n = bo.shape[1], panels = bp.shape[0];
+    if (m == 0 || n == 0) return;
+    const auto* pp = static_cast<const int8_t*>(bp.ptr);
+    py::gil_scoped_release nogil;
+    std::vector<uint8_t> u(static_cast<size_t>(m * k));
+    int8_to_unsigned(static_cast<const int8_t*>(bq.ptr), u.data(), m * k);
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(threads, panels));
+    run_tasks(tasks, threads, [&](int64_t i) {
+        int8_gemm_panels(u.data(), m, k, pp, n, Int8Store::kSums, Int8Rescale{}, bo.ptr, panels * i / tasks,
+                         panels * (i + 1) / tasks);
+    });
+}
+
 }  // namespace
+
+bool int8_gemm_available() {
+#ifdef FASTBERT_AVX512
+    return has_avx512_vnni();
+#else
+    return false;
+#endif
+}
+
+int64_t int8_panel_bytes(int64_t k) { return (k / kI8Group) * kI8GroupBytes + kI8Panel * 4; }
+
+void int8_to_unsigned(const int8_t* q, uint8_t* u, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) u[i] = static_cast<uint8_t>(q[i] ^ 0x80);
+}
+
+void int8_gemm_panels(const uint8_t* u, int64_t m, int64_t k, const int8_t* packed, int64_t n, Int8Store store,
+                      const Int8Rescale& rescale, void* out, int64_t p0, int64_t p1) {
+#ifdef FASTBERT_AVX512
+    int8_run_panels(I8Gemm{u, packed, m, n, k, int8_panel_bytes(k), store, rescale, out}, p0, p1);
+#else
+    (void)u, (void)m, (void)k, (void)packed, (void)n, (void)store, (void)rescale, (void)out, (void)p0, (void)p1;
+#endif
+}
+
+void int8_quantize_rows_avx512(const float* x, int8_t* q, float* scale, float* mid, int64_t rows, int64_t k) {
+#ifdef FASTBERT_AVX512
+    quantize_rows_avx512(x, q, scale, mid, rows, k);
+#else
+    (void)x, (void)q, (void)scale, (void)mid, (void)rows, (void)k;
+#endif
+}
+
+void int8_rescale_add_norm_avx512(const int32_t* sums, const Int8Rescale& rs, float* y, const float* res,
+                                  const float* gamma, const float* beta, float eps, int64_t rows, int64_t n) {
+#ifdef FASTBERT_AVX512
+    rescale_add_norm_avx512(sums, rs.w_scale, y, rs.scale, rs.mid, rs.wsum, rs.bias, res, gamma, beta, eps, rows, n);
+#else
+    (void)sums, (void)rs, (void)y, (void)res, (void)gamma, (void)beta, (void)eps, (void)rows, (void)n;
+#endif
+}
 
 void bind_int8_rows(py::module_& m) {
     // noconvert: a wrong dtype or a strided array is an error, never a silent copy the result is lost in
@@ -379,6 +583,11 @@ void bind_int8_rows(py::module_& m) {
           py::arg("residual").noconvert(), py::arg("gamma").noconvert(), py::arg("beta").noconvert(),
           py::arg("eps"), py::arg("threads") = 1, py::arg("simd") = true,
           py::arg("w_scale").noconvert() = py::none());
+    m.def("int8_gemm_available", &int8_gemm_available);
+    m.def("int8_panel_bytes", &int8_panel_bytes, py::arg("k"));
+    m.def("int8_gemm_pack", &int8_gemm_pack, py::arg("weight").noconvert(), py::arg("packed").noconvert());
+    m.def("int8_gemm", &int8_gemm, py::arg("q").noconvert(), py::arg("packed").noconvert(), py::arg("out").noconvert(),
+          py::arg("threads") = 1);
 }
 
 }  // namespace fastbert

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import fastbert
+from fastbert import _C
 from fastbert.ops import quantized_linear as ql
 from fastbert._quantize import QuantizedLinear, quantize
 
@@ -223,6 +224,46 @@ def test_small_row_gemm_gives_the_onednn_bits(monkeypatch, rows):
     assert all(torch.equal(a, b) for a, b in zip(got[0], got[rows]))
     # a weight larger than INT_MM_MAX_WEIGHT (bert-base's FFN) stays on oneDNN's GEMM, where _int_mm was slower
     assert ql.pack(torch.randn(3072, 768)).qweight_t is None and inner.qweight_t is not None
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 4, 1), (14, 384, 1152), (15, 64, 33), (29, 1536, 384), (80, 520, 96),
+                                   (0, 8, 5)])
+def test_few_row_int8_gemm_gives_the_exact_sums(m, k, n):
+    """fastbert's few-row int8 GEMM (the int8 short forward's; csrc/py_quantized_linear.cpp) gives the exact
+    int32 sums, as torch._int_mm: one row block and several (15, 29, 80 rows: blocks of at most 14), a
+    last panel with 1 or 17 of its 32 columns, k past one 512-input slice, codes at both ends of the
+    range, no rows."""
+    if not _C.int8_gemm_available():
+        pytest.skip("the few-row int8 GEMM needs a CPU with AVX-512 VNNI")
+    g = torch.Generator().manual_seed(m * 7 + n)
+    q = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    if m:
+        q[0], w[0] = 127, -127                          # the extremes: each product at its largest
+    packed = ql.gemm_panels(ql.pack_quantized(w, torch.ones(n), None, "per_token", False))
+    out = torch.full((m, n), 7, dtype=torch.int32)
+    _C.int8_gemm(q.numpy(), packed, out.numpy(), 2)
+    assert torch.equal(out.long(), q.long() @ w.long().t())
+    if m:
+        one = torch.empty((1, n), dtype=torch.int32)
+        _C.int8_gemm(q[-1:].numpy(), packed, one.numpy(), 1)   # a row alone: its own sums
+        assert torch.equal(one, out[-1:])
+
+
+def test_few_row_int8_gemm_errors_name_the_problem():
+    if not _C.int8_gemm_available():
+        pytest.skip("the few-row int8 GEMM needs a CPU with AVX-512 VNNI")
+    w = torch.zeros(5, 6, dtype=torch.int8)
+    with pytest.raises(ValueError, match="k a multiple of 4"):
+        _C.int8_gemm_pack(w.numpy(), torch.empty(1, 256, dtype=torch.int8).numpy())
+    packed = ql.gemm_panels(ql.pack_quantized(torch.zeros(5, 8, dtype=torch.int8), torch.ones(5), None, "per_token",
+                                              False))
+    with pytest.raises(ValueError, match="weight packed for that k"):
+        _C.int8_gemm(torch.zeros(2, 12, dtype=torch.int8).numpy(), packed, torch.empty(2, 5, dtype=torch.int32).numpy())
+    with pytest.raises(ValueError, match="out must be"):
+        _C.int8_gemm(torch.zeros(2, 8, dtype=torch.int8).numpy(), packed, torch.empty(2, 40, dtype=torch.int32).numpy())
+    with pytest.raises(TypeError):                      # a float32 out is not converted behind the caller's back
+        _C.int8_gemm(torch.zeros(2, 8, dtype=torch.int8).numpy(), packed, torch.empty(2, 5).numpy())
 
 
 def test_quantized_gelu_rows_feed_the_next_gemm_as_its_own_quantization():

@@ -579,6 +579,44 @@ class LeanPlan:
         return F.layer_norm(packed_linear(h, ffn_out_packed, ffn_out_bias, residual=x), shape2, w2, b2, eps2)
 
 
+def int8_native(layer: nn.Module) -> Optional[tuple]:
+    """(fastbert._C.Int8Layer, Watch): `layer` with fastbert.quantize's int8 Linears as the short forward
+    runs it (csrc/py_layers.cpp: run_int8_layers, the same passes as FastLayer.forward's int8 steps and
+    the same exact int32 sums, so the same bits), and what says it is still the layer's; None where that
+    cannot run it: not FastLayer's own post-LN layer, training, hooks, a Linear that is not a plain
+    per_token QuantizedLinear, LayerNorms without float32 weight and bias, an activation other than the
+    erf GELU, widths that are not multiples of 16, a CPU without AVX-512 VNNI."""
+    if (not isinstance(layer, FastLayer) or layer.training or _hooked(layer) or not _lean_class(type(layer))
+            or layer.activation.epilogue != "gelu" or not _C.int8_gemm_available()):
+        return None
+    p = layer.parts()
+    linears = (p.query, p.key, p.value, p.attn_out, p.ffn_in, p.ffn_out)
+    norms = (p.attn_norm, p.ffn_norm)
+    hidden = layer.num_heads * layer.head_dim
+    if (not all(is_plain(m, QuantizedLinear) and m.backend == "per_token" for m in linears)
+            or len({m.bias is None for m in linears[:3]}) != 1
+            or not all(is_plain(n, nn.LayerNorm) and n.weight is not None and n.bias is not None
+                       and n.weight.dtype == n.bias.dtype == torch.float32 and tuple(n.normalized_shape) == (hidden,)
+                       for n in norms)
+            or layer.head_dim % 16 or layer.head_dim > 128 or p.ffn_in.out_features % 16):
+        return None
+    modules = (p.query, p.key, p.value, p.attn_out, p.attn_norm, p.ffn_in, p.ffn_out, p.ffn_norm)
+    links = _links(layer, modules)
+    if links is None:
+        return None
+
+    def weight(packed: ql.PackedLinear):
+        return ql.gemm_panels(packed), packed.w_scale, packed.wsum, packed.bias_or_zeros
+    norm1, norm2 = ((n.weight.detach().numpy(), n.bias.detach().numpy(), float(n.eps)) for n in norms)
+    native = _C.Int8Layer(weight(_joined_int8(linears[:3], layer._qkv_cache)), weight(p.attn_out._packed),
+                          weight(p.ffn_in._packed), weight(p.ffn_out._packed), *norm1, *norm2, layer.num_heads,
+                          layer.head_dim)
+    # the packed weights are rebuilt, not written, when a QuantizedLinear's buffers are loaded
+    flags = [(m.__dict__, "_packed", m._packed) for m in linears]
+    flags += [(layer.__dict__, "activation", layer.activation), *((n.__dict__, "eps", n.eps) for n in norms)]
+    return native, Watch.joined([module_watch(links, modules), Watch(flags)])
+
+
 def _build_plan(layer: "FastLayer", modules) -> Optional[LeanPlan]:
     q, k, v, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm = modules
     linears = (q, k, v, attn_out, ffn_in, ffn_out)

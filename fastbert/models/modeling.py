@@ -453,10 +453,11 @@ class EncoderModel(FastPreTrainedModel):
     def short_states(self, input_ids: List[int]) -> Optional[torch.Tensor]:
         """The last hidden state (tokens, hidden) of one sequence of token ids (a list of ints; type 0,
         positions as packed_states numbers them), where its whole forward is one C++ call
-        (fastbert.models.short_forward): float32 inference of at most STACK_MAX_TOKENS tokens on a CPU,
-        the family's embeddings plain (short_embeddings), every layer on the lean path with a native
-        form. None elsewhere: the caller runs packed_states. The values are packed_states'; what is
-        left out is its plumbing for any batch, on any device (fastbert.Encoder's batch 1)."""
+        (fastbert.models.short_forward): float32 or int8 (fastbert.quantize) inference of at most
+        STACK_MAX_TOKENS tokens on a CPU, the family's embeddings plain (short_embeddings), every layer
+        with a native form (the lean path's, or layers.int8_native). None elsewhere: the caller runs
+        packed_states. The values are packed_states'; what is left out is its plumbing for any batch, on
+        any device (fastbert.Encoder's batch 1)."""
         if not 0 < len(input_ids) <= STACK_MAX_TOKENS or torch.is_grad_enabled():
             return None
         return self._short_path.states(self, input_ids)

@@ -1,6 +1,7 @@
 """One short sequence's whole forward as one C++ call (fastbert._C.ShortForward): the embeddings'
-lookups and LayerNorm, then every layer's native form (layers.LeanPlan.native), from a list of token
-ids. EncoderModel.short_states runs it for fastbert.Encoder's batch 1 on a CPU.
+lookups and LayerNorm, then every layer's native form (layers.LeanPlan.native for float32 layers,
+layers.int8_native for fastbert.quantize's int8 ones), from a list of token ids.
+EncoderModel.short_states runs it for fastbert.Encoder's batch 1 on a CPU.
 
 A short text's forward streams the weights (42 MB for all-MiniLM-L6-v2) through the caches, so each
 Python and torch step before and after it runs cold, several times slower than in a loop: the
@@ -16,7 +17,7 @@ import torch
 
 from fastbert import _C
 from fastbert.models.layers import (_HOOK_DICTS, FastLayer, FreshOnCopy, Watch, _global_hooks, _hooked, _links,
-                                    module_watch)
+                                    int8_native, module_watch)
 
 
 class ShortPath(FreshOnCopy):
@@ -41,19 +42,28 @@ class ShortPath(FreshOnCopy):
 def _build(model):
     """(Watch, ShortForward) for `model` as it is now, or None: training, a backend other than "auto",
     a family whose embedding step is not its plain Embeddings module (EncoderModel.short_embeddings),
-    hooks on it, tables that are not contiguous CPU float32, a layer without a lean plan with a native
-    form."""
+    hooks on it, tables that are not contiguous CPU float32, a layer with no native form (neither a lean
+    plan's nor an int8 one), float32 and int8 layers in one stack."""
     emb = model.short_embeddings()
     layers = model.encoder_layers()
     if (emb is None or not layers or model.training or model._backend != "auto" or emb.training or _hooked(emb)
             or not emb._plain()):
         return None
-    plans = []
-    for layer in layers:        # the first layer without one ends it (an int8 model: the first)
+    natives, watches, flags = [], [], []
+    for layer in layers:        # the first layer without a native form ends it
         plan = layer.lean_plan() if isinstance(layer, FastLayer) else None
-        if plan is None or plan.native() is None:
+        if plan is not None and plan.native() is not None:
+            natives.append(plan.native())
+            watches.append(plan.watch)
+            flags += [(layer.__dict__, "packed_weights", layer.packed_weights),
+                      (layer.packed_weights.__dict__, "plan", plan)]
+        elif (int8 := int8_native(layer)) is not None:
+            natives.append(int8[0])
+            watches.append(int8[1])
+        else:
             return None
-        plans.append(plan)
+    if len({type(native) for native in natives}) != 1:   # a stack is all float32 or all int8
+        return None
     tables = [emb.word_embeddings, emb.position_embeddings, getattr(emb, "token_type_embeddings", None)]
     tables = [t for t in tables if t is not None]
     norm = emb.LayerNorm
@@ -61,16 +71,14 @@ def _build(model):
     if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
         return None
     modules = [emb, *tables, norm]
-    flags = [(model.__dict__, "training", False), (model.__dict__, "_backend", model._backend),
-             (emb.__dict__, "training", False), (norm.__dict__, "eps", norm.eps),
-             *((t.__dict__, "max_norm", None) for t in tables)]
-    for layer, plan in zip(layers, plans):
-        flags += [(layer.__dict__, "training", False), (layer.__dict__, "packed_weights", layer.packed_weights),
-                  (layer.packed_weights.__dict__, "plan", plan)]
+    flags += [(model.__dict__, "training", False), (model.__dict__, "_backend", model._backend),
+              (emb.__dict__, "training", False), (norm.__dict__, "eps", norm.eps),
+              *((t.__dict__, "max_norm", None) for t in tables),
+              *((layer.__dict__, "training", False) for layer in layers)]
     links = _links(model, [*layers, *modules])
     if links is None:
         return None
-    watch = Watch.joined([*(plan.watch for plan in plans), module_watch(links, modules),
+    watch = Watch.joined([*watches, module_watch(links, modules),
                           Watch(flags, [getattr(layer, h) for layer in layers for h in _HOOK_DICTS])])
 
     def view(t):
@@ -78,5 +86,5 @@ def _build(model):
     types = view(tables[2].weight) if len(tables) == 3 else None
     forward = _C.ShortForward(view(tables[0].weight), view(tables[1].weight), types, view(norm.weight),
                               view(norm.bias), float(norm.eps), model.position_offset(),
-                              [plan.native() for plan in plans], 1.0 / math.sqrt(plans[0].head_dim))
+                              natives, 1.0 / math.sqrt(layers[0].head_dim))
     return watch, forward

@@ -1,7 +1,8 @@
 """Dynamic int8 linear on CPU: y = x W^T + b with W int8 per output channel, x quantized per call.
 
-The GEMMs are torch's own int8 kernels, never a hand-written one; this file is the only place that
-calls them, so the choice between them is made (and measured: bench/bench_quantized_linear.py) here:
+The GEMMs here are torch's own int8 kernels (the one exception, a short text's whole stack in C++, is
+below); this file is the only place that calls them, so the choice between them is made (and
+measured: bench/bench_quantized_linear.py) here:
   "per_token"          torch.ops.onednn.qlinear_pointwise on a qlinear_prepack'ed weight, activations
                        quantized per row (per token) around the row's midpoint: x ~= m_r + s_r * q,
                        q int8 in [-127, 127], m_r = (max x_r + min x_r) / 2, s_r = (max - min) / 254.
@@ -16,6 +17,9 @@ calls them, so the choice between them is made (and measured: bench/bench_quanti
                        0.3-0.8x qlinear_pointwise's time there: it gives the int32 sums themselves, and
                        the pass makes acc_rc of them as oneDNN does (float(sum) * w_scale_c, rounded
                        once), so both GEMMs give a row the same bits.
+                       One short text alone (fastbert.Encoder's batch 1, AVX-512 VNNI) runs its whole
+                       int8 stack in C++ (csrc/py_layers.cpp) on fastbert's few-row int8 GEMM
+                       (gemm_panels), whose int32 sums are these GEMMs' exact ones.
                        (symmetric scales, m_r = 0, save both passes but cost accuracy: min cosine
                        0.992 instead of 0.997 over 2,000 paragraphs with all-MiniLM-L6-v2).
   "linear_dynamic"     torch.ops.quantized.linear_dynamic on a quantized.linear_prepack'ed weight (FBGEMM);
@@ -92,6 +96,8 @@ class PackedLinear:
     bias_or_zeros: Optional[np.ndarray] = None
     w_scale: Optional[np.ndarray] = None
     qweight_t: Optional[torch.Tensor] = None
+    # the weight in the few-row int8 GEMM's panels (gemm_panels), made on first use
+    panels: Optional[torch.Tensor] = None
 
     @property
     def in_features(self) -> int:
@@ -181,6 +187,18 @@ def pack_quantized(q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Te
         out.w_scale = scale.numpy()
         out.qweight_t = q.t() if q.numel() <= INT_MM_MAX_WEIGHT else None
     return out
+
+
+def gemm_panels(packed: PackedLinear) -> np.ndarray:
+    """packed's int8 weight in the panels of fastbert's few-row int8 GEMM (fastbert._C.int8_gemm_pack, for
+    the short forward of one text on AVX-512 VNNI: csrc/py_quantized_linear.cpp), made once and kept with
+    it. That GEMM's sums are exact, the same int32 as torch._int_mm's and oneDNN's."""
+    if packed.panels is None:
+        n, k = packed.qweight.shape
+        panels = torch.empty((n + 31) // 32, _C.int8_panel_bytes(k), dtype=torch.int8)   # 64-byte aligned
+        _C.int8_gemm_pack(packed.qweight.contiguous().numpy(), panels.numpy())
+        packed.panels = panels
+    return packed.panels.numpy()
 
 
 @dataclass

@@ -130,3 +130,83 @@ def test_bad_ids_are_index_errors(model):
             model.short_states([1] * (positions + 1))
         with pytest.raises(TypeError):
             model.short_states(["a", "b"])
+
+
+def int8_bert(skip=()):
+    """native_bert's shape with an FFN width the int8 stack takes (a multiple of 16), its Linears int8
+    but those in `skip`."""
+    import fastbert
+    import transformers as T
+    torch.manual_seed(0)
+    hf = T.BertModel(T.BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=112, max_position_embeddings=64)).eval()
+    model = fastbert.BertModel.from_hf_config(hf.config, backend="auto")
+    model.load_state_dict(hf.state_dict(), strict=True)
+    model.eval().prepack_weights()
+    return fastbert.quantize(model, "int8", skip=skip)
+
+
+@pytest.fixture
+def int8_model():
+    if not Ly._C.int8_gemm_available():
+        pytest.skip("the int8 layer stack needs a CPU with AVX-512 VNNI")
+    return int8_bert()
+
+
+def test_int8_short_states_are_packed_states_bit_for_bit(int8_model):
+    """The int8 stack (csrc/py_layers.cpp: run_int8_layers, fastbert's few-row int8 GEMM) gives packed_states'
+    int8 values exactly, at one token, a few, and the most it takes; a stack with one float32 layer
+    (quantize's skip) declines, and packed_states runs it."""
+    ids = torch.randint(5, 99, (64,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.inference_mode():
+        for n in (1, 2, 13, 15, 29, 64):                 # 15, 29: two and three blocks of the GEMM's 14 rows
+            got = int8_model.short_states(ids[:n])
+            assert got is not None and torch.equal(got, packed(int8_model, ids[:n])), n
+    mixed = int8_bert(skip=["encoder.layer.1.output.dense"])
+    with torch.inference_mode():
+        assert mixed.short_states(IDS) is None
+        assert int8_bert(skip=["encoder.layer.0.attention.self.query"]).short_states(IDS) is None
+
+
+@pytest.mark.parametrize("change", ["int8 weights loaded", "norm weight in place", "int8 module replaced",
+                                    "dequantized back to float32"])
+def test_int8_stack_sees_a_change_to_the_model(int8_model, change):
+    """After a change to what the int8 stack holds it gives the changed model's packed_states (remade,
+    or reading the tensor in place), or declines for a layer it cannot run."""
+    import fastbert
+    layer = int8_model.encoder_layers()[0]
+    with torch.inference_mode():
+        before = int8_model.short_states(IDS)
+    dense = layer.intermediate.dense
+    with torch.no_grad():
+        if change == "int8 weights loaded":
+            state = dense.state_dict()
+            state["qweight"] = -state["qweight"]
+            dense.load_state_dict(state)
+        elif change == "norm weight in place":
+            layer.output.LayerNorm.weight.mul_(1.5)
+        elif change == "int8 module replaced":
+            linear = nn.Linear(dense.in_features, dense.out_features)
+            layer.intermediate.dense = fastbert.QuantizedLinear.from_linear(linear)
+        else:
+            linear = nn.Linear(dense.in_features, dense.out_features)
+            linear.weight.copy_(dense.dequantized_weight())
+            linear.bias.copy_(dense.bias)
+            layer.intermediate.dense = linear
+    with torch.inference_mode():
+        got = int8_model.short_states(IDS)
+        if change == "dequantized back to float32":
+            assert got is None
+            return
+        assert not torch.equal(got, before)
+        assert torch.equal(got, packed(int8_model, IDS))
+
+
+def test_int8_stack_declines_for_hooks(int8_model):
+    with torch.inference_mode():
+        assert int8_model.short_states(IDS) is not None
+        for m in (int8_model.encoder_layers()[1], int8_model.encoder_layers()[1].attention.self.key):
+            handle = m.register_forward_hook(lambda *a: None)
+            assert int8_model.short_states(IDS) is None, m
+            handle.remove()
+            assert int8_model.short_states(IDS) is not None
