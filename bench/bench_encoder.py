@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.batch1_only:
-        peers = [] if args.no_peers else ["ONNX Runtime", "OpenVINO", "CTranslate2"]
+        peers = [] if args.no_peers else list(eb.PEERS)
         names = [eb.FASTBERT_FP32, *peers]
         if not args.no_int8:
             names += [eb.FASTBERT_INT8, *(f"{peer} int8" for peer in peers)]

@@ -10,9 +10,12 @@ Table 1 (`run`, the `fastbert bench` encoder part): real English text, the way a
   Engines: fastbert Encoder.encode (fp32, int8), sentence-transformers (torch sdpa) as is and after
   fastbert.optimize, and the peers of fastbert.benchmarks.peers (ONNX Runtime with its BERT
   fusions, OpenVINO, CTranslate2, and their int8 forms), each skipped with its reason when missing.
-  Timing: the texts in chunks of 8 batches; in each round every engine encodes each chunk, in a
-  Latin-square order per round (tokenizer.round_orders), so load from other processes hits all
-  alike. sentences/s: the median over rounds of texts / that round's seconds; "vs fastbert": the
+  Timing: every engine runs in a process of its own (EngineProcess: spawned, built there alone, as
+  its users run it; in one process, the others' thread pools and allocations beside it cost
+  CTranslate2 int8 0.6x its speed alone, ONNX Runtime 0.9x). The texts in chunks of 8 batches; in
+  each round every engine encodes each chunk, one engine at a time, in a Latin-square order per round
+  (tokenizer.round_orders), so load from other processes hits all alike; the seconds are the child's
+  own, around its encode call. sentences/s: the median over rounds of texts / that round's seconds; "vs fastbert": the
   median over every (round, chunk) of fastbert's seconds / the engine's ("x fastbert": above 1 the
   engine is faster; fp32 rows against fastbert fp32, int8 rows against fastbert int8).
   GEMM rate: the machine's sustained fp32 torch.mm rate on this model's four GEMM shapes (1,024
@@ -141,6 +144,7 @@ PIECE_WORDS, MIN_WORDS, MAX_WORDS = 60, 5, 120
 BATCH1_CALLS, QUICK_BATCH1_CALLS, BATCH1_WARMUP, BATCH1_MAX_WORDS = 200, 40, 10, 12
 FASTBERT_FP32, FASTBERT_INT8 = "fastbert Encoder.encode", "fastbert Encoder.encode int8"
 ST_PLAIN, ST_OPTIMIZED = "sentence-transformers (torch sdpa)", "sentence-transformers + fastbert.optimize"
+PEERS = ("ONNX Runtime", "OpenVINO", "CTranslate2")   # fastbert.benchmarks.peers; their int8 forms add " int8"
 
 
 def paragraphs(seed: int = 0) -> list[str]:
@@ -271,6 +275,105 @@ def _batch1_child(name, model_dir, texts, warmup, threads, options):
     return seconds
 
 
+class EngineProcess:
+    """One engine of table 1 built and run in a spawned process of its own (build_engines(**options),
+    that name only), as its users run it: no other engine's thread pools (OpenMP, TBB: they spin after
+    each op), allocator or caches beside it. `absent` is why it could not be built (None: it was);
+    calling it with texts gives (the child's seconds around its encode, the vectors or None)."""
+
+    BUILD_TIMEOUT, CALL_TIMEOUT = 1800.0, 900.0     # seconds: a child that hangs is an error, not a hang
+
+    def __init__(self, name: str, model_dir, threads: int, options: dict):
+        import multiprocessing
+
+        self.name = name
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_engine_child, args=(child, name, str(model_dir), threads, options),
+                                        daemon=True)
+        self._process.start()
+        child.close()
+        kind, *rest = self._receive(self.BUILD_TIMEOUT, "building it")
+        self.absent = rest[0] if kind == "absent" else None
+        self.precision, self.note = (rest if kind == "ready" else (None, ""))
+        if self.absent is not None:
+            self.close()
+
+    def __call__(self, texts: list, keep: bool = True):
+        self._conn.send((list(texts), keep))
+        kind, *rest = self._receive(self.CALL_TIMEOUT, "encoding")
+        seconds, vectors = rest
+        return seconds, None if vectors is None else torch.from_numpy(vectors)
+
+    def _receive(self, timeout: float, doing: str):
+        if not self._conn.poll(timeout):
+            self.close()
+            raise RuntimeError(f"{self.name}'s process did not answer within {timeout:.0f} s while {doing}")
+        try:
+            message = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"{self.name}'s process ended while {doing} (exit code "
+                               f"{self._process.exitcode})") from None
+        if message[0] == "error":
+            self.close()
+            raise RuntimeError(f"{self.name} failed while {doing}:\n{message[1]}")
+        return message
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
+        self._conn.close()
+
+
+def _engine_child(conn, name, model_dir, threads, options):
+    import traceback
+
+    torch.set_num_threads(threads)
+    try:
+        built = build_engines(model_dir, threads=threads, only={name}, **options)
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    if name not in built.engines:
+        conn.send(("absent", built.absent.get(name) or built.absent.get("peers") or "not built here"))
+        return
+    conn.send(("ready", built.precision[name], built.notes.get(name, "")))
+    encode = built.engines[name]
+    clears = [clear for enc in built.encoders.values() if (clear := getattr(enc.tokenizer, "clear_cache", None))]
+    while (message := conn.recv()) is not None:
+        texts, keep = message
+        for clear in clears:             # fastbert's tokenizer caches words: nothing kept from a call
+            clear()
+        try:
+            start = time.perf_counter()
+            out = encode(texts)
+            seconds = time.perf_counter() - start
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+            return
+        conn.send(("done", seconds, out.float().cpu().numpy() if keep else None))
+
+
+def engine_names(device: str, dtype: str, peers: bool, int8: bool, smoke: bool) -> tuple[list, dict]:
+    """Table 1's engine names in their order, and {what is left out: why}."""
+    on_cpu = device == "cpu" and dtype == "float32"
+    names = [FASTBERT_FP32, ST_PLAIN, ST_OPTIMIZED] + ([FASTBERT_INT8] if int8 and on_cpu else [])
+    absent = {}
+    if peers and smoke:
+        absent["peers"] = "not built in a smoke run"
+    elif peers and not on_cpu:
+        absent["peers"] = "the peers run on the CPU in float32 only"
+    elif peers:
+        names += list(PEERS) + ([f"{peer} int8" for peer in PEERS] if int8 else [])
+    return names, absent
+
+
 def batch_independence(encoder, texts: list[str]) -> dict:
     """A text's vector alone against the same text inside a batch of all of `texts`."""
     together = encoder.encode(texts, batch_size=len(texts), convert_to_tensor=True)
@@ -364,54 +467,63 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
     config = transformers.AutoConfig.from_pretrained(str(read_sentence_config(model_dir)["model_dir"]))
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     workdir = workdir or tmp.name
-    built = build_engines(model_dir, device, dtype, threads, peers, int8, smoke, workdir, calibration, say)
-    engines, precision, notes, absent = built.engines, built.precision, built.notes, built.absent
-    encoder, int8_encoder = built.encoders.get(FASTBERT_FP32), built.encoders.get(FASTBERT_INT8)
+    options = dict(device=device, dtype=dtype, peers=peers, int8=int8, smoke=smoke, workdir=str(workdir),
+                   calibration=calibration)
+    candidates, absent = engine_names(device, dtype, peers, int8, smoke)
+    engines = {}
+    try:
+        for name in candidates:           # one at a time: the builds share workdir's conversions
+            say(f"building {name} in its own process")
+            engine = EngineProcess(name, model_dir, threads, options)
+            if engine.absent is None:
+                engines[name] = engine
+            else:
+                absent[name] = engine.absent
+        precision = {name: e.precision for name, e in engines.items()}
+        notes = {name: e.note for name, e in engines.items()}
+        tags = itertools.count(1)
+        rounds = Rounds(texts, tags)
+        say("warm-up and agreement")
+        outputs = {name: engine(rounds(0))[1] for name, engine in engines.items()}
+        ref_name = ST_PLAIN if ST_PLAIN in outputs else FASTBERT_FP32
+        shapes = gemm_shapes(config)
+        names = list(engines)
+        seconds = {name: [] for name in names}                   # per round, all chunks
+        chunk_seconds = {name: [] for name in names}             # per (round, chunk)
+        rates = []
+        for r, order in enumerate(round_orders(names, repeats), start=1):
+            say(f"timing round {r}/{repeats}")
+            rates.append(gemm_rate(shapes))
+            lines_r = rounds(r)
+            totals = dict.fromkeys(names, 0.0)
+            for c in range(0, len(lines_r), CHUNK):
+                chunk = lines_r[c:c + CHUNK]
+                for name in order:
+                    took, _ = engines[name](chunk, keep=False)
+                    totals[name] += took
+                    chunk_seconds[name].append(took)
+            for name in names:
+                seconds[name].append(totals[name])
+    finally:
+        for engine in engines.values():
+            engine.close()
+    rate = _median(rates)
+    import fastbert
 
-    models = list(built.encoders.values())
-
-    def clear_caches():  # fastbert's tokenizer caches words: nothing kept from a round
-        for model in models:
-            clear = getattr(model.tokenizer, "clear_cache", None)
-            if clear is not None:
-                clear()
-
-    tags = itertools.count(1)
-    rounds = Rounds(texts, tags)
-    say("warm-up and agreement")
-    outputs = {name: fn(rounds(0)).float().cpu() for name, fn in engines.items()}
-    ref_name = ST_PLAIN if ST_PLAIN in outputs else FASTBERT_FP32
+    encoder = fastbert.Encoder.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype))
     token_counts = [len(ids) for ids in encoder._tokenize(texts)]
     flops = useful_flops(token_counts, config)
-    shapes = gemm_shapes(config)
+    del encoder
 
-    names = list(engines)
-    seconds = {name: [] for name in names}                   # per round, all chunks
-    chunk_seconds = {name: [] for name in names}             # per (round, chunk)
-    rates = []
-    for r, order in enumerate(round_orders(names, repeats), start=1):
-        say(f"timing round {r}/{repeats}")
-        rates.append(gemm_rate(shapes))
-        lines_r = rounds(r)
-        totals = dict.fromkeys(names, 0.0)
-        for c in range(0, len(lines_r), CHUNK):
-            chunk = lines_r[c:c + CHUNK]
-            for name in order:
-                clear_caches()
-                start = time.perf_counter()
-                engines[name](chunk)
-                took = time.perf_counter() - start
-                totals[name] += took
-                chunk_seconds[name].append(took)
-        for name in names:
-            seconds[name].append(totals[name])
-    rate = _median(rates)
 
     texts1, warmup1 = batch1_texts(pool, tags, QUICK_BATCH1_CALLS if quick else BATCH1_CALLS)
     latency = batch1_latency(model_dir, names, texts1, warmup1, threads, say, device=device, dtype=dtype,
                              peers=peers, int8=int8, smoke=smoke, workdir=str(workdir), calibration=calibration)
 
-    independence = batch_independence(int8_encoder, texts[:16]) if int8_encoder is not None else None
+    independence = None
+    if FASTBERT_INT8 in engines:
+        independence = batch_independence(fastbert.Encoder.from_pretrained(model_dir, device="cpu", quantize="int8"),
+                                          texts[:16])
     base = {"fp32": FASTBERT_FP32, "int8": FASTBERT_INT8}
     rows = [{"name": "machine: sustained fp32 GEMM rate", "case": case, "GFLOP/s": rate,
              "all_GFLOP/s": rates, "ok": None, "note": f"torch.mm on {shapes}, {threads} threads", **stamp}]
