@@ -87,8 +87,8 @@ def _table(rows) -> str:
     return "\n".join(out)
 
 
-def _ms(value) -> str:
-    return f"{'-' if value is None else f'{value:.1f}':>9}"
+def _ms(value, digits: int = 1) -> str:
+    return f"{'-' if value is None else f'{value:.{digits}f}':>9}"
 
 
 def main(argv=None) -> int:
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         if not args.no_int8:
             names += [eb.FASTBERT_INT8, *(f"{peer} int8" for peer in peers)]
         for row in eb.run_batch1(model_dir(), names=tuple(names), quick=args.quick, progress=say):
-            print(f"{row['name']:<44} p50 {_ms(row['batch1 p50 ms'])} ms  p99 {_ms(row['batch1 p99 ms'])} ms  "
+            print(f"{row['name']:<44} p50 {_ms(row['batch1 p50 ms'], 2)} ms  p99 {_ms(row['batch1 p99 ms'])} ms  "
                   f"{row.get('batch1 note', '')}")
         return 0
     rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats, lines=args.lines,
