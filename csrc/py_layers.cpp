@@ -69,6 +69,18 @@ struct Norm {
     }
 };
 
+// A layer's shapes (Layer's or Int8Layer's), checked: head_dim 16, 32, ... 128, the QKV GEMM 3 x hidden
+// outputs, the output projections hidden.
+template <typename L>
+void check_layer_shape(const L& layer, const char* name) {
+    if (layer.head_dim % 16 != 0 || layer.head_dim > 128 || layer.heads < 1)
+        throw std::invalid_argument(std::string(name) + " takes head_dim 16, 32, ... 128, got " +
+                                    std::to_string(layer.head_dim));
+    if (layer.qkv.n != 3 * layer.hidden || layer.out.n != layer.hidden || layer.ffn_out.n != layer.hidden)
+        throw std::invalid_argument("qkv must give 3 x hidden outputs, out and ffn_out hidden (" +
+                                    std::to_string(layer.hidden) + ")");
+}
+
 // One layer's parameters, checked once when built (python keeps it with the layer's lean plan).
 class Layer {
  public:
@@ -82,11 +94,7 @@ class Layer {
           ffn_out(std::move(ffn_out), std::move(ffn_out_bias), this->ffn_in.n, "ffn_out"),
           norm1(std::move(norm1_weight), std::move(norm1_bias), eps1, hidden, "norm1"),
           norm2(std::move(norm2_weight), std::move(norm2_bias), eps2, hidden, "norm2") {
-        if (head_dim % 16 != 0 || head_dim > 128 || heads < 1)
-            throw std::invalid_argument("layers_forward takes head_dim 16, 32, ... 128, got " + std::to_string(head_dim));
-        if (this->qkv.n != 3 * hidden || this->out.n != hidden || this->ffn_out.n != hidden)
-            throw std::invalid_argument("qkv must give 3 x hidden outputs, out and ffn_out hidden (" +
-                                        std::to_string(hidden) + ")");
+        check_layer_shape(*this, "layers_forward");
     }
     const int64_t hidden, heads, head_dim;
     const Linear qkv, out, ffn_in, ffn_out;
@@ -136,11 +144,7 @@ class Int8Layer {
           ffn_in(ffn_in, hidden, "ffn_in"), ffn_out(ffn_out, this->ffn_in.n, "ffn_out"),
           norm1(std::move(norm1_weight), std::move(norm1_bias), eps1, hidden, "norm1"),
           norm2(std::move(norm2_weight), std::move(norm2_bias), eps2, hidden, "norm2") {
-        if (head_dim % 16 != 0 || head_dim > 128 || heads < 1)
-            throw std::invalid_argument("Int8Layer takes head_dim 16, 32, ... 128, got " + std::to_string(head_dim));
-        if (this->qkv.n != 3 * hidden || this->out.n != hidden || this->ffn_out.n != hidden)
-            throw std::invalid_argument("qkv must give 3 x hidden outputs, out and ffn_out hidden (" +
-                                        std::to_string(hidden) + ")");
+        check_layer_shape(*this, "Int8Layer");
     }
     const int64_t hidden, heads, head_dim;
     const Int8Linear qkv, out, ffn_in, ffn_out;
