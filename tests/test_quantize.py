@@ -226,6 +226,24 @@ def test_small_row_gemm_gives_the_onednn_bits(monkeypatch, rows):
     assert ql.pack(torch.randn(3072, 768)).qweight_t is None and inner.qweight_t is not None
 
 
+
+def test_many_row_gemm_runs_onednns_optimized_kernel():
+    """Beyond INT_MM_MAX_ROWS the per_token GEMM is oneDNN's, fed uint8 codes: given int8 codes, oneDNN
+    ran its reference kernel on an AVX-512 VNNI CPU without AMX, 10 s for these 1,000 rows instead of a
+    few ms. The bound is 400x the fast kernel's time here, and 1/20 of the reference kernel's."""
+    import time
+
+    torch.manual_seed(0)
+    packed, x = ql.pack(torch.randn(1536, 384), torch.randn(1536)), torch.randn(1000, 384)
+    with torch.no_grad():
+        want = ql.quantized_linear(x[:64], packed)                  # torch._int_mm's rows
+        ql.quantized_linear(x, packed)                              # oneDNN's first call builds its kernel
+        start = time.perf_counter()
+        got = ql.quantized_linear(x, packed)
+        took = time.perf_counter() - start
+    assert took < 0.5, f"1,000 x 384 x 1536 int8 GEMM took {took:.2f} s: oneDNN's reference kernel?"
+    assert torch.equal(got[:64], want)                              # and the same bits as _int_mm's
+
 @pytest.mark.parametrize("m,k,n", [(1, 4, 1), (14, 384, 1152), (15, 64, 33), (29, 1536, 384), (80, 520, 96),
                                    (0, 8, 5)])
 def test_few_row_int8_gemm_gives_the_exact_sums(m, k, n):

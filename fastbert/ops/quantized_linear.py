@@ -16,7 +16,10 @@ measured: bench/bench_quantized_linear.py) here:
                        INT_MM_MAX_WEIGHT values, the GEMM is torch._int_mm on the int8 weight as it is,
                        0.3-0.8x qlinear_pointwise's time there: it gives the int32 sums themselves, and
                        the pass makes acc_rc of them as oneDNN does (float(sum) * w_scale_c, rounded
-                       once), so both GEMMs give a row the same bits.
+                       once), so both GEMMs give a row the same bits. oneDNN gets the codes as uint8
+                       q + 128 with zero point 128 (the same sums): its prepacked weight is for uint8
+                       input, and int8 input runs its reference kernel on CPUs without AMX (1000x
+                       slower, seen on an AVX-512 VNNI Xeon guest whose AMX was hidden).
                        One short text alone (fastbert.Encoder's batch 1, AVX-512 VNNI) runs its whole
                        int8 stack in C++ (csrc/py_layers.cpp) on fastbert's few-row int8 GEMM
                        (gemm_panels), whose int32 sums are these GEMMs' exact ones.
@@ -238,7 +241,7 @@ def _per_token_gemm(q: torch.Tensor, packed: PackedLinear):
     if q.shape[0] <= INT_MM_MAX_ROWS and packed.qweight_t is not None:
         acc = torch._int_mm(q, packed.qweight_t)
         return acc.numpy(), acc.view(torch.float32), packed.w_scale
-    y = _onednn(q, 1.0, 0, packed, None)
+    y = _onednn(q.view(torch.uint8) ^ 128, 1.0, 128, packed, None)
     return y.numpy(), y, None
 
 
