@@ -341,7 +341,7 @@ def _engine_child(conn, name, model_dir, threads, options):
         conn.send(("error", traceback.format_exc()))
         return
     if name not in built.engines:
-        conn.send(("absent", built.absent.get(name) or built.absent.get("peers") or "not built here"))
+        conn.send(("absent", built.absent.get(name, "not built here")))
         return
     conn.send(("ready", built.precision[name], built.notes.get(name, "")))
     encode = built.engines[name]

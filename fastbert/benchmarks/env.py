@@ -16,17 +16,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_flags() -> set:
-    """The CPU's feature flags as Linux lists them (empty where /proc/cpuinfo cannot be read)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def version(dist: str) -> str | None:
     try:
         return metadata.version(dist)

@@ -193,7 +193,7 @@ def ort_session(path: Path, threads: int):
 def ort_int8_recipe(flags=None) -> str:
     """The sentence-transformers / optimum quantization config for this CPU: avx512_vnni, avx512, arm64
     or avx2."""
-    from fastbert.benchmarks.env import cpu_flags
+    from fastbert.ops.quantized_linear import cpu_flags
 
     flags = cpu_flags() if flags is None else flags
     if "avx512_vnni" in flags or "avx512vnni" in flags:

@@ -153,6 +153,7 @@ class PackedWeights(FreshOnCopy):
         self._entries = {}
         self.plan: Optional[LeanPlan] = None      # the layer's lean path (FastLayer.lean_plan)
         self.no_plan: Optional[Watch] = None      # while current, the layer's modules still have no plan
+        self.int8: Optional[tuple] = None         # the layer's int8 native form and its Watch (int8_native)
 
     def get(self, key, weight: torch.Tensor, sources) -> Optional[torch.Tensor]:
         """The packed copy of `weight` (built from the parameters `sources`), current; None for a
@@ -314,6 +315,10 @@ class LayerParts:
         self.attn_out, self.attn_norm = attn_out, attn_norm
         self.ffn_in, self.ffn_out, self.ffn_norm = ffn_in, ffn_out, ffn_norm
 
+    def modules(self) -> tuple:
+        """The eight modules in the order above (a lean plan's and an int8 native form's)."""
+        return tuple(getattr(self, name) for name in self.__slots__)
+
 
 class EncoderLayer(GradientCheckpointingLayer):
     """Base of every family's layer: forward(x (tokens, hidden), packing, output_attentions, backend)
@@ -362,8 +367,7 @@ class FastLayer(EncoderLayer):
             # plan back.
             if store.no_plan is not None and store.no_plan.current():
                 return None
-            p = self.parts()
-            modules = (p.query, p.key, p.value, p.attn_out, p.attn_norm, p.ffn_in, p.ffn_out, p.ffn_norm)
+            modules = self.parts().modules()
             store.plan = _build_plan(self, modules)
             links = _links(self, modules) if store.plan is None else None
             watch = None if links is None else module_watch(links, modules)
@@ -585,10 +589,21 @@ def int8_native(layer: nn.Module) -> Optional[tuple]:
     the same exact int32 sums, so the same bits), and what says it is still the layer's; None where that
     cannot run it: not FastLayer's own post-LN layer, training, hooks, a Linear that is not a plain
     per_token QuantizedLinear, LayerNorms without float32 weight and bias, an activation other than the
-    erf GELU, widths that are not multiples of 16, a CPU without AVX-512 VNNI."""
+    erf GELU, widths that are not multiples of 16, a CPU without AVX-512 VNNI. Kept in the layer's
+    PackedWeights while its Watch holds, as a lean plan's native form is."""
     if (not isinstance(layer, FastLayer) or layer.training or _hooked(layer) or not _lean_class(type(layer))
             or layer.activation.epilogue != "gelu" or not _C.int8_gemm_available()):
         return None
+    store = layer.packed_weights
+    if store is not None and store.int8 is not None and store.int8[1].current():
+        return store.int8
+    held = _make_int8_native(layer)
+    if store is not None:
+        store.int8 = held
+    return held
+
+
+def _make_int8_native(layer: "FastLayer") -> Optional[tuple]:
     p = layer.parts()
     linears = (p.query, p.key, p.value, p.attn_out, p.ffn_in, p.ffn_out)
     norms = (p.attn_norm, p.ffn_norm)
@@ -600,7 +615,7 @@ def int8_native(layer: nn.Module) -> Optional[tuple]:
                        for n in norms)
             or layer.head_dim % 16 or layer.head_dim > 128 or p.ffn_in.out_features % 16):
         return None
-    modules = (p.query, p.key, p.value, p.attn_out, p.attn_norm, p.ffn_in, p.ffn_out, p.ffn_norm)
+    modules = p.modules()
     links = _links(layer, modules)
     if links is None:
         return None

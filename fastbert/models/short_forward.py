@@ -50,20 +50,20 @@ def _build(model):
             or not emb._plain()):
         return None
     natives, watches, flags = [], [], []
-    for layer in layers:        # the first layer without a native form ends it
+    for layer in layers:        # the first layer without a native form, or of the other kind, ends it
         plan = layer.lean_plan() if isinstance(layer, FastLayer) else None
         if plan is not None and plan.native() is not None:
-            natives.append(plan.native())
-            watches.append(plan.watch)
+            native, watch = plan.native(), plan.watch
             flags += [(layer.__dict__, "packed_weights", layer.packed_weights),
                       (layer.packed_weights.__dict__, "plan", plan)]
         elif (int8 := int8_native(layer)) is not None:
-            natives.append(int8[0])
-            watches.append(int8[1])
+            native, watch = int8
         else:
             return None
-    if len({type(native) for native in natives}) != 1:   # a stack is all float32 or all int8
-        return None
+        if natives and type(native) is not type(natives[0]):   # a stack is all float32 or all int8
+            return None
+        natives.append(native)
+        watches.append(watch)
     tables = [emb.word_embeddings, emb.position_embeddings, getattr(emb, "token_type_embeddings", None)]
     tables = [t for t in tables if t is not None]
     norm = emb.LayerNorm

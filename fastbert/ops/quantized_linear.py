@@ -62,14 +62,22 @@ INT_MM_MAX_ROWS = 64
 INT_MM_MAX_WEIGHT = 384 * 1536
 
 
-def _has_vnni() -> bool:
-    # Linux's CPU flags; elsewhere (no /proc) the 7-bit weights that are safe on every CPU
+@functools.cache
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags as Linux lists them; empty where /proc/cpuinfo cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = f.read()
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return any(flag in flags for flag in (" avx512_vnni", " avx_vnni", " amx_int8"))
+        pass
+    return frozenset()
+
+
+def _has_vnni() -> bool:
+    # elsewhere (no /proc) the 7-bit weights that are safe on every CPU
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @functools.cache
