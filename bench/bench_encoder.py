@@ -74,17 +74,20 @@ if pytest is not None:
 
 def _table(rows) -> str:
     out = [f"{'engine':<44} {'sent/s':>7} {'x fastbert':>10} {'% GEMM':>7} {'b1 p50 ms':>9} {'b1 p99 ms':>9} "
-           f"{'min cos':>8}"]
+           f"{'b1 x fastbert':>13} {'min cos':>8}"]
     for row in rows:
         if "sentences/s" not in row:
             value = f"{row['GFLOP/s']:.0f} GFLOP/s" if "GFLOP/s" in row else row.get("note", "")
             out.append(f"{row['name']:<44} {value}")
             continue
-        x = row["x fastbert"]
-        out.append(f"{row['name']:<44} {row['sentences/s']:7.1f} {'' if x is None else f'{x:.2f}x':>10} "
+        out.append(f"{row['name']:<44} {row['sentences/s']:7.1f} {_x(row['x fastbert']):>10} "
                    f"{100 * row['GEMM fraction']:6.0f}% {_ms(row['batch1 p50 ms'])} {_ms(row['batch1 p99 ms'])} "
-                   f"{row['min_cosine']:8.5f}")
+                   f"{_x(row['batch1 x fastbert']):>13} {row['min_cosine']:8.5f}")
     return "\n".join(out)
+
+
+def _x(ratio) -> str:
+    return "" if ratio is None else f"{ratio:.2f}x"
 
 
 def _ms(value, digits: int = 1) -> str:
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
             names += [eb.FASTBERT_INT8, *(f"{peer} int8" for peer in peers)]
         for row in eb.run_batch1(model_dir(), names=tuple(names), quick=args.quick, progress=say):
             print(f"{row['name']:<44} p50 {_ms(row['batch1 p50 ms'], 2)} ms  p99 {_ms(row['batch1 p99 ms'])} ms  "
-                  f"{row.get('batch1 note', '')}")
+                  f"{_x(row['batch1 x fastbert']):>6} x fastbert  {row.get('batch1 note', '')}")
         return 0
     rows = eb.run(model_dir(), quick=args.quick, repeats=args.repeats, lines=args.lines,
                   peers=not args.no_peers, int8=not args.no_int8, progress=say)

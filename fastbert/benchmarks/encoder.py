@@ -22,12 +22,14 @@ Table 1 (`run`, the `fastbert bench` encoder part): real English text, the way a
   tokens) with the same threads, measured in every round; an engine's "% GEMM" is its useful
   GFLOP/s (the model's FLOPs on real tokens: GEMMs and attention, no padding) over that rate.
   Batch 1 (batch1_latency; run_batch1 for this block alone): one short text (5-12 words) per call
-  (`encode([text])`, tokenization included), the way a user runs it: each engine in its own process
-  (spawned after the throughput rounds, built there alone with the same threads), so no other
-  engine's idle thread pool (OpenMP, TBB: they spin after each op) competes for the cores. Every
-  engine encodes the same BATCH1_WARMUP texts untimed, then the same BATCH1_CALLS texts, each under a
-  new tag; p50 and p99 ms over the calls. One engine runs at a time, so the engines' figures come
-  from different seconds of the run: on a busy machine compare several runs.
+  (`encode([text])`, tokenization included), the way a user runs it, in the same engine processes.
+  Every engine encodes the same BATCH1_WARMUP texts untimed, then the same BATCH1_CALLS texts, each
+  under a new tag, in interleaved rounds: in each round every engine, in that round's Latin-square
+  order, takes the round's slice of BATCH1_SLICE texts, after BATCH1_SETTLE seconds of quiet (the
+  engine before it has stopped spinning: OpenMP and TBB pools spin after each op, OpenMP's default
+  up to 200 ms) and one untimed call (its caches refilled after the others). p50 and p99 ms over all
+  the calls; "b1 x fastbert": the median over rounds of fastbert's slice p50 / the engine's (above
+  1 the engine is faster), so load from other processes hits every engine alike.
   Agreement: min cosine of every text's vector to sentence-transformers' fp32 (fastbert fp32's
   without it); int8 rows also give fastbert's batch independence (a text alone vs in a batch).
 Table 2 (`run_lines`): the older workload, 2,000 short pydoc lines (many one or two words beside
@@ -142,6 +144,7 @@ def run_lines(model_dir, texts=None, quick: bool = False, device: str = "cpu", d
 CHUNK = 8 * BATCH_SIZE          # texts per timing unit
 PIECE_WORDS, MIN_WORDS, MAX_WORDS = 60, 5, 120
 BATCH1_CALLS, QUICK_BATCH1_CALLS, BATCH1_WARMUP, BATCH1_MAX_WORDS = 200, 40, 10, 12
+BATCH1_SLICE, BATCH1_SETTLE = 20, 0.25    # timed calls per engine per round; seconds of quiet before each
 FASTBERT_FP32, FASTBERT_INT8 = "fastbert Encoder.encode", "fastbert Encoder.encode int8"
 ST_PLAIN, ST_OPTIMIZED = "sentence-transformers (torch sdpa)", "sentence-transformers + fastbert.optimize"
 PEERS = ("ONNX Runtime", "OpenVINO", "CTranslate2")   # fastbert.benchmarks.peers; their int8 forms add " int8"
@@ -209,70 +212,81 @@ def _quantile(values, q: float) -> float:
 
 
 def batch1_texts(pool, tags, calls: int) -> tuple[list, list]:
-    """(timed, warm-up) texts for batch 1: the pool's texts of at most BATCH1_MAX_WORDS words, each
-    under a new tag (unseen_each)."""
+    """(timed, untimed) texts for batch 1: the pool's texts of at most BATCH1_MAX_WORDS words, each
+    under a new tag (unseen_each); untimed: BATCH1_WARMUP to warm up with, then one to lead each round's
+    slice of BATCH1_SLICE timed texts."""
     short = [t for t in pool if len(t.split()) <= BATCH1_MAX_WORDS]
-    return unseen_each(short[:calls], tags), unseen_each(short[calls:calls + BATCH1_WARMUP], tags)
+    untimed = BATCH1_WARMUP + -(-calls // BATCH1_SLICE)
+    if len(short) < calls + untimed:
+        raise ValueError(f"batch 1 needs {calls + untimed} texts of at most {BATCH1_MAX_WORDS} words; "
+                         f"the pool has {len(short)}")
+    return unseen_each(short[:calls], tags), unseen_each(short[calls:calls + untimed], tags)
 
 
 def run_batch1(model_dir, names=(FASTBERT_FP32, "ONNX Runtime", "OpenVINO", "CTranslate2"), quick: bool = False,
                calls: int | None = None, progress=None) -> list[dict]:
     """The batch-1 block of table 1 alone (CPU, fp32 or int8 names, the current torch threads): one
-    row per engine with its p50 and p99 ms; an engine that cannot be built gets its reason instead."""
+    row per engine with its p50 and p99 ms and its interleaved ratio to fastbert; an engine that cannot
+    be built gets its reason instead."""
     import tempfile
 
     say = progress or (lambda message: None)
     threads = torch.get_num_threads()
     calls = calls or (QUICK_BATCH1_CALLS if quick else BATCH1_CALLS)
     pool = paragraphs()
-    texts, warmup = batch1_texts(pool, itertools.count(1), calls)         # the texts run() times
+    texts, untimed = batch1_texts(pool, itertools.count(1), calls)         # the texts run() times
+    options = dict(device="cpu", dtype="float32", peers=True, int8=any("int8" in n for n in names), smoke=False,
+                   calibration=pool[FULL_LINES:][:300])
+    engines, absent = {}, {}
     with tempfile.TemporaryDirectory() as workdir:
-        seconds = batch1_latency(model_dir, names, texts, warmup, threads, say, device="cpu", dtype="float32",
-                                 peers=True, int8=any("int8" in n for n in names), smoke=False, workdir=workdir,
-                                 calibration=pool[FULL_LINES:][:300])
+        try:
+            for name in names:
+                say(f"building {name} in its own process")
+                engine = EngineProcess(name, model_dir, threads, {**options, "workdir": workdir})
+                if engine.absent is None:
+                    engines[name] = engine
+                else:
+                    absent[name] = engine.absent
+            latency = batch1_latency(engines, texts, untimed, say)
+        finally:
+            for engine in engines.values():
+                engine.close()
     case = f"one English text ({MIN_WORDS}-{BATCH1_MAX_WORDS} words) per call, {len(texts)} calls, {threads} threads"
-    return [{"name": name, "case": case, "threads": threads, "ok": None, **_batch1_columns(seconds[name])}
-            for name in names]
+    base = {name: FASTBERT_INT8 if "int8" in name else FASTBERT_FP32 for name in names}
+    return [{"name": name, "case": case, "threads": threads, "ok": None,
+             **(_batch1_columns(latency[name], latency.get(base[name])) if name in latency
+                else _batch1_columns(absent[name]))} for name in names]
 
 
-def _batch1_columns(seconds) -> dict:
-    if not isinstance(seconds, list):      # the engine's child could not build it
-        return {"batch1 p50 ms": None, "batch1 p99 ms": None, "batch1 note": seconds}
-    return {"batch1 p50 ms": 1e3 * _median(seconds), "batch1 p99 ms": 1e3 * _quantile(seconds, 0.99)}
+def _batch1_columns(rounds, reference=None) -> dict:
+    """rounds: an engine's seconds per timed call, by round (or why it could not be built); reference:
+    its fastbert's, for "batch1 x fastbert"."""
+    if not isinstance(rounds, list):
+        return {"batch1 p50 ms": None, "batch1 p99 ms": None, "batch1 x fastbert": None, "batch1 note": rounds}
+    calls = [s for one in rounds for s in one]
+    ratio = None if reference is None else _median([_median(f) / _median(e) for f, e in zip(reference, rounds)])
+    return {"batch1 p50 ms": 1e3 * _median(calls), "batch1 p99 ms": 1e3 * _quantile(calls, 0.99),
+            "batch1 x fastbert": ratio}
 
 
-def batch1_latency(model_dir, names, texts, warmup, threads: int, say=lambda message: None, **options) -> dict:
-    """{engine name: seconds of each call encode([text]) over texts, or why it could not be built}.
-    Each engine is timed alone in a new (spawned) process with `threads` torch threads, which builds
-    it (build_engines(**options), only that name), encodes the warmup texts, then times one text per
-    call: no other engine's thread pool is alive beside it, as when a user runs it."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    context = multiprocessing.get_context("spawn")
-    out = {}
+def batch1_latency(engines: dict, texts: list, untimed: list, say=lambda message: None) -> dict:
+    """{engine name: the seconds of each timed call encode([text]), by round} for the EngineProcesses
+    `engines`, interleaved as the module docstring's Batch 1 says; texts and untimed from batch1_texts."""
+    names = list(engines)
+    slices = [texts[i:i + BATCH1_SLICE] for i in range(0, len(texts), BATCH1_SLICE)]
+    warmup, leads = untimed[:BATCH1_WARMUP], untimed[BATCH1_WARMUP:]
+    if len(leads) < len(slices):
+        raise ValueError(f"batch 1 needs {BATCH1_WARMUP + len(slices)} untimed texts, got {len(untimed)}")
     for name in names:
-        say(f"batch-1 latency: {name}")
-        with ProcessPoolExecutor(1, mp_context=context) as child:
-            out[name] = child.submit(_batch1_child, name, model_dir, list(texts), list(warmup), threads,
-                                     options).result()
+        say(f"batch-1 latency: warming up {name}")
+        engines[name].each(warmup, clear=True)
+    out = {name: [] for name in names}
+    for r, (order, timed) in enumerate(zip(round_orders(names, len(slices)), slices)):
+        say(f"batch-1 latency: round {r + 1}/{len(slices)}")
+        for name in order:
+            time.sleep(BATCH1_SETTLE)
+            out[name].append(engines[name].each([leads[r], *timed])[1:])
     return out
-
-
-def _batch1_child(name, model_dir, texts, warmup, threads, options):
-    torch.set_num_threads(threads)
-    built = build_engines(model_dir, threads=threads, only={name}, **options)
-    if name not in built.engines:
-        return built.absent.get(name, "not built")
-    encode = built.engines[name]
-    for text in warmup:
-        encode([text])
-    seconds = []
-    for text in texts:
-        start = time.perf_counter()
-        encode([text])
-        seconds.append(time.perf_counter() - start)
-    return seconds
 
 
 class EngineProcess:
@@ -300,10 +314,16 @@ class EngineProcess:
             self.close()
 
     def __call__(self, texts: list, keep: bool = True):
-        self._conn.send((list(texts), keep))
+        self._conn.send(("batch", list(texts), keep))
         kind, *rest = self._receive(self.CALL_TIMEOUT, "encoding")
         seconds, vectors = rest
         return seconds, None if vectors is None else torch.from_numpy(vectors)
+
+    def each(self, texts: list, clear: bool = False) -> list:
+        """The child's seconds around encode([text]) for each text in turn (batch 1); clear: its
+        tokenizers' caches first."""
+        self._conn.send(("each", list(texts), clear))
+        return self._receive(self.CALL_TIMEOUT, "encoding one text per call")[1]
 
     def _receive(self, timeout: float, doing: str):
         if not self._conn.poll(timeout):
@@ -347,17 +367,30 @@ def _engine_child(conn, name, model_dir, threads, options):
     encode = built.engines[name]
     clears = [clear for enc in built.encoders.values() if (clear := getattr(enc.tokenizer, "clear_cache", None))]
     while (message := conn.recv()) is not None:
-        texts, keep = message
-        for clear in clears:             # fastbert's tokenizer caches words: nothing kept from a call
-            clear()
+        kind, texts, option = message    # option: "batch": keep the vectors; "each": clear the caches first
+        if kind == "batch" or option:    # fastbert's tokenizer caches words: nothing kept from a batch call
+            for clear in clears:
+                clear()
         try:
+            if kind == "each":
+                conn.send(("done", _seconds_each(encode, texts)))
+                continue
             start = time.perf_counter()
             out = encode(texts)
             seconds = time.perf_counter() - start
         except Exception:
             conn.send(("error", traceback.format_exc()))
             return
-        conn.send(("done", seconds, out.float().cpu().numpy() if keep else None))
+        conn.send(("done", seconds, out.float().cpu().numpy() if option else None))
+
+
+def _seconds_each(encode, texts: list) -> list:
+    seconds = []
+    for text in texts:
+        start = time.perf_counter()
+        encode([text])
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def engine_names(device: str, dtype: str, peers: bool, int8: bool, smoke: bool) -> tuple[list, dict]:
@@ -504,6 +537,8 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
                     chunk_seconds[name].append(took)
             for name in names:
                 seconds[name].append(totals[name])
+        texts1, untimed1 = batch1_texts(pool, tags, QUICK_BATCH1_CALLS if quick else BATCH1_CALLS)
+        latency = batch1_latency(engines, texts1, untimed1, say)
     finally:
         for engine in engines.values():
             engine.close()
@@ -514,11 +549,6 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
     token_counts = [len(ids) for ids in encoder._tokenize(texts)]
     flops = useful_flops(token_counts, config)
     del encoder
-
-
-    texts1, warmup1 = batch1_texts(pool, tags, QUICK_BATCH1_CALLS if quick else BATCH1_CALLS)
-    latency = batch1_latency(model_dir, names, texts1, warmup1, threads, say, device=device, dtype=dtype,
-                             peers=peers, int8=int8, smoke=smoke, workdir=str(workdir), calibration=calibration)
 
     independence = None
     if FASTBERT_INT8 in engines:
@@ -536,7 +566,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
                "lines/s": len(texts) / mid, "seconds": mid, "all_seconds": seconds[name],
                "x fastbert": ratio,     # the engine's speed over fastbert's (same precision)
                "useful GFLOP/s": flops / mid / 1e9, "GEMM fraction": flops / mid / 1e9 / rate,
-               **_batch1_columns(latency[name]), "min_cosine": float(cos.min()),
+               **_batch1_columns(latency[name], latency.get(ref)), "min_cosine": float(cos.min()),
                "reference": ref_name, "ok": None, "note": notes[name], **stamp}
         if name in (FASTBERT_FP32, ST_OPTIMIZED):   # fastbert's fp32 outputs, checked against the reference
             row["ok"] = row["min_cosine"] >= 0.99999

@@ -16,21 +16,54 @@ def test_quantile_interpolates_between_ranks():
 
 
 def test_batch1_texts_are_short_new_and_distinct():
-    timed, warmup = eb.batch1_texts(eb.paragraphs(), itertools.count(1), 20)
-    assert len(timed) == 20 and len(warmup) == eb.BATCH1_WARMUP
-    assert len(set(timed + warmup)) == len(timed) + len(warmup)          # a new tag on each
-    assert all(len(t.split()) <= eb.BATCH1_MAX_WORDS + 1 for t in timed + warmup)
+    timed, untimed = eb.batch1_texts(eb.paragraphs(), itertools.count(1), 50)
+    assert len(timed) == 50 and len(untimed) == eb.BATCH1_WARMUP + 3     # a lead text for each of 3 slices
+    assert len(set(timed + untimed)) == len(timed) + len(untimed)        # a new tag on each
+    assert all(len(t.split()) <= eb.BATCH1_MAX_WORDS + 1 for t in timed + untimed)
+    with pytest.raises(ValueError, match="batch 1 needs 105010 texts"):
+        eb.batch1_texts(eb.paragraphs(), itertools.count(1), 100_000)
 
 
-@pytest.mark.slow  # spawns a process that loads torch and the model
-def test_batch1_latency_times_each_engine_in_its_own_process(tmp_path):
-    timed, warmup = eb.batch1_texts(eb.paragraphs(), itertools.count(1), 5)
-    got = eb.batch1_latency(gt.get_model_path(), [eb.FASTBERT_FP32, "no such engine"], timed, warmup[:2], 1,
-                            device="cpu", dtype="float32", peers=False, int8=False, smoke=False,
-                            workdir=str(tmp_path), calibration=[])
-    seconds = got[eb.FASTBERT_FP32]
-    assert len(seconds) == 5 and all(0 < s < 60 for s in seconds)
-    assert got["no such engine"] == "not built"
+class _FakeEngine:
+    """Records what batch1_latency asks of an EngineProcess; answers seconds that name the text."""
+
+    def __init__(self, name, log, seconds):
+        self.name, self.log, self.seconds = name, log, seconds
+
+    def each(self, texts, clear=False):
+        self.log.append((self.name, list(texts), clear))
+        return [self.seconds] * len(texts)
+
+
+def test_batch1_latency_interleaves_the_engines_in_rounds(monkeypatch):
+    monkeypatch.setattr(eb, "BATCH1_SETTLE", 0.0)
+    timed, untimed = eb.batch1_texts(eb.paragraphs(), itertools.count(1), 2 * eb.BATCH1_SLICE + 3)
+    log = []
+    engines = {name: _FakeEngine(name, log, s) for name, s in (("a", 1.0), ("b", 2.0), ("c", 4.0))}
+    got = eb.batch1_latency(engines, timed, untimed)
+    warmup = untimed[:eb.BATCH1_WARMUP]
+    assert log[:3] == [(name, warmup, True) for name in "abc"]            # every engine warms up first
+    slices = [timed[:eb.BATCH1_SLICE], timed[eb.BATCH1_SLICE:2 * eb.BATCH1_SLICE], timed[2 * eb.BATCH1_SLICE:]]
+    rounds = [log[3 + 3 * r:6 + 3 * r] for r in range(3)]
+    assert len(log) == 12
+    for r, (calls, order) in enumerate(zip(rounds, eb.round_orders(list("abc"), 3))):
+        assert [name for name, _, _ in calls] == order                     # the round's Latin-square order
+        # the same slice for each, led by one untimed text of its own
+        assert all(texts == [untimed[eb.BATCH1_WARMUP + r], *slices[r]] and not clear for _, texts, clear in calls)
+    assert {name: [len(one) for one in rounds_] for name, rounds_ in got.items()} == \
+        {name: [eb.BATCH1_SLICE, eb.BATCH1_SLICE, 3] for name in "abc"}    # the lead call is not timed
+    columns = eb._batch1_columns(got["c"], got["a"])
+    assert columns["batch1 p50 ms"] == 4000.0 and columns["batch1 x fastbert"] == 0.25
+
+
+def test_batch1_ratio_is_the_median_of_per_round_ratios():
+    fast = [[1.0, 1.0, 9.0], [2.0, 2.0], [1.0]]         # one slow call does not move a round's median
+    peer = [[2.0, 2.0], [2.0, 8.0, 2.0], [4.0]]
+    got = eb._batch1_columns(peer, fast)
+    assert got["batch1 x fastbert"] == pytest.approx(0.5)                  # median of 0.5, 1.0, 0.25
+    assert got["batch1 p50 ms"] == 2000.0 and got["batch1 p99 ms"] == pytest.approx(1e3 * eb._quantile(
+        [2.0, 2.0, 2.0, 8.0, 2.0, 4.0], 0.99))
+    assert eb._batch1_columns("no runtime")["batch1 note"] == "no runtime"
 
 
 @pytest.mark.slow  # spawns processes that load torch and the model
@@ -52,6 +85,8 @@ def test_throughput_engines_run_in_processes_of_their_own(tmp_path):
         assert 0 < seconds < 60 and vectors.shape == want.shape
         assert (vectors - want).abs().max() < 1e-5
         assert engine(texts[:3], keep=False)[1] is None
+        each = engine.each(texts[:3], clear=True)       # batch 1: one call per text, each timed
+        assert len(each) == 3 and all(0 < s < 60 for s in each)
         with pytest.raises(RuntimeError, match=f"{eb.FASTBERT_FP32} failed while encoding"):
             engine([None])                       # not a text: the child's error comes back
     finally:
