@@ -27,7 +27,8 @@ Table 1 (`run`, the `fastbert bench` encoder part): real English text, the way a
   under a new tag, in interleaved rounds: in each round every engine, in that round's Latin-square
   order, takes the round's slice of BATCH1_SLICE texts, after BATCH1_SETTLE seconds of quiet (the
   engine before it has stopped spinning: OpenMP and TBB pools spin after each op, OpenMP's default
-  up to 200 ms) and one untimed call (its caches refilled after the others). p50 and p99 ms over all
+  up to 200 ms) and BATCH1_LEAD untimed calls (its caches refilled after the others: the first calls
+  after a switch ran up to 1.6x the median). p50 and p99 ms over all
   the calls; "b1 x fastbert": the median over rounds of fastbert's slice p50 / the engine's (above
   1 the engine is faster), so load from other processes hits every engine alike.
   Agreement: min cosine of every text's vector to sentence-transformers' fp32 (fastbert fp32's
@@ -143,8 +144,9 @@ def run_lines(model_dir, texts=None, quick: bool = False, device: str = "cpu", d
 
 CHUNK = 8 * BATCH_SIZE          # texts per timing unit
 PIECE_WORDS, MIN_WORDS, MAX_WORDS = 60, 5, 120
-BATCH1_CALLS, QUICK_BATCH1_CALLS, BATCH1_WARMUP, BATCH1_MAX_WORDS = 200, 40, 10, 12
-BATCH1_SLICE, BATCH1_SETTLE = 20, 0.25    # timed calls per engine per round; seconds of quiet before each
+BATCH1_CALLS, QUICK_BATCH1_CALLS, BATCH1_WARMUP, BATCH1_MAX_WORDS = 200, 80, 10, 12
+# per engine per round: BATCH1_LEAD untimed calls, then BATCH1_SLICE timed; BATCH1_SETTLE seconds of quiet before
+BATCH1_SLICE, BATCH1_LEAD, BATCH1_SETTLE = 40, 3, 0.25
 FASTBERT_FP32, FASTBERT_INT8 = "fastbert Encoder.encode", "fastbert Encoder.encode int8"
 ST_PLAIN, ST_OPTIMIZED = "sentence-transformers (torch sdpa)", "sentence-transformers + fastbert.optimize"
 PEERS = ("ONNX Runtime", "OpenVINO", "CTranslate2")   # fastbert.benchmarks.peers; their int8 forms add " int8"
@@ -213,10 +215,10 @@ def _quantile(values, q: float) -> float:
 
 def batch1_texts(pool, tags, calls: int) -> tuple[list, list]:
     """(timed, untimed) texts for batch 1: the pool's texts of at most BATCH1_MAX_WORDS words, each
-    under a new tag (unseen_each); untimed: BATCH1_WARMUP to warm up with, then one to lead each round's
-    slice of BATCH1_SLICE timed texts."""
+    under a new tag (unseen_each); untimed: BATCH1_WARMUP to warm up with, then BATCH1_LEAD to lead each
+    round's slice of BATCH1_SLICE timed texts."""
     short = [t for t in pool if len(t.split()) <= BATCH1_MAX_WORDS]
-    untimed = BATCH1_WARMUP + -(-calls // BATCH1_SLICE)
+    untimed = BATCH1_WARMUP + BATCH1_LEAD * -(-calls // BATCH1_SLICE)
     if len(short) < calls + untimed:
         raise ValueError(f"batch 1 needs {calls + untimed} texts of at most {BATCH1_MAX_WORDS} words; "
                          f"the pool has {len(short)}")
@@ -275,8 +277,9 @@ def batch1_latency(engines: dict, texts: list, untimed: list, say=lambda message
     names = list(engines)
     slices = [texts[i:i + BATCH1_SLICE] for i in range(0, len(texts), BATCH1_SLICE)]
     warmup, leads = untimed[:BATCH1_WARMUP], untimed[BATCH1_WARMUP:]
-    if len(leads) < len(slices):
-        raise ValueError(f"batch 1 needs {BATCH1_WARMUP + len(slices)} untimed texts, got {len(untimed)}")
+    if len(leads) < BATCH1_LEAD * len(slices):
+        raise ValueError(f"batch 1 needs {BATCH1_WARMUP + BATCH1_LEAD * len(slices)} untimed texts, got "
+                         f"{len(untimed)}")
     for name in names:
         say(f"batch-1 latency: warming up {name}")
         engines[name].each(warmup, clear=True)
@@ -285,7 +288,8 @@ def batch1_latency(engines: dict, texts: list, untimed: list, say=lambda message
         say(f"batch-1 latency: round {r + 1}/{len(slices)}")
         for name in order:
             time.sleep(BATCH1_SETTLE)
-            out[name].append(engines[name].each([leads[r], *timed])[1:])
+            lead = leads[BATCH1_LEAD * r:BATCH1_LEAD * (r + 1)]
+            out[name].append(engines[name].each([*lead, *timed])[len(lead):])
     return out
 
 

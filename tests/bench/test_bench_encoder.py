@@ -16,11 +16,12 @@ def test_quantile_interpolates_between_ranks():
 
 
 def test_batch1_texts_are_short_new_and_distinct():
-    timed, untimed = eb.batch1_texts(eb.paragraphs(), itertools.count(1), 50)
-    assert len(timed) == 50 and len(untimed) == eb.BATCH1_WARMUP + 3     # a lead text for each of 3 slices
+    calls = 2 * eb.BATCH1_SLICE + 1
+    timed, untimed = eb.batch1_texts(eb.paragraphs(), itertools.count(1), calls)
+    assert len(timed) == calls and len(untimed) == eb.BATCH1_WARMUP + 3 * eb.BATCH1_LEAD   # leads for 3 slices
     assert len(set(timed + untimed)) == len(timed) + len(untimed)        # a new tag on each
     assert all(len(t.split()) <= eb.BATCH1_MAX_WORDS + 1 for t in timed + untimed)
-    with pytest.raises(ValueError, match="batch 1 needs 105010 texts"):
+    with pytest.raises(ValueError, match="batch 1 needs .* texts of at most"):
         eb.batch1_texts(eb.paragraphs(), itertools.count(1), 100_000)
 
 
@@ -37,6 +38,7 @@ class _FakeEngine:
 
 def test_batch1_latency_interleaves_the_engines_in_rounds(monkeypatch):
     monkeypatch.setattr(eb, "BATCH1_SETTLE", 0.0)
+    monkeypatch.setattr(eb, "BATCH1_SLICE", 6)
     timed, untimed = eb.batch1_texts(eb.paragraphs(), itertools.count(1), 2 * eb.BATCH1_SLICE + 3)
     log = []
     engines = {name: _FakeEngine(name, log, s) for name, s in (("a", 1.0), ("b", 2.0), ("c", 4.0))}
@@ -48,10 +50,12 @@ def test_batch1_latency_interleaves_the_engines_in_rounds(monkeypatch):
     assert len(log) == 12
     for r, (calls, order) in enumerate(zip(rounds, eb.round_orders(list("abc"), 3))):
         assert [name for name, _, _ in calls] == order                     # the round's Latin-square order
-        # the same slice for each, led by one untimed text of its own
-        assert all(texts == [untimed[eb.BATCH1_WARMUP + r], *slices[r]] and not clear for _, texts, clear in calls)
+        # the same slice for each, led by untimed texts of its own
+        lead = untimed[eb.BATCH1_WARMUP + eb.BATCH1_LEAD * r:eb.BATCH1_WARMUP + eb.BATCH1_LEAD * (r + 1)]
+        assert len(lead) == eb.BATCH1_LEAD
+        assert all(texts == [*lead, *slices[r]] and not clear for _, texts, clear in calls)
     assert {name: [len(one) for one in rounds_] for name, rounds_ in got.items()} == \
-        {name: [eb.BATCH1_SLICE, eb.BATCH1_SLICE, 3] for name in "abc"}    # the lead call is not timed
+        {name: [eb.BATCH1_SLICE, eb.BATCH1_SLICE, 3] for name in "abc"}    # the lead calls are not timed
     columns = eb._batch1_columns(got["c"], got["a"])
     assert columns["batch1 p50 ms"] == 4000.0 and columns["batch1 x fastbert"] == 0.25
 
