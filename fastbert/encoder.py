@@ -291,9 +291,12 @@ class _Prefetch:
 class _IdleCores:
     """The cores other processes leave idle: the machine's busy CPU time (/proc/stat's first line,
     all but idle and iowait) less this process's own (time.process_time, every thread of it), over
-    the last INTERVAL seconds or more, re-read at most that often (a read costs microseconds).
-    get() is None before the first interval has passed, and where /proc/stat cannot be read."""
-    INTERVAL = 0.1
+    the last INTERVAL seconds or more, re-read at most that often (a read costs microseconds). A
+    stretch of over STALE seconds (this process quiet that long) tells of load that may be long over
+    (another engine's minute of work, a finished job): the last reading stands and a new interval
+    starts. get() is None before the first interval has passed, and where /proc/stat cannot be read."""
+    INTERVAL, STALE = 0.1, 1.0
+    clock = staticmethod(time.monotonic)
 
     def __init__(self):
         self.cores = os.cpu_count() or 1
@@ -307,13 +310,14 @@ class _IdleCores:
     def _read(self) -> tuple:
         ticks = [int(v) for v in os.pread(self.fd, 512, 0).split(b"\n", 1)[0].split()[1:9]]
         busy = sum(ticks) - ticks[3] - ticks[4]     # user nice system irq softirq steal (guest is in user)
-        return time.monotonic(), busy * self.tick, time.process_time()
+        return self.clock(), busy * self.tick, time.process_time()
 
     def get(self) -> Optional[float]:
-        if self.fd is not None and time.monotonic() - self.sample[0] >= self.INTERVAL:
+        if self.fd is not None and (age := self.clock() - self.sample[0]) >= self.INTERVAL:
             now = self._read()
-            others = (now[1] - self.sample[1]) - (now[2] - self.sample[2])    # CPU seconds not ours
-            self.idle = self.cores - max(others, 0.0) / (now[0] - self.sample[0])
+            if age < self.STALE or self.idle is None:
+                others = (now[1] - self.sample[1]) - (now[2] - self.sample[2])    # CPU seconds not ours
+                self.idle = self.cores - max(others, 0.0) / (now[0] - self.sample[0])
             self.sample = now
         return self.idle
 

@@ -799,6 +799,36 @@ def test_idle_cores_reads_the_machine():
     assert -0.5 <= idle.get() <= idle.cores
 
 
+def test_idle_cores_forget_load_from_a_long_quiet_stretch(monkeypatch):
+    """Readings are (clock, machine busy CPU s, this process's CPU s). After this process was quiet for
+    over STALE seconds, the busy time of that stretch (another engine's work that has ended) does not
+    decide the next small batch's threads: the last reading stands and a new interval starts; the
+    interval after it is read as usual."""
+    idle = encoder_module._IdleCores()
+    if idle.fd is None:
+        pytest.skip("no /proc/stat here: small batches stay on one thread")
+    idle.cores, clock = 2, [0.0]
+    readings = iter([(0.2, 0.2, 0.2),       # 0.2 s, all of it ours: both cores idle to us
+                     (5.2, 10.0, 0.2),      # 5 s quiet here, another process busy 9.8 s of it
+                     (5.4, 10.4, 0.4),      # 0.2 s: ours 0.2, others 0.2 -> 1 core idle
+                     (5.6, 10.8, 0.6)])
+    idle.sample = (0.0, 0.0, 0.0)
+    monkeypatch.setattr(idle, "clock", lambda: clock[0])
+    monkeypatch.setattr(idle, "_read", lambda: next(readings))
+    got = []
+    for t in (0.05, 0.2, 5.2, 5.25, 5.4, 5.6):
+        clock[0] = t
+        got.append(idle.get())
+    assert got == [None, pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0), pytest.approx(1.0),
+                   pytest.approx(1.0)]
+    # and the first reading of all comes from whatever stretch there is, however long
+    fresh = encoder_module._IdleCores()
+    fresh.cores, fresh.sample = 2, (0.0, 0.0, 0.0)
+    monkeypatch.setattr(fresh, "clock", lambda: 9.0)
+    monkeypatch.setattr(fresh, "_read", lambda: (9.0, 9.0, 0.0))
+    assert fresh.get() == pytest.approx(1.0)
+
+
 def test_a_small_batch_on_fewer_threads_packs_mkl_weights_for_all(encoder, monkeypatch):
     """MKL packs a weight for the threads in effect when it packs (a copy packed on one thread
     computes on one), so a small batch narrowed to one thread has its copies packed first, under the
