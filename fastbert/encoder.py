@@ -21,7 +21,8 @@ from the checkpoint's own files: modules.json, <transformer dir>/sentence_bert_c
   model.prepack_weights() again).
 - on the CPU one text, or a batch of at most `Encoder.one_thread_tokens` tokens, runs on all of
   torch's intra-op threads only while other processes leave that many cores idle (measured over the
-  last 0.1 s from /proc/stat, less this process's own CPU time: _IdleCores), else on one. The
+  last 0.1 s from /proc/stat, less this process's own CPU time; after a quiet stretch of over a
+  second, the last reading until a new 0.1 s has passed: _IdleCores), else on one. The
   trade-off: on idle cores a second thread shares the GEMMs (each streams its whole weight matrix
   at batch 1) and cuts the latency; on cores another process keeps busy, an OpenMP team waits at
   every one of a forward's ~30 parallel regions for a thread the scheduler has parked, and a short
