@@ -225,7 +225,7 @@ def batch1_texts(pool, tags, calls: int) -> tuple[list, list]:
     return unseen_each(short[:calls], tags), unseen_each(short[calls:calls + untimed], tags)
 
 
-def run_batch1(model_dir, names=(FASTBERT_FP32, "ONNX Runtime", "OpenVINO", "CTranslate2"), quick: bool = False,
+def run_batch1(model_dir, names=(FASTBERT_FP32, *PEERS), quick: bool = False,
                calls: int | None = None, progress=None) -> list[dict]:
     """The batch-1 block of table 1 alone (CPU, fp32 or int8 names, the current torch threads): one
     row per engine with its p50 and p99 ms and its interleaved ratio to fastbert; an engine that cannot
@@ -242,13 +242,7 @@ def run_batch1(model_dir, names=(FASTBERT_FP32, "ONNX Runtime", "OpenVINO", "CTr
     engines, absent = {}, {}
     with tempfile.TemporaryDirectory() as workdir:
         try:
-            for name in names:
-                say(f"building {name} in its own process")
-                engine = EngineProcess(name, model_dir, threads, {**options, "workdir": workdir})
-                if engine.absent is None:
-                    engines[name] = engine
-                else:
-                    absent[name] = engine.absent
+            start_engines(names, model_dir, threads, {**options, "workdir": workdir}, engines, absent, say)
             latency = batch1_latency(engines, texts, untimed, say)
         finally:
             for engine in engines.values():
@@ -353,6 +347,19 @@ class EngineProcess:
             if self._process.is_alive():
                 self._process.kill()
         self._conn.close()
+
+
+def start_engines(names, model_dir, threads: int, options: dict, engines: dict, absent: dict, say) -> None:
+    """An EngineProcess for each name, one at a time (the builds share workdir's conversions), into
+    engines, or why it could not be built into absent; the caller closes them (engines is filled as
+    they start, so a failed build leaves the others to close)."""
+    for name in names:
+        say(f"building {name} in its own process")
+        engine = EngineProcess(name, model_dir, threads, options)
+        if engine.absent is None:
+            engines[name] = engine
+        else:
+            absent[name] = engine.absent
 
 
 def _engine_child(conn, name, model_dir, threads, options):
@@ -509,13 +516,7 @@ def run(model_dir, texts=None, quick: bool = False, device: str = "cpu", dtype: 
     candidates, absent = engine_names(device, dtype, peers, int8, smoke)
     engines = {}
     try:
-        for name in candidates:           # one at a time: the builds share workdir's conversions
-            say(f"building {name} in its own process")
-            engine = EngineProcess(name, model_dir, threads, options)
-            if engine.absent is None:
-                engines[name] = engine
-            else:
-                absent[name] = engine.absent
+        start_engines(candidates, model_dir, threads, options, engines, absent, say)
         precision = {name: e.precision for name, e in engines.items()}
         notes = {name: e.note for name, e in engines.items()}
         tags = itertools.count(1)
